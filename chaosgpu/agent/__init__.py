@@ -1,0 +1,1 @@
+"""chaosgpu.agent (see docs/ARCHITECTURE.md)."""

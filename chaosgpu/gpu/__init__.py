@@ -1,0 +1,1 @@
+"""chaosgpu.gpu (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,60 @@
+"""Locate, load and run the in-target programs (the repository's `probes/` and `actions/`).
+
+The in-target programs are self-contained files (standard library + optional pynvml) that run
+where chaosgpu is not installed: inside a container, through the Kubernetes exec API. The package
+uses the very same files locally, so a reading of /proc or NVML is written once. This module owns
+finding them (installed wheel or source checkout) and loading them as modules; it must not
+contain any reading of /proc or NVML itself.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["KINDS", "program_path", "source", "load"]
+
+KINDS = ("probes", "actions")
+_HERE = Path(__file__).resolve().parent
+
+
+def program_path(kind: str, name: str) -> Path:
+    """Return the file of in-target program `name` of `kind` ('probes' or 'actions')."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown in-target program kind {kind!r}; expected one of {KINDS}")
+    if not name.isidentifier():
+        raise ValueError(f"invalid in-target program name {name!r}")
+    candidates = (
+        _HERE / kind / f"{name}.py",  # installed: package-dir maps probes/ here
+        _HERE.parent.parent / kind / f"{name}.py",  # source checkout
+    )
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"in-target program {kind}/{name}.py not found (looked in "
+                            + ", ".join(str(c.parent) for c in candidates) + ")")
+
+
+def source(kind: str, name: str) -> str:
+    """Return the source text of an in-target program, to stream it into a target."""
+    return program_path(kind, name).read_text(encoding="utf-8")
+
+
+def load(kind: str, name: str) -> ModuleType:
+    """Import an in-target program as a module (once per process) and return it."""
+    module_name = f"chaosgpu.intarget.{kind}.{name}"
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    path = program_path(kind, name)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load in-target program {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module

@@ -1,0 +1,1 @@
+"""chaosgpu.job (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""chaosgpu.k8s (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""chaosgpu.node (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""chaosgpu.process (see docs/ARCHITECTURE.md)."""

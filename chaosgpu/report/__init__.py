@@ -1,0 +1,1 @@
+"""chaosgpu.report (see docs/ARCHITECTURE.md)."""

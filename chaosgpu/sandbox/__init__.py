@@ -1,0 +1,1 @@
+"""chaosgpu.sandbox (see docs/ARCHITECTURE.md)."""

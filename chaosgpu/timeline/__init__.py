@@ -1,0 +1,1 @@
+"""chaosgpu.timeline (see docs/ARCHITECTURE.md)."""

@@ -1,0 +1,1 @@
+"""chaosgpu.workloads (see docs/ARCHITECTURE.md)."""
