@@ -1,1 +1,100 @@
-"""chaosgpu.node (see docs/ARCHITECTURE.md)."""
+"""The node's truth, typed: chaosgpu's access to the census of `probes/node_census.py`.
+
+This package owns the typed face of the census for the rest of chaosgpu (job, process, timeline,
+agent, sandbox ...). It loads the in-target program with `chaosgpu.intarget.load` and delegates
+every reading to it: it must never read /proc or NVML itself (one reading for the whole project).
+The census schema (`chaosgpu.census/1`) is documented in docs/census.md.
+"""
+
+from types import ModuleType
+from typing import Any
+
+from chaosgpu.intarget import load
+
+__all__ = [
+    "SCHEMA",
+    "census_module",
+    "take_census",
+    "read_process",
+    "process_starttime",
+    "process_state",
+    "list_pids",
+    "parse_container",
+    "nvml_snapshot",
+    "nvml_device_memory",
+    "nvml_gpu_processes",
+]
+
+SCHEMA = "chaosgpu.census/1"
+
+
+def census_module() -> ModuleType:
+    """Return the loaded in-target program `probes/node_census.py` (loaded once per process)."""
+    return load("probes", "node_census")
+
+
+def take_census(
+    proc_root: str = "/proc",
+    env: bool = True,
+    fds: bool = True,
+    gpu: bool = True,
+    gpu_snapshot: dict[str, Any] | None = None,
+    pids: list[int] | None = None,
+    cgroup_root: str = "/sys/fs/cgroup",
+) -> dict[str, Any]:
+    """Take the node census (processes, GPU, attribution, zombies, orphans, jobs); see
+    `node_census.census` and docs/census.md. `gpu_snapshot` replaces NVML by a recorded `gpu`
+    section; `pids` limits the census to those processes."""
+    result: dict[str, Any] = census_module().census(
+        proc_root=proc_root, env=env, fds=fds, gpu=gpu, gpu_snapshot=gpu_snapshot, pids=pids,
+        cgroup_root=cgroup_root)
+    return result
+
+
+def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
+                 fds: bool = True) -> dict[str, Any] | None:
+    """Return the census record of one process, or None when it does not exist."""
+    result: dict[str, Any] | None = census_module().read_process(pid, proc_root, env=env, fds=fds)
+    return result
+
+
+def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
+    """Return the start time (clock ticks since boot) of `pid`, or None when it is gone."""
+    result: int | None = census_module().process_starttime(pid, proc_root)
+    return result
+
+
+def process_state(pid: int, proc_root: str = "/proc") -> str | None:
+    """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone."""
+    result: str | None = census_module().process_state(pid, proc_root)
+    return result
+
+
+def list_pids(proc_root: str = "/proc") -> list[int]:
+    """Return every PID of `proc_root`."""
+    result: list[int] = census_module().list_pids(proc_root)
+    return result
+
+
+def parse_container(cgroup_path: str | None) -> dict[str, Any] | None:
+    """Return `{"runtime", "id", "pod_uid"}` parsed from a cgroup path, or None."""
+    result: dict[str, Any] | None = census_module().parse_container(cgroup_path)
+    return result
+
+
+def nvml_snapshot(with_processes: bool = True) -> dict[str, Any]:
+    """Return the census's `gpu` section (`{"available": False, "reason": ...}` without NVML)."""
+    result: dict[str, Any] = census_module().nvml_snapshot(with_processes=with_processes)
+    return result
+
+
+def nvml_device_memory() -> list[dict[str, Any]]:
+    """Fast per-GPU memory: `[{"index", "used_mib", "total_mib"}]` (empty without NVML)."""
+    result: list[dict[str, Any]] = census_module().nvml_device_memory()
+    return result
+
+
+def nvml_gpu_processes() -> list[dict[str, Any]]:
+    """Fast GPU process list: `[{"gpu_index", "pid" (host), "used_mib"}]` (empty without NVML)."""
+    result: list[dict[str, Any]] = census_module().nvml_gpu_processes()
+    return result

@@ -1,0 +1,875 @@
+#!/usr/bin/env python3
+# ruff: noqa: UP006, UP007, UP031, UP035, UP045
+"""The node's truth: one reading of /proc and NVML for the whole of chaosgpu.
+
+This in-target program runs where chaosgpu is not installed (a container, a node, through the
+Kubernetes exec API) and is loaded as a module by `chaosgpu.node` locally, so every reading of
+/proc and NVML in the project lives here and only here. It needs the standard library and,
+optionally, NVIDIA's `pynvml` (nvidia-ml-py); the syntax stays Python 3.8 compatible because old
+containers run it. It must not change anything on the node: it only reads.
+
+Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [--pid N]
+[--proc-root DIR] [--gpu-snapshot FILE]`` prints one JSON document (schema ``chaosgpu.census/1``,
+described in docs/census.md) and exits 0; bad arguments print ``{"error": ...}`` and exit 2.
+
+Definitions (also in docs/census.md):
+
+* zombie: state ``Z`` (exited, not yet reaped by its parent).
+* orphan: a process whose parent is the init (PID 1) of a PID namespace visible to the observer
+  (its own namespace's init, or an ancestor namespace's init such as the host's PID 1) or a known
+  subreaper (containerd-shim, conmon, tini, dumb-init, catatonit, systemd --user ...), and which
+  that parent did not start on purpose. The heuristic for "did not start on purpose": a process
+  the init started itself is a session leader (``sid == pid``, as systemd and container runtimes
+  do with setsid) or belongs to the init's own session (``sid == ppid``, as the children of an
+  init that is the workload or tini do). A process whose session leader is elsewhere (a dead
+  shell, an ``exec`` from outside the namespace, where the session is invisible and reads 0) was
+  reparented: it is an orphan. Never orphans: namespace inits themselves, kernel threads,
+  zombies are reported as zombies (an orphaned zombie is both). Limits: a daemon that
+  double-forks on purpose (fork, setsid, fork) keeps a session id of a dead leader and looks
+  like an orphan; a process that called setsid after being orphaned looks like an intended
+  child; a subreaper that is not in the known list is not recognised.
+* GPU attribution: NVML reports PIDs of the initial (host) PID namespace. An observer in the
+  host namespace finds them directly and translates to the PID seen inside the container with
+  the last field of ``NSpid``. An observer inside a container cannot see host PIDs at all
+  (its /proc shows namespace PIDs only): such a GPU process is reported with its host PID and
+  ``"not visible here"``, never as an orphan or as gone.
+"""
+
+import json
+import os
+import re
+import socket
+import sys
+import time
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+SCHEMA = "chaosgpu.census/1"
+
+__all__ = [
+    "SCHEMA",
+    "ENV_KEYS",
+    "list_pids",
+    "process_starttime",
+    "process_state",
+    "read_process",
+    "parse_container",
+    "nvml_snapshot",
+    "nvml_device_memory",
+    "nvml_gpu_processes",
+    "census",
+    "main",
+]
+
+#: Environment keys the census reports (besides every ``CHAOSGPU_*`` key).
+ENV_KEYS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+)
+_ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
+_ENV_HINTS = (b"RANK=", b"MASTER_", b"CHAOSGPU_", b"TORCHELASTIC_")
+
+#: Process names that act as subreapers (children of dead parents are reparented to them).
+KNOWN_SUBREAPERS = frozenset((
+    "containerd-shim", "containerd-shim-runc-v2", "containerd-shim-runc-v1", "conmon",
+    "tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir",
+))
+
+_PF_KTHREAD = 0x00200000
+_NVML_MIB = 1024.0 * 1024.0
+
+# --------------------------------------------------------------------------------------------
+# small readers
+
+
+def _errno_name(error: OSError) -> str:
+    import errno
+
+    name = errno.errorcode.get(error.errno or 0, "") if error.errno else ""
+    return name or type(error).__name__
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def list_pids(proc_root: str = "/proc") -> List[int]:
+    """Return every PID listed in ``proc_root`` (numeric entries), unsorted, in one listdir."""
+    return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+
+
+def _parse_stat(data: bytes) -> Tuple[str, List[bytes]]:
+    """Split /proc/PID/stat into comm and the fields after it (index 0 = field 3, state)."""
+    left = data.index(b"(")
+    right = data.rindex(b")")
+    comm = data[left + 1:right].decode("utf-8", "replace")
+    return comm, data[right + 2:].split()
+
+
+def process_starttime(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """Return the start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat),
+    or None when the process does not exist. One read: cheap enough to check a PID before
+    signalling it (PID + starttime identify a process across PID reuse)."""
+    try:
+        data = _read_bytes("%s/%d/stat" % (proc_root, pid))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    _, fields = _parse_stat(data)
+    return int(fields[19])
+
+
+def process_state(pid: int, proc_root: str = "/proc") -> Optional[str]:
+    """Return the one-letter state of ``pid`` (R, S, D, Z, T, t, I, X) or None if it is gone."""
+    try:
+        data = _read_bytes("%s/%d/stat" % (proc_root, pid))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    _, fields = _parse_stat(data)
+    return fields[0].decode()
+
+
+# --------------------------------------------------------------------------------------------
+# cgroup -> container identity
+
+_HEX64 = r"[0-9a-f]{64}"
+_CONTAINER_PATTERNS = (
+    ("containerd", re.compile(r"cri-containerd-(" + _HEX64 + r")\.scope")),
+    ("cri-o", re.compile(r"crio-(" + _HEX64 + r")\.scope")),
+    ("cri-o", re.compile(r"crio-conmon-(" + _HEX64 + r")\.scope")),
+    ("docker", re.compile(r"docker-(" + _HEX64 + r")\.scope")),
+    ("docker", re.compile(r"/docker/(" + _HEX64 + r")(?:/|$)")),
+    ("containerd", re.compile(r"/k8s\.io/(" + _HEX64 + r")(?:/|$)")),
+    ("kubepods", re.compile(r"/kubepods(?:/[a-z]+)?/pod[0-9a-f-]+/(" + _HEX64 + r")(?:/|$)")),
+)
+_POD_SYSTEMD = re.compile(r"kubepods(?:-[a-z]+)?-pod([0-9a-f_]+)\.slice")
+_POD_CGROUPFS = re.compile(r"/kubepods(?:/[a-z]+)?/pod([0-9a-f-]+)(?:/|$)")
+_SANDBOX = re.compile(r"/chaosgpu[/-]([A-Za-z0-9_.-]+?)(?:\.scope|\.slice)?(?:/|$)")
+
+
+def parse_container(cgroup_path: Optional[str]) -> Optional[Dict[str, Any]]:
+    """Return ``{"runtime", "id", "pod_uid"}`` parsed from a cgroup path, or None for a path
+    that names no container. Understands containerd (``cri-containerd-<id>.scope``), CRI-O
+    (``crio-<id>.scope``), Docker (``docker-<id>.scope``, ``/docker/<id>``), the kubelet's
+    cgroupfs driver (``/kubepods/<qos>/pod<uid>/<id>``: runtime ``kubepods`` because the path
+    does not name the runtime) and systemd driver (``kubepods-<qos>-pod<uid_with_underscores>
+    .slice``), on cgroup v1 and v2 alike, and chaosgpu sandboxes (``/chaosgpu/<name>``)."""
+    if not cgroup_path:
+        return None
+    runtime = None
+    cid = None
+    for name, pattern in _CONTAINER_PATTERNS:
+        match = pattern.search(cgroup_path)
+        if match:
+            runtime, cid = name, match.group(1)
+            break
+    pod_uid = None
+    match = _POD_SYSTEMD.search(cgroup_path)
+    if match:
+        pod_uid = match.group(1).replace("_", "-")
+    else:
+        match = _POD_CGROUPFS.search(cgroup_path)
+        if match:
+            pod_uid = match.group(1)
+    if runtime is None:
+        match = _SANDBOX.search(cgroup_path)
+        if match:
+            return {"runtime": "sandbox", "id": match.group(1), "pod_uid": None}
+        if pod_uid is not None:
+            return {"runtime": "kubepods", "id": None, "pod_uid": pod_uid}
+        return None
+    return {"runtime": runtime, "id": cid, "pod_uid": pod_uid}
+
+
+def _pick_cgroup(data: bytes) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+    """From /proc/PID/cgroup return (main path, v1 freezer path, v2 path)."""
+    v2 = None
+    freezer = None
+    preferred = None
+    other = None
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            v2 = path
+            continue
+        names = controllers.split(",")
+        if "freezer" in names:
+            freezer = path
+        if preferred is None and ("pids" in names or "memory" in names
+                                  or "name=systemd" in names):
+            if path != "/":
+                preferred = path
+        if other is None and path != "/":
+            other = path
+    if v2 is not None and v2 != "/":
+        return v2, freezer, v2
+    return preferred or other or v2, freezer, v2
+
+
+# --------------------------------------------------------------------------------------------
+# one process
+
+
+def _status_fields(data: bytes) -> Tuple[Optional[int], Optional[List[int]]]:
+    uid = None
+    nspid = None
+    start = data.find(b"\nUid:")
+    if start >= 0:
+        end = data.find(b"\n", start + 1)
+        uid = int(data[start + 5:end].split()[0])
+    start = data.find(b"\nNSpid:")
+    if start >= 0:
+        end = data.find(b"\n", start + 1)
+        nspid = [int(x) for x in data[start + 7:end].split()]
+    return uid, nspid
+
+
+def _read_env(data: bytes) -> Dict[str, str]:
+    env = {}  # type: Dict[str, str]
+    if not any(hint in data for hint in _ENV_HINTS):
+        return env
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and (key in _ENV_KEYS_B or key.startswith(b"CHAOSGPU_")):
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _nvidia_fds(fd_dir: str) -> List[str]:
+    found = []
+    for name in os.listdir(fd_dir):
+        try:
+            target = os.readlink(fd_dir + "/" + name)
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            found.append(target)
+    return sorted(set(found))
+
+
+def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool = True,
+                 proc_ns: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """Read one process from ``proc_root`` and return its census record, or None when it does
+    not exist (or vanished while being read). Fields: pid, ppid, pgid, sid, state, zombie,
+    kthread, uid, comm, cmdline, starttime (clock ticks, stat field 22), nspid (NSpid: the
+    observer's PID first, innermost last), pid_ns (``pid:[inode]`` of its PID namespace),
+    ns_init (PID 1 of its namespace), cgroup (path) and container (parsed from it),
+    nvidia_fds (targets under /dev/nvidia*), env (only the job/tag keys: ENV_KEYS and
+    ``CHAOSGPU_*``), tag (``CHAOSGPU_TAG``). A field that could not be read is None, named in
+    ``unreadable`` and explained in ``errors`` (EACCES, vanished ...): never reported as absent.
+    ``orphan``/``orphan_reason`` are filled by ``census`` (they need the parent's record).
+    ``proc_ns``, when given, is the PID namespace of the /proc mount, used instead of reading
+    the ns/pid link of processes whose NSpid has a single field (same namespace)."""
+    base = "%s/%d" % (proc_root, pid)
+    try:
+        stat = _read_bytes(base + "/stat")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    comm, fields = _parse_stat(stat)
+    state = fields[0].decode()
+    record = {
+        "pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
+        "state": state, "zombie": state == "Z",
+        "kthread": bool(int(fields[6]) & _PF_KTHREAD), "uid": None, "comm": comm,
+        "cmdline": None, "starttime": int(fields[19]), "nspid": None, "pid_ns": None,
+        "ns_init": False, "orphan": False, "orphan_reason": None, "container": None,
+        "cgroup": None, "nvidia_fds": None, "env": None, "tag": None,
+        "unreadable": [], "errors": {},
+    }  # type: Dict[str, Any]
+    unreadable = record["unreadable"]
+    errors = record["errors"]
+
+    def failed(field: str, error: BaseException) -> None:
+        unreadable.append(field)
+        if isinstance(error, (FileNotFoundError, ProcessLookupError)):
+            errors[field] = "vanished"
+        elif isinstance(error, OSError):
+            errors[field] = _errno_name(error)
+        else:
+            errors[field] = "%s: %s" % (type(error).__name__, error)
+
+    try:
+        uid, nspid = _status_fields(_read_bytes(base + "/status"))
+        record["uid"] = uid
+        record["nspid"] = nspid
+        if nspid:
+            record["ns_init"] = nspid[-1] == 1
+        else:
+            unreadable.append("nspid")
+            errors["nspid"] = "no NSpid line (kernel older than 4.1?)"
+    except (OSError, ValueError) as error:
+        failed("uid", error)
+        failed("nspid", error)
+    nspid = record["nspid"]
+    if proc_ns is not None and nspid is not None and len(nspid) == 1:
+        record["pid_ns"] = proc_ns
+    else:
+        try:
+            record["pid_ns"] = os.readlink(base + "/ns/pid")
+        except OSError as error:
+            failed("pid_ns", error)
+    if record["kthread"]:
+        return record
+    try:
+        raw = _read_bytes(base + "/cmdline")
+        record["cmdline"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] \
+            if raw else []
+    except OSError as error:
+        failed("cmdline", error)
+    try:
+        main_path, freezer, v2 = _pick_cgroup(_read_bytes(base + "/cgroup"))
+        record["cgroup"] = main_path
+        record["container"] = parse_container(main_path)
+        if freezer is not None:
+            record["_freezer_v1"] = freezer
+        if v2 is not None:
+            record["_cgroup_v2"] = v2
+    except OSError as error:
+        failed("cgroup", error)
+    if env:
+        try:
+            record["env"] = _read_env(_read_bytes(base + "/environ"))
+            record["tag"] = record["env"].get("CHAOSGPU_TAG")
+            sandbox = record["env"].get("CHAOSGPU_SANDBOX")
+            if sandbox and record["container"] is None:
+                record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
+        except OSError as error:
+            failed("env", error)
+    if fds and state != "Z":
+        try:
+            record["nvidia_fds"] = _nvidia_fds(base + "/fd")
+        except OSError as error:
+            failed("nvidia_fds", error)
+    if "stat" not in errors and not os.path.exists(base + "/stat"):
+        return None  # vanished while we read it: what we read may be half of it
+    return record
+
+
+# --------------------------------------------------------------------------------------------
+# NVML
+
+_NVML = {"module": None, "reason": None, "handles": None, "tried": False}  # type: Dict[str, Any]
+
+
+def _nvml() -> Tuple[Any, Optional[str]]:
+    """Initialise NVML once per process; return (pynvml module, None) or (None, reason)."""
+    if _NVML["tried"]:
+        return _NVML["module"], _NVML["reason"]
+    _NVML["tried"] = True
+    try:
+        import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except Exception as error:  # ImportError, or a broken install
+        _NVML["reason"] = "pynvml (nvidia-ml-py) not installed: %s" % (error,)
+        return None, _NVML["reason"]
+    try:
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        _NVML["handles"] = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        _NVML["reason"] = "NVML unavailable: %s" % (error,)
+        return None, _NVML["reason"]
+    if not _NVML["handles"]:
+        _NVML["reason"] = "NVML found no GPU"
+        return None, _NVML["reason"]
+    _NVML["module"] = pynvml
+    return pynvml, None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _used_mib(value: Any) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        return None
+    # NVML_VALUE_NOT_AVAILABLE is (unsigned long long)-1; pynvml maps it to None.
+    if value < 0 or value >= 2 ** 63:
+        return None
+    return value / _NVML_MIB
+
+
+def _device_processes(pynvml: Any, handle: Any) -> List[Dict[str, Any]]:
+    processes = []  # type: List[Dict[str, Any]]
+    seen = set()
+    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        function = getattr(pynvml, getter, None)
+        if function is None:
+            continue
+        try:
+            entries = function(handle)
+        except Exception:  # not supported on this device / driver
+            continue
+        for entry in entries:
+            if entry.pid in seen:
+                continue
+            seen.add(entry.pid)
+            processes.append({"pid": int(entry.pid),
+                              "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))})
+    return processes
+
+
+def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
+    """Return the census's ``gpu`` section: ``{"available", "reason", "driver", "devices":
+    [{"index", "uuid", "name", "memory_used_mib", "memory_total_mib", "processes": [{"pid",
+    "used_mib"}]}]}``. PIDs are NVML's, i.e. of the host's PID namespace. NVML missing, no
+    driver or no GPU gives ``{"available": false, "reason": "..."}``; never raises."""
+    pynvml, reason = _nvml()
+    if pynvml is None:
+        return {"available": False, "reason": reason, "driver": None, "devices": []}
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:
+        driver = None
+    devices = []
+    errors = []
+    for index, handle in enumerate(_NVML["handles"]):
+        device = {"index": index, "uuid": None, "name": None, "memory_used_mib": None,
+                  "memory_total_mib": None, "processes": []}  # type: Dict[str, Any]
+        try:
+            device["uuid"] = _text(pynvml.nvmlDeviceGetUUID(handle))
+            device["name"] = _text(pynvml.nvmlDeviceGetName(handle))
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            device["memory_used_mib"] = memory.used / _NVML_MIB
+            device["memory_total_mib"] = memory.total / _NVML_MIB
+            if with_processes:
+                device["processes"] = _device_processes(pynvml, handle)
+        except Exception as error:  # a GPU fallen off the bus, ...
+            device["error"] = str(error)
+            errors.append("GPU %d: %s" % (index, error))
+        devices.append(device)
+    result = {"available": True, "reason": None, "driver": driver,
+              "devices": devices}  # type: Dict[str, Any]
+    if errors:
+        result["errors"] = errors
+    return result
+
+
+def nvml_device_memory() -> List[Dict[str, Any]]:
+    """Fast path for a 100 Hz sampler: ``[{"index", "used_mib", "total_mib"}]`` per GPU, one
+    NVML memory query each (~10 us). Empty list when NVML is not available."""
+    pynvml, _ = _nvml()
+    if pynvml is None:
+        return []
+    get = pynvml.nvmlDeviceGetMemoryInfo
+    result = []
+    for index, handle in enumerate(_NVML["handles"]):
+        memory = get(handle)
+        result.append({"index": index, "used_mib": memory.used / _NVML_MIB,
+                       "total_mib": memory.total / _NVML_MIB})
+    return result
+
+
+def nvml_gpu_processes() -> List[Dict[str, Any]]:
+    """Fast path for a sampler: ``[{"gpu_index", "pid", "used_mib"}]`` for every compute
+    process on every GPU (host PIDs). Costs ~10 us idle but ~3 ms with 100 processes: sample
+    it less often than device memory. Empty list when NVML is not available."""
+    pynvml, _ = _nvml()
+    if pynvml is None:
+        return []
+    get = pynvml.nvmlDeviceGetComputeRunningProcesses
+    result = []
+    for index, handle in enumerate(_NVML["handles"]):
+        for entry in get(handle):
+            result.append({"gpu_index": index, "pid": int(entry.pid),
+                           "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))})
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# the census
+
+
+def _observer(proc_root: str) -> Dict[str, Any]:
+    observer = {"pid": os.getpid(), "uid": os.getuid(), "pid_ns": None, "nspid": None,
+                "root": os.geteuid() == 0, "hostname": socket.gethostname(),
+                "proc_root": proc_root}  # type: Dict[str, Any]
+    try:
+        observer["pid_ns"] = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pass
+    try:
+        _, nspid = _status_fields(_read_bytes("/proc/self/status"))
+        observer["nspid"] = nspid
+    except OSError:
+        pass
+    # Host PIDs (what NVML reports) are what this /proc shows only when the observer sits in the
+    # initial PID namespace. A namespace's PID 1 has no parent inside it; the initial one is
+    # the only namespace whose PID 1 has ppid 0 *and* NSpid of one field from every view, so
+    # we go by the observer's own NSpid.
+    observer["host_view"] = observer["nspid"] is not None and len(observer["nspid"]) == 1
+    return observer
+
+
+def _proc_ns(proc_root: str) -> Optional[str]:
+    """PID namespace of the /proc mount: that of a process whose NSpid has one field."""
+    try:
+        _, nspid = _status_fields(_read_bytes(proc_root + "/self/status"))
+        if nspid is not None and len(nspid) == 1:
+            return os.readlink(proc_root + "/self/ns/pid")
+    except OSError:
+        pass
+    return None
+
+
+def _int_value(env: Dict[str, str], key: str, pid: int, errors: List[str],
+               minimum: int = 0) -> Tuple[Optional[int], Optional[str]]:
+    """Parse an integer env value; return (value, None) or (None, raw) with an error noted."""
+    raw = env.get(key)
+    if raw is None:
+        return None, None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        errors.append("pid %d: %s=%r is not an integer" % (pid, key, raw))
+        return None, raw
+    if value < minimum:
+        errors.append("pid %d: %s=%r is below %d" % (pid, key, raw, minimum))
+        return None, raw
+    return value, None
+
+
+def _is_launcher(proc: Dict[str, Any]) -> bool:
+    cmdline = proc.get("cmdline") or []
+    text = " ".join(cmdline[:4])
+    return (proc.get("comm") == "torchrun" or "torchrun" in text
+            or "torch.distributed.run" in text or "torch.distributed.launch" in text)
+
+
+def _job_id(env: Dict[str, str]) -> Optional[str]:
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return env["TORCHELASTIC_RUN_ID"]
+    if env.get("CHAOSGPU_JOB"):
+        return env["CHAOSGPU_JOB"]
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
+    return None
+
+
+def _frozen(proc: Dict[str, Any], cgroup_root: str) -> Optional[bool]:
+    """Whether the process's cgroup is frozen (v1 freezer.state FROZEN, v2 cgroup.events
+    frozen 1); None when it cannot be told."""
+    answer = None  # type: Optional[bool]
+    path = proc.get("_freezer_v1")
+    if path is not None:
+        try:
+            state = _read_bytes(cgroup_root + "/freezer" + path + "/freezer.state").strip()
+            if state in (b"FROZEN", b"FREEZING"):
+                return True
+            answer = False
+        except OSError:
+            pass
+    path = proc.get("_cgroup_v2")
+    if path is not None:
+        for base in (cgroup_root, cgroup_root + "/unified"):
+            try:
+                events = _read_bytes(base + path + "/cgroup.events")
+            except OSError:
+                continue
+            if b"frozen 1" in events:
+                return True
+            answer = False
+            break
+    return answer
+
+
+def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
+          errors: List[str], cgroup_root: str, hostname: str) -> List[Dict[str, Any]]:
+    jobs = {}  # type: Dict[str, Dict[str, Any]]
+    for proc in processes.values():
+        env = proc.get("env")
+        if not env:
+            continue
+        job_id = _job_id(env)
+        if job_id is None:
+            continue
+        job = jobs.get(job_id)
+        if job is None:
+            job = jobs[job_id] = {
+                "id": job_id, "world_size": None, "master": None, "launcher": "bare",
+                "launcher_pid": None, "ranks": [], "expected_ranks": None, "survivors": [],
+                "dead": [], "frozen": [], "stopped": [], "hang_suspected": False,
+                "_lws": None, "_group": None,
+            }
+        if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+            job["master"] = "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
+        pid = proc["pid"]
+        rank, bad_rank = _int_value(env, "RANK", pid, errors)
+        if "RANK" not in env or _is_launcher(proc):
+            if _is_launcher(proc):
+                job["launcher"] = "torchrun"
+                job["launcher_pid"] = pid
+            continue
+        world, _ = _int_value(env, "WORLD_SIZE", pid, errors, minimum=1)
+        local_rank, _ = _int_value(env, "LOCAL_RANK", pid, errors)
+        lws, _ = _int_value(env, "LOCAL_WORLD_SIZE", pid, errors, minimum=1)
+        group, _ = _int_value(env, "GROUP_RANK", pid, errors)
+        if world is not None:
+            job["world_size"] = world
+        if lws is not None:
+            job["_lws"] = lws
+        if group is not None:
+            job["_group"] = group
+        if env.get("TORCHELASTIC_RUN_ID"):
+            job["launcher"] = "torchrun"
+        state = proc["state"]
+        if state in ("Z", "X"):
+            rank_state = "zombie"
+        elif state in ("T", "t"):
+            rank_state = "stopped"
+        else:
+            rank_state = "alive"
+            if _frozen(proc, cgroup_root):
+                rank_state = "frozen"
+        entry = {"rank": rank, "local_rank": local_rank, "pid": pid,
+                 "host_pid": proc["nspid"][0] if proc.get("nspid") else None,
+                 "ns_pid": proc["nspid"][-1] if proc.get("nspid") else None,
+                 "state": rank_state, "gpu_mib": gpu_by_pid.get(pid)}  # type: Dict[str, Any]
+        if bad_rank is not None:
+            entry["invalid_rank"] = bad_rank
+        job["ranks"].append(entry)
+    local_masters = ("127.0.0.1", "localhost", "::1", hostname)
+    for job in jobs.values():
+        present = [r["rank"] for r in job["ranks"] if r["rank"] is not None]
+        expected = None
+        if job["_lws"] is not None and job["_group"] is not None:
+            start = job["_group"] * job["_lws"]
+            expected = list(range(start, start + job["_lws"]))
+        elif job["world_size"] is not None and job["master"] is not None \
+                and job["master"].rsplit(":", 1)[0] in local_masters:
+            expected = list(range(job["world_size"]))
+        job["expected_ranks"] = expected
+        for missing in sorted(set(expected or []) - set(present)):
+            job["ranks"].append({"rank": missing, "local_rank": None, "pid": None,
+                                 "host_pid": None, "ns_pid": None, "state": "missing",
+                                 "gpu_mib": None})
+        job["ranks"].sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"] or 0))
+        for r in job["ranks"]:
+            if r["rank"] is None:
+                continue
+            if r["state"] == "alive":
+                job["survivors"].append(r["rank"])
+            elif r["state"] in ("zombie", "missing"):
+                job["dead"].append(r["rank"])
+            elif r["state"] == "stopped":
+                job["stopped"].append(r["rank"])
+                job["frozen"].append(r["rank"])
+            elif r["state"] == "frozen":
+                job["frozen"].append(r["rank"])
+        job["hang_suspected"] = bool(job["survivors"]) and bool(job["dead"] or job["frozen"])
+        del job["_lws"], job["_group"]
+    return sorted(jobs.values(), key=lambda j: j["id"])
+
+
+def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool) -> None:
+    def host_init(parent: Dict[str, Any]) -> bool:
+        return host_view and parent["pid"] == 1 and len(parent.get("nspid") or [1]) == 1
+
+    for proc in processes.values():
+        if proc["kthread"] or proc["ns_init"] or proc["pid"] == 1:
+            continue
+        parent = processes.get(proc["ppid"])
+        if parent is None:
+            continue
+        if parent["ns_init"] or parent["pid"] == 1:
+            kind = "init of its PID namespace" if parent.get("pid_ns") == proc.get("pid_ns") \
+                else "init of an outer PID namespace"
+        elif parent["comm"] in KNOWN_SUBREAPERS:
+            kind = "subreaper"
+        else:
+            continue
+        sid = proc["sid"]
+        if sid == proc["pid"]:
+            continue  # a session leader: started on purpose (setsid by its starter)
+        if sid == parent["sid"] and (sid != 0 or host_init(parent)):
+            continue  # in its parent's own session: started by that parent
+        # sid 0 reads "session outside this namespace", except for the host init's session 0
+        proc["orphan"] = True
+        proc["orphan_reason"] = "parent is %s (pid %d, %s); session %s is not its own" % (
+            kind, parent["pid"], parent["comm"], sid if sid else "outside this namespace")
+
+
+def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+               observer: Dict[str, Any], job_of: Dict[int, Tuple[str, Optional[int]]]
+               ) -> List[Dict[str, Any]]:
+    # NVML's PIDs are the initial namespace's: they index this /proc only for a host observer.
+    # A nested observer's /proc shows no host PID at all (NSpid starts at its own namespace).
+    by_host = processes if observer.get("host_view") else {}
+    result = []
+    proc = None  # type: Optional[Dict[str, Any]]
+    for device in gpu.get("devices") or []:
+        for entry in device.get("processes") or []:
+            host_pid = entry.get("pid")
+            proc = by_host.get(host_pid) if host_pid is not None else None
+            item = {"gpu_index": device.get("index"), "host_pid": host_pid,
+                    "used_mib": entry.get("used_mib"), "visible": proc is not None,
+                    "pid": None, "ns_pid": None, "state": None, "uid": None, "comm": None,
+                    "container": None, "job": None, "rank": None, "tag": None,
+                    "note": None}  # type: Dict[str, Any]
+            if proc is None:
+                item["note"] = "not visible here"
+                if not observer.get("host_view"):
+                    item["note"] = ("not visible here: NVML gives host PIDs and this observer "
+                                    "is in a nested PID namespace")
+            else:
+                nspid = proc.get("nspid") or [proc["pid"]]
+                item.update({"pid": proc["pid"], "ns_pid": nspid[-1], "state": proc["state"],
+                             "uid": proc["uid"], "comm": proc["comm"],
+                             "container": proc["container"], "tag": proc["tag"]})
+                job = job_of.get(proc["pid"])
+                if job is not None:
+                    item["job"], item["rank"] = job
+            result.append(item)
+    return result
+
+
+def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bool = True,
+           gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
+           cgroup_root: str = "/sys/fs/cgroup") -> Dict[str, Any]:
+    """Take the whole census (schema ``chaosgpu.census/1``, docs/census.md): the observer, the
+    GPU section (NVML, or ``gpu_snapshot`` when given: a recorded ``gpu`` section, which is how
+    tests feed real recordings to the attribution), every process of ``proc_root`` (or only
+    ``pids``), GPU processes attributed to observer PID / namespace PID / container / job /
+    rank ("not visible here" when NVML's host PID is not in this /proc), zombies, orphans (see
+    the module docstring for the exact rule) and distributed-training jobs with rank states
+    (alive, stopped, frozen, zombie, missing) and ``hang_suspected`` = some rank dead, stopped
+    or frozen while another is alive. Never raises for an odd node: problems go to
+    ``errors``."""
+    started = time.monotonic()
+    taken_at = time.time()
+    errors = []  # type: List[str]
+    observer = _observer(proc_root)
+    proc_ns = _proc_ns(proc_root)
+    if gpu_snapshot is not None:
+        gpu_section = gpu_snapshot
+    elif gpu:
+        gpu_section = nvml_snapshot()
+    else:
+        gpu_section = {"available": False, "reason": "not asked (--no-gpu)", "driver": None,
+                       "devices": []}
+    processes = {}  # type: Dict[int, Dict[str, Any]]
+    try:
+        wanted = list(pids) if pids is not None else list_pids(proc_root)
+    except OSError as error:
+        wanted = []
+        errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
+    for pid in wanted:
+        try:
+            record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns)
+        except (OSError, ValueError, IndexError) as error:
+            errors.append("pid %d: unreadable stat: %s" % (pid, error))
+            continue
+        if record is not None:
+            processes[pid] = record
+    _mark_orphans(processes, bool(observer.get("host_view")))
+    gpu_by_pid = {}  # type: Dict[int, float]
+    if observer.get("host_view"):
+        for device in gpu_section.get("devices") or []:
+            for entry in device.get("processes") or []:
+                if entry.get("pid") in processes and entry.get("used_mib") is not None:
+                    gpu_by_pid[entry["pid"]] = gpu_by_pid.get(entry["pid"], 0.0) \
+                        + entry["used_mib"]
+    jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"])
+    job_of = {}  # type: Dict[int, Tuple[str, Optional[int]]]
+    for job in jobs:
+        for rank in job["ranks"]:
+            if rank["pid"] is not None:
+                job_of[rank["pid"]] = (job["id"], rank["rank"])
+    gpu_processes = _attribute(gpu_section, processes, observer, job_of)
+    for record in processes.values():
+        record.pop("_freezer_v1", None)
+        record.pop("_cgroup_v2", None)
+    ordered = [processes[pid] for pid in sorted(processes)]
+    return {
+        "schema": SCHEMA,
+        "taken_at": taken_at,
+        "duration_ms": (time.monotonic() - started) * 1000.0,
+        "observer": observer,
+        "gpu": gpu_section,
+        "processes": ordered,
+        "gpu_processes": gpu_processes,
+        "zombies": [p["pid"] for p in ordered if p["zombie"]],
+        "orphans": [p["pid"] for p in ordered if p["orphan"]],
+        "jobs": jobs,
+        "errors": errors,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# program
+
+
+def _usage_error(message: str) -> int:
+    print(json.dumps({"schema": SCHEMA, "error": message}))
+    return 2
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` (``--no-env --no-fds --no-gpu --pid N --proc-root DIR --gpu-snapshot FILE
+    --indent N``), print one census JSON document and return 0; bad arguments print
+    ``{"error": ...}`` and return 2."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    options = {"env": True, "fds": True, "gpu": True}  # type: Dict[str, Any]
+    proc_root = "/proc"
+    pids = None  # type: Optional[List[int]]
+    snapshot = None
+    indent = None  # type: Optional[int]
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg in ("--no-env", "--no-fds", "--no-gpu"):
+            options[arg[5:]] = False
+        elif arg in ("--pid", "--proc-root", "--gpu-snapshot", "--indent"):
+            if index + 1 >= len(args):
+                return _usage_error("%s needs a value" % arg)
+            value = args[index + 1]
+            index += 1
+            if arg == "--pid":
+                if not value.isdigit() or int(value) <= 0:
+                    return _usage_error("--pid needs a positive integer, got %r" % value)
+                pids = (pids or []) + [int(value)]
+            elif arg == "--proc-root":
+                if not os.path.isdir(value):
+                    return _usage_error("--proc-root %r is not a directory" % value)
+                proc_root = value.rstrip("/") or "/"
+            elif arg == "--indent":
+                if not value.isdigit():
+                    return _usage_error("--indent needs an integer, got %r" % value)
+                indent = int(value)
+            else:
+                try:
+                    with open(value) as handle:
+                        snapshot = json.load(handle)
+                except (OSError, ValueError) as error:
+                    return _usage_error("--gpu-snapshot %r: %s" % (value, error))
+                if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
+                    snapshot = snapshot["held"]
+                if not isinstance(snapshot, dict):
+                    return _usage_error("--gpu-snapshot %r is not a JSON object" % value)
+        elif arg in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        else:
+            return _usage_error("unknown argument %r" % arg)
+        index += 1
+    document = census(proc_root=proc_root, env=options["env"], fds=options["fds"],
+                      gpu=options["gpu"], gpu_snapshot=snapshot, pids=pids)
+    print(json.dumps(document, indent=indent, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
