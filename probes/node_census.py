@@ -643,6 +643,11 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         job["ranks"].append(entry)
     local_masters = ("127.0.0.1", "localhost", "::1", hostname)
     for job in jobs.values():
+        for r in job["ranks"]:
+            parent = processes.get(processes[r["pid"]]["ppid"])
+            if parent is not None and _is_launcher(parent):
+                job["launcher"] = "torchrun"
+                job["launcher_pid"] = parent["pid"]
         present = [r["rank"] for r in job["ranks"] if r["rank"] is not None]
         expected = None
         if job["_lws"] is not None and job["_group"] is not None:

@@ -1,0 +1,187 @@
+"""`chaosgpu snapshot`: print the node's truth as a readable table or as the census JSON.
+
+This module owns only the presentation of the census (`chaosgpu.node.take_census`); it must not
+read /proc or NVML itself.
+"""
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from chaosgpu.node import take_census
+
+__all__ = ["main", "render"]
+
+
+def _fmt_mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = ["  " + "  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    for row in rows:
+        lines.append("  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip())
+    return lines
+
+
+def _container(container: dict[str, Any] | None) -> str:
+    if not container:
+        return "-"
+    ident = container.get("id") or container.get("pod_uid") or "?"
+    if len(ident) > 12 and container.get("runtime") != "sandbox":
+        ident = ident[:12]
+    return f"{container.get('runtime')}:{ident}"
+
+
+def _cmd(proc: dict[str, Any]) -> str:
+    cmdline = proc.get("cmdline")
+    text = " ".join(cmdline) if cmdline else f"[{proc.get('comm')}]"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def render(census: dict[str, Any]) -> str:
+    """Return the census as readable text: GPUs, GPU processes, zombies, orphans, jobs."""
+    out: list[str] = []
+    observer = census["observer"]
+    out.append(f"chaosgpu snapshot  host {observer.get('hostname')}  observer pid "
+               f"{observer.get('pid')} uid {observer.get('uid')}  pid_ns {observer.get('pid_ns')}"
+               f"{'' if observer.get('host_view') else ' (nested: host PIDs not visible)'}  "
+               f"{len(census['processes'])} processes in {census['duration_ms']:.1f} ms")
+    gpu = census["gpu"]
+    out.append("")
+    if not gpu.get("available"):
+        out.append(f"GPUs: not available ({gpu.get('reason')})")
+    else:
+        out.append(f"GPUs (driver {gpu.get('driver')}):")
+        rows = [[str(d.get("index")), str(d.get("name")), _fmt_mib(d.get("memory_used_mib")),
+                 _fmt_mib(d.get("memory_total_mib")), str(len(d.get("processes") or [])),
+                 str(d.get("uuid"))] for d in gpu.get("devices") or []]
+        out.extend(_table(["GPU", "NAME", "USED MiB", "TOTAL MiB", "PROCS", "UUID"], rows))
+    out.append("")
+    gprocs = census.get("gpu_processes") or []
+    out.append(f"GPU processes: {len(gprocs)}")
+    if gprocs:
+        rows = [[str(g["gpu_index"]), str(g["host_pid"]),
+                 "-" if g["pid"] is None else str(g["pid"]),
+                 "-" if g["ns_pid"] is None else str(g["ns_pid"]), str(g.get("state") or "-"),
+                 _container(g.get("container")), str(g.get("job") or "-"),
+                 "-" if g.get("rank") is None else str(g["rank"]), _fmt_mib(g.get("used_mib")),
+                 g.get("note") or (g.get("comm") or "")] for g in gprocs]
+        out.extend(_table(["GPU", "HOST PID", "PID", "NS PID", "STATE", "CONTAINER", "JOB",
+                           "RANK", "MiB", "NOTE"], rows))
+    by_pid = {p["pid"]: p for p in census["processes"]}
+    for title, pids in (("Zombies", census["zombies"]), ("Orphans", census["orphans"])):
+        out.append("")
+        out.append(f"{title}: {len(pids)}")
+        if pids:
+            rows = []
+            for pid in pids:
+                p = by_pid[pid]
+                nspid = p.get("nspid") or []
+                rows.append([str(pid), str(p["ppid"]), str(nspid[-1]) if nspid else "?",
+                             p["state"], "?" if p["uid"] is None else str(p["uid"]),
+                             _container(p.get("container")), str(p.get("tag") or "-"),
+                             _cmd(p)])
+            out.extend(_table(["PID", "PPID", "NS PID", "STATE", "UID", "CONTAINER", "TAG",
+                               "COMMAND"], rows))
+    out.append("")
+    jobs = census.get("jobs") or []
+    out.append(f"Jobs: {len(jobs)}")
+    for job in jobs:
+        flag = "  HANG SUSPECTED" if job.get("hang_suspected") else ""
+        launcher_pid = job.get("launcher_pid")
+        launcher = job.get("launcher") + ("" if launcher_pid is None else f" pid {launcher_pid}")
+        out.append(f"  job {job['id']}  master {job.get('master')}  world {job.get('world_size')}"
+                   f"  launcher {launcher}{flag}")
+        rows = [["?" if r["rank"] is None else str(r["rank"]),
+                 "-" if r.get("local_rank") is None else str(r["local_rank"]),
+                 "-" if r["pid"] is None else str(r["pid"]),
+                 "-" if r.get("ns_pid") is None else str(r["ns_pid"]), r["state"],
+                 _fmt_mib(r.get("gpu_mib"))] for r in job["ranks"]]
+        out.extend("  " + line for line in _table(
+            ["RANK", "LOCAL", "PID", "NS PID", "STATE", "GPU MiB"], rows))
+    unreadable = sum(1 for p in census["processes"] if p.get("unreadable"))
+    if unreadable:
+        out.append("")
+        out.append(f"Not readable from here (permissions or vanished): fields of {unreadable} "
+                   "processes; see --json (`unreadable`, `errors`)")
+    if census.get("errors"):
+        out.append("")
+        out.append("Errors:")
+        out.extend(f"  {e}" for e in census["errors"])
+    return "\n".join(out)
+
+
+def _select_device(census: dict[str, Any], device: int) -> str | None:
+    """Keep only GPU `device` in the census; return an error message if it does not exist."""
+    gpu = census["gpu"]
+    indexes = [d.get("index") for d in gpu.get("devices") or []]
+    if device not in indexes:
+        if not gpu.get("available"):
+            return f"GPU {device} does not exist here: GPUs not available ({gpu.get('reason')})"
+        return f"GPU {device} does not exist here; GPUs are {indexes}"
+    gpu["devices"] = [d for d in gpu["devices"] if d.get("index") == device]
+    census["gpu_processes"] = [g for g in census["gpu_processes"] if g["gpu_index"] == device]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `chaosgpu snapshot [--json] [--no-gpu] [--no-env] [--no-fds] [--device N]`."""
+    parser = argparse.ArgumentParser(
+        prog="chaosgpu snapshot",
+        description="The node's truth: GPUs, GPU processes (host and namespace PIDs, container, "
+                    "job, rank), zombies, orphans, distributed-training jobs.")
+    parser.add_argument("--json", action="store_true",
+                        help="print the census JSON (schema chaosgpu.census/1, docs/census.md)")
+    parser.add_argument("--no-gpu", action="store_true", help="do not query NVML")
+    parser.add_argument("--no-env", action="store_true",
+                        help="do not read environments (no jobs, no tags)")
+    parser.add_argument("--no-fds", action="store_true", help="do not scan fds for /dev/nvidia*")
+    parser.add_argument("--device", type=int, default=None, metavar="N",
+                        help="show only GPU N (error if it does not exist)")
+    parser.add_argument("--gpu-snapshot", default=None, metavar="FILE",
+                        help="use a recorded NVML snapshot (JSON) instead of NVML")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    snapshot = None
+    if args.gpu_snapshot:
+        try:
+            with open(args.gpu_snapshot, encoding="utf-8") as handle:
+                snapshot = json.load(handle)
+        except (OSError, ValueError) as error:
+            print(f"chaosgpu snapshot: cannot read --gpu-snapshot {args.gpu_snapshot}: {error}",
+                  file=sys.stderr)
+            return 2
+        if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
+            snapshot = snapshot["held"]
+        if not isinstance(snapshot, dict):
+            print(f"chaosgpu snapshot: --gpu-snapshot {args.gpu_snapshot} is not a JSON object",
+                  file=sys.stderr)
+            return 2
+    if args.device is not None and args.device < 0:
+        print(f"chaosgpu snapshot: --device must be >= 0, got {args.device}", file=sys.stderr)
+        return 2
+    census = take_census(env=not args.no_env, fds=not args.no_fds,
+                         gpu=not args.no_gpu or snapshot is not None, gpu_snapshot=snapshot)
+    if args.device is not None:
+        problem = _select_device(census, args.device)
+        if problem is not None:
+            print(f"chaosgpu snapshot: {problem}", file=sys.stderr)
+            return 2
+    if args.json:
+        json.dump(census, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(render(census))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
