@@ -1,0 +1,251 @@
+"""Declared scopes: which processes an experiment may touch.
+
+An experiment names its targets with a scope dict (docs/ARCHITECTURE.md "Tags and scope"):
+exactly one of `{"sandbox": name}`, `{"job": id}`, `{"tag": tag}`, `{"pids": [..]}`,
+`{"pod": "ns/name" | pod uid}`, plus the options `include_other_users` and `include_ns_init`
+(both false by default). This module owns validating that dict (clear errors, nothing changed)
+and resolving it to the census's process dicts, minus what is never in scope: the host's PID 1,
+the runner and its ancestors, kernel threads, other users' processes and namespace inits unless
+allowed. It must not read /proc itself (the census does) nor send signals (the in-target program
+`actions/signal_processes.py` does, and re-checks every rule at send time).
+"""
+
+import logging
+import os
+from typing import Any
+
+__all__ = ["ScopeError", "KINDS", "validate_scope", "resolve_scope", "resolve_scope_detail",
+           "describe_scope", "take_census"]
+
+logger = logging.getLogger("chaostoolkit")
+
+KINDS = ("sandbox", "job", "tag", "pids", "pod")
+OPTIONS = ("include_other_users", "include_ns_init")
+
+
+class ScopeError(ValueError):
+    """A scope that cannot be used: missing, malformed or naming nothing resolvable."""
+
+
+def validate_scope(scope: Any) -> dict[str, Any]:
+    """Check a scope dict and return a normalised copy; raise ScopeError naming what is wrong."""
+    if scope is None or scope == {} or scope == "":
+        raise ScopeError("no scope given: declare a scope, one of "
+                         + ", ".join(f'{{"{k}": ...}}' for k in KINDS))
+    if not isinstance(scope, dict):
+        raise ScopeError(f"a scope must be a dict such as {{\"tag\": \"my-workers\"}}, "
+                         f"got {type(scope).__name__} {scope!r}")
+    unknown = sorted(set(scope) - set(KINDS) - set(OPTIONS))
+    if unknown:
+        raise ScopeError(f"unknown scope key(s) {unknown}; expected one of {list(KINDS)} "
+                         f"plus optional {list(OPTIONS)}")
+    kinds = [k for k in KINDS if k in scope]
+    if not kinds:
+        raise ScopeError("declare a scope: the scope names no target, expected one of "
+                         f"{list(KINDS)}")
+    if len(kinds) > 1:
+        raise ScopeError(f"a scope names exactly one kind of target, got {kinds}")
+    kind = kinds[0]
+    value = scope[kind]
+    if kind == "pids":
+        if not isinstance(value, list) or not value:
+            raise ScopeError(f"scope 'pids' must be a non-empty list of PIDs, got {value!r}")
+        for pid in value:
+            if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+                raise ScopeError(f"scope 'pids' must hold positive integers, got {pid!r}")
+        value = sorted(set(value))
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise ScopeError(f"scope '{kind}' must be a non-empty string, got {value!r}")
+        value = value.strip()
+    normalised: dict[str, Any] = {kind: value}
+    for option in OPTIONS:
+        flag = scope.get(option, False)
+        if not isinstance(flag, bool):
+            raise ScopeError(f"scope option '{option}' must be true or false, got {flag!r}")
+        normalised[option] = flag
+    return normalised
+
+
+def describe_scope(scope: dict[str, Any]) -> str:
+    """Return a short human description of a validated scope, e.g. `tag=ring-1`."""
+    kind = next(k for k in KINDS if k in scope)
+    return f"{kind}={scope[kind]}"
+
+
+def take_census(**kwargs: Any) -> dict[str, Any]:
+    """Take the census through chaosgpu.node (or the in-target program itself if absent)."""
+    try:
+        from chaosgpu.node import take_census as node_take_census
+    except ImportError:
+        from chaosgpu.intarget import load
+
+        return load("probes", "node_census").census(**kwargs)  # type: ignore[no-any-return]
+    return node_take_census(**kwargs)  # type: ignore[no-any-return]
+
+
+def _protected() -> set[int]:
+    from chaosgpu.intarget import load
+
+    return load("actions", "signal_processes").protected_pids()  # type: ignore[no-any-return]
+
+
+def _is_kernel_thread(proc: dict[str, Any]) -> bool:
+    if proc.get("kthread") is not None:
+        return bool(proc["kthread"])
+    return proc.get("pid") == 2 or (proc.get("ppid") == 2 and not proc.get("cmdline"))
+
+
+def _sandbox_pid_ns(name: str) -> tuple[str | None, int | None]:
+    """Return (pid namespace, host PID of its PID 1) recorded for sandbox `name`."""
+    from chaosgpu import state
+
+    try:
+        record = state.read_record("sandboxes", name)
+    except ValueError as error:
+        raise ScopeError(f"invalid sandbox name {name!r}: {error}") from None
+    if record is None:
+        raise ScopeError(f"no sandbox named {name!r} is recorded in {state.state_dir()}")
+    pid_ns = record.get("pid_ns")
+    init_pid = None
+    for key in ("init_pid", "pid1", "host_pid", "pid"):
+        if isinstance(record.get(key), int):
+            init_pid = record[key]
+            break
+    init = record.get("init")
+    if init_pid is None and isinstance(init, dict) and isinstance(init.get("pid"), int):
+        init_pid = init["pid"]
+    return (pid_ns if isinstance(pid_ns, str) else None), init_pid
+
+
+# (pid, starttime) -> tag, for every tagged process this process has seen: a zombie's environment
+# cannot be read any more, so its tag is remembered from when it was alive.
+_SEEN_TAGS: dict[tuple[int, int], str] = {}
+
+
+def _recorded_members(tag: str) -> set[tuple[int, int]]:
+    """(pid, starttime) of the processes a workload record `tag` lists (for zombies)."""
+    from chaosgpu import state
+
+    try:
+        record = state.read_record("workloads", tag)
+    except ValueError:
+        return set()
+    members: set[tuple[int, int]] = set()
+    if not record:
+        return members
+    entries: list[Any] = []
+    for key in ("processes", "workers", "ranks", "pids"):
+        value = record.get(key)
+        if isinstance(value, list):
+            entries.extend(value)
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("pid"), int) \
+                and isinstance(entry.get("starttime"), int):
+            members.add((entry["pid"], entry["starttime"]))
+    return members
+
+
+def _tagged(tag: str, processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = []
+    recorded: set[tuple[int, int]] | None = None
+    for proc in processes:
+        key = (proc.get("pid"), proc.get("starttime"))
+        if proc.get("tag") is not None:
+            if isinstance(key[0], int) and isinstance(key[1], int):
+                _SEEN_TAGS[key] = proc["tag"]  # type: ignore[index]
+            if proc["tag"] == tag:
+                found.append(proc)
+            continue
+        if _SEEN_TAGS.get(key) == tag:  # type: ignore[arg-type]
+            found.append(proc)
+            continue
+        if proc.get("zombie") or "env" in (proc.get("unreadable") or []):
+            if recorded is None:
+                recorded = _recorded_members(tag)
+            if key in recorded:
+                found.append(proc)
+    return found
+
+
+def _candidates(scope: dict[str, Any], census: dict[str, Any]) -> tuple[list[dict[str, Any]],
+                                                                        list[dict[str, Any]]]:
+    processes: list[dict[str, Any]] = census.get("processes") or []
+    by_pid = {p["pid"]: p for p in processes}
+    missing: list[dict[str, Any]] = []
+    if "pids" in scope:
+        found = []
+        for pid in scope["pids"]:
+            if pid in by_pid:
+                found.append(by_pid[pid])
+            else:
+                missing.append({"pid": pid, "reason": "no such process (or not visible here)"})
+        return found, missing
+    if "tag" in scope:
+        return _tagged(scope["tag"], processes), missing
+    if "job" in scope:
+        jobs = [j for j in census.get("jobs") or [] if j.get("id") == scope["job"]]
+        if not jobs:
+            return [], [{"job": scope["job"], "reason": "no such job in the census"}]
+        pids = [r.get("pid") for r in jobs[0].get("ranks", []) if r.get("pid") is not None]
+        return [by_pid[pid] for pid in pids if pid in by_pid], missing
+    if "sandbox" in scope:
+        pid_ns, init_pid = _sandbox_pid_ns(scope["sandbox"])
+        if pid_ns is None and init_pid is not None and init_pid in by_pid:
+            pid_ns = by_pid[init_pid].get("pid_ns")
+        if pid_ns is None:
+            return [], [{"sandbox": scope["sandbox"],
+                         "reason": "its PID namespace is not known (the sandbox is gone?)"}]
+        return [p for p in processes if p.get("pid_ns") == pid_ns], missing
+    # pod: a pod uid seen in the container identity of local processes.
+    pod = scope["pod"]
+    found = [p for p in processes
+             if isinstance(p.get("container"), dict) and p["container"].get("pod_uid") == pod]
+    if not found:
+        missing.append({"pod": pod, "reason": "no local process carries this pod uid; pods by "
+                        "namespace/name are resolved by chaosgpu.k8s on the cluster"})
+    return found, missing
+
+
+def resolve_scope_detail(scope: Any, census: dict[str, Any] | None = None,
+                         observe: bool = False) -> dict[str, Any]:
+    """Resolve a scope to census processes; return {"scope", "processes", "excluded", "missing"}.
+
+    `excluded` lists processes the scope named but that may not be touched, each with a reason
+    (host PID 1, the runner or an ancestor, a kernel thread, another user, a namespace init);
+    `missing` lists what the scope named but the census did not find. With `observe` (probes
+    that only look), other users' processes and namespace inits are kept.
+    """
+    checked = validate_scope(scope)
+    if census is None:
+        census = take_census(gpu=False)
+    candidates, missing = _candidates(checked, census)
+    protected = _protected()
+    uid = os.getuid()
+    kept: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
+    for proc in candidates:
+        pid = proc.get("pid")
+        reason = None
+        if pid == 1:
+            reason = "PID 1 of the observer's namespace is never in scope"
+        elif pid in protected:
+            reason = "the runner or one of its ancestors"
+        elif _is_kernel_thread(proc):
+            reason = "a kernel thread"
+        elif proc.get("uid") is not None and proc.get("uid") != uid \
+                and not (checked["include_other_users"] or observe):
+            reason = f"owned by UID {proc.get('uid')} (set include_other_users to allow)"
+        elif proc.get("ns_init") and not (checked["include_ns_init"] or observe):
+            reason = "PID 1 of its namespace (set include_ns_init to allow)"
+        if reason:
+            excluded.append({"pid": pid, "comm": proc.get("comm"), "reason": reason})
+        else:
+            kept.append(proc)
+    return {"scope": checked, "processes": kept, "excluded": excluded, "missing": missing}
+
+
+def resolve_scope(scope: Any, census: dict[str, Any] | None = None,
+                  observe: bool = False) -> list[dict[str, Any]]:
+    """Return the census process dicts a scope resolves to, minus those never in scope."""
+    return resolve_scope_detail(scope, census, observe)["processes"]  # type: ignore[no-any-return]

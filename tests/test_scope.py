@@ -1,0 +1,201 @@
+"""Declared scopes and the process faults and probes built on them, on real processes."""
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from chaosgpu.process import actions, probes
+from chaosgpu.scope import ScopeError, resolve_scope, resolve_scope_detail, validate_scope
+
+
+def _tag() -> str:
+    return f"scope-test-{uuid.uuid4().hex[:8]}"
+
+
+def _start(tag: str, argv: list[str] | None = None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, CHAOSGPU_TAG=tag)
+    return subprocess.Popen(argv or ["sleep", "60"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+@pytest.fixture
+def sleepers() -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    tag = _tag()
+    procs = [_start(tag) for _ in range(3)]
+    time.sleep(0.05)
+    yield tag, procs
+    for proc in procs:
+        try:
+            os.kill(proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
+        proc.kill()
+        proc.wait()
+
+
+def _state(pid: int) -> str | None:
+    from chaosgpu.node import process_state
+
+    return process_state(pid)  # type: ignore[no-any-return]
+
+
+def _wait_state(pid: int, wanted: tuple[str, ...], timeout: float = 5.0) -> str | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _state(pid) in wanted:
+            break
+        time.sleep(0.01)
+    return _state(pid)
+
+
+@pytest.mark.parametrize(
+    "scope, message",
+    [
+        (None, "declare a scope"),
+        ({}, "declare a scope"),
+        ("tag", "must be a dict"),
+        ({"include_ns_init": True}, "declare a scope"),
+        ({"tag": "a", "job": "b"}, "exactly one kind"),
+        ({"tags": "a"}, "unknown scope key"),
+        ({"tag": ""}, "non-empty string"),
+        ({"tag": 3}, "non-empty string"),
+        ({"pids": []}, "non-empty list"),
+        ({"pids": [1, "2"]}, "positive integers"),
+        ({"pids": [True]}, "positive integers"),
+        ({"tag": "a", "include_other_users": "yes"}, "true or false"),
+    ],
+)
+def test_bad_scopes_are_refused_with_a_clear_error(scope: object, message: str) -> None:
+    with pytest.raises(ScopeError, match=message):
+        validate_scope(scope)
+
+
+def test_validate_normalises() -> None:
+    assert validate_scope({"pids": [5, 3, 5]}) == {
+        "pids": [3, 5], "include_other_users": False, "include_ns_init": False}
+
+
+def test_tag_scope_resolves_to_the_tagged_processes(sleepers: tuple[str, list]) -> None:
+    tag, procs = sleepers
+    pids = {p["pid"] for p in resolve_scope({"tag": tag})}
+    assert pids == {p.pid for p in procs}
+
+
+def test_pids_scope_excludes_pid1_runner_and_reports_missing(sleepers: tuple[str, list]) -> None:
+    _, procs = sleepers
+    detail = resolve_scope_detail({"pids": [1, os.getpid(), procs[0].pid, 999_999_999]})
+    assert [p["pid"] for p in detail["processes"]] == [procs[0].pid]
+    reasons = {e["pid"]: e["reason"] for e in detail["excluded"]}
+    assert "PID 1" in reasons[1] and "runner" in reasons[os.getpid()]
+    assert detail["missing"][0]["pid"] == 999_999_999
+
+
+def test_unknown_sandbox_is_a_clear_error() -> None:
+    with pytest.raises(ScopeError, match="no sandbox named 'nope'"):
+        resolve_scope({"sandbox": "nope"})
+
+
+def test_signal_processes_kills_exactly_the_scope(sleepers: tuple[str, list]) -> None:
+    tag, procs = sleepers
+    bystander = _start(_tag())
+    try:
+        report = actions.signal_processes({"tag": tag}, "SIGKILL", wait_gone_s=5)
+        assert report["sent"] == 3 and report["wait"]["all_gone"]
+        for proc in procs:
+            assert proc.wait(timeout=5) == -signal.SIGKILL
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_signal_processes_refuses_an_empty_scope_and_bad_signal() -> None:
+    with pytest.raises(ScopeError, match="matched no process"):
+        actions.signal_processes({"tag": _tag()}, "SIGKILL")
+    with pytest.raises(ValueError, match="unsupported signal"):
+        actions.signal_processes({"tag": _tag()}, "SIGBOGUS")
+    with pytest.raises(ScopeError, match="declare a scope"):
+        actions.signal_processes(None)
+    empty = actions.signal_processes({"tag": _tag()}, "SIGKILL", require_match=False)
+    assert empty["sent"] == 0
+
+
+def test_freeze_and_resume_with_sigstop(sleepers: tuple[str, list]) -> None:
+    tag, procs = sleepers
+    report = actions.freeze_processes({"tag": tag})
+    assert report["sent"] == 3
+    assert all(_wait_state(p.pid, ("T",)) == "T" for p in procs)
+    resumed = actions.resume_processes({"tag": tag})
+    assert resumed["sent"] == 3
+    assert all(_wait_state(p.pid, ("S", "R")) in ("S", "R") for p in procs)
+    # twice is fine
+    assert actions.resume_processes({"tag": tag})["sent"] == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
+                    reason="needs root and the cgroup v1 freezer")
+def test_freeze_and_resume_with_the_freezer(sleepers: tuple[str, list]) -> None:
+    tag, procs = sleepers
+    report = actions.freeze_processes({"tag": tag}, method="freezer")
+    assert sorted(report["frozen"]) == sorted(p.pid for p in procs)
+    assert report["freezer_state"] == "FROZEN"
+    resumed = actions.resume_processes({"tag": tag})
+    assert resumed["thawed_cgroups"] and not os.path.exists(report["cgroup"])
+
+
+def test_bad_freeze_method() -> None:
+    with pytest.raises(ValueError, match="'sigstop' or 'freezer'"):
+        actions.freeze_processes({"tag": "x"}, method="ice")
+
+
+def test_probes_count_zombies_and_nothing_left(sleepers: tuple[str, list]) -> None:
+    tag, procs = sleepers
+    assert probes.nothing_left({"tag": tag}) is False
+    assert len(probes.processes_in_scope({"tag": tag})) == 3
+    os.kill(procs[0].pid, signal.SIGKILL)  # not reaped yet: a zombie child of this test
+    assert _wait_state(procs[0].pid, ("Z",)) == "Z"
+    assert probes.zombies_in_scope({"tag": tag}) == 1
+    assert probes.orphans_in_scope({"tag": tag}) == 0
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    assert probes.nothing_left({"tag": tag}) is True
+    assert probes.nothing_left({"sandbox": "never-created"}) is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root and setpriv")
+def test_other_users_are_excluded_unless_allowed() -> None:
+    try:
+        uid = pwd.getpwnam("chaosuser").pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "-m", "chaosuser"], check=True)
+        uid = pwd.getpwnam("chaosuser").pw_uid
+    tag = _tag()
+    proc = _start(tag, ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                        "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            procs = resolve_scope_detail({"tag": tag}, observe=True)["processes"]
+            if procs and procs[0]["uid"] == uid:
+                break
+            time.sleep(0.02)
+        detail = resolve_scope_detail({"tag": tag})
+        assert not detail["processes"] and "UID" in detail["excluded"][0]["reason"]
+        with pytest.raises(ScopeError, match="matched no process"):
+            actions.signal_processes({"tag": tag}, "SIGKILL")
+        report = actions.signal_processes({"tag": tag, "include_other_users": True}, "SIGKILL")
+        assert report["sent"] == 1
+        proc.wait(timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
