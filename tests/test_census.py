@@ -1,0 +1,273 @@
+"""The census on real processes of this machine: records, zombies, bad input, NVML absent, CLI."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from census_helpers import PROGRAM, REPO, run_program, wait_for
+
+from chaosgpu import node
+from chaosgpu.node import cli
+
+RECORDED = REPO / "tests" / "data" / "nvml_h200_recorded.json"
+census_module = node.census_module()
+
+
+def test_own_record_matches_the_kernel() -> None:
+    record = node.read_process(os.getpid())
+    assert record is not None
+    assert record["pid"] == os.getpid()
+    assert record["ppid"] == os.getppid()
+    assert record["uid"] == os.getuid()
+    assert record["state"] in ("R", "S")
+    assert record["cmdline"][0] == sys.argv[0] or record["cmdline"]
+    assert record["nspid"][-1] == os.getpid()
+    assert record["pid_ns"] == os.readlink("/proc/self/ns/pid")
+    assert record["unreadable"] == [] and record["errors"] == {}
+    ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    assert node.process_starttime(os.getpid()) == ticks == record["starttime"]
+
+
+def test_vanished_process_is_none_not_a_crash() -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert node.read_process(child.pid) is None
+    assert node.process_starttime(child.pid) is None
+    assert node.process_state(child.pid) is None
+
+
+def test_real_zombie_is_reported_then_gone_once_reaped() -> None:
+    child = subprocess.Popen(["sleep", "0"], env=dict(os.environ))
+    try:
+        wait_for(lambda: node.process_state(child.pid) == "Z", what="the child to be a zombie")
+        census = node.take_census(gpu=False)
+        assert child.pid in census["zombies"]
+        record = next(p for p in census["processes"] if p["pid"] == child.pid)
+        assert record["zombie"] and record["state"] == "Z"
+        assert record["ppid"] == os.getpid()
+        assert not record["orphan"]  # its parent (us) is alive and not an init
+    finally:
+        child.wait()
+    assert child.pid not in node.take_census(gpu=False)["zombies"]
+
+
+def test_stopped_and_environment_keys() -> None:
+    env = dict(os.environ, CHAOSGPU_TAG="census-tag", RANK="3", SECRET_TOKEN="nope")
+    child = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        # right after exec the kernel shows comm before it sets the new environment: poll
+        record = wait_for(lambda: (r := node.read_process(child.pid)) and r["tag"] and r,
+                          what="sleep to exec")
+        assert record["tag"] == "census-tag"
+        assert record["env"]["RANK"] == "3"
+        assert "SECRET_TOKEN" not in record["env"]  # only job and tag keys are reported
+        os.kill(child.pid, 19)  # SIGSTOP
+        wait_for(lambda: node.process_state(child.pid) == "T", what="the child to stop")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_malformed_env_values_are_marked_not_fatal() -> None:
+    job = f"bad-env-{os.environ['CHAOSGPU_TEST_ID']}"
+    env = dict(os.environ, CHAOSGPU_JOB=job, MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
+               RANK="abc", WORLD_SIZE="-1", LOCAL_RANK="x", LOCAL_WORLD_SIZE="0")
+    child = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        wait_for(lambda: (node.read_process(child.pid)["env"] or {}).get("RANK"), what="exec")
+        census = node.take_census(gpu=False)
+        found = [j for j in census["jobs"] if j["id"] == job]
+        assert len(found) == 1
+        rank = found[0]["ranks"][0]
+        assert rank["rank"] is None and rank["invalid_rank"] == "abc"
+        assert rank["pid"] == child.pid and rank["state"] == "alive"
+        assert found[0]["world_size"] is None
+        text = "\n".join(census["errors"])
+        assert f"pid {child.pid}: RANK='abc' is not an integer" in text
+        assert f"pid {child.pid}: WORLD_SIZE='-1' is below 1" in text
+        assert f"pid {child.pid}: LOCAL_WORLD_SIZE='0' is below 1" in text
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _fake_proc(tmp_path: Path) -> Path:
+    """A fake /proc: one readable process, one whose status and environ cannot be read, one
+    that vanished (directory without stat) and one with a garbled stat."""
+    me = Path(f"/proc/{os.getpid()}")
+    good = tmp_path / "100"
+    good.mkdir()
+    (good / "stat").write_bytes((me / "stat").read_bytes().replace(
+        f"{os.getpid()} (".encode(), b"100 (", 1))
+    (good / "status").write_bytes(b"Name:\tx\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t100\t7\n")
+    (good / "cmdline").write_bytes(b"worker\0--flag\0")
+    (good / "cgroup").write_bytes(
+        b"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b_3c.slice/"
+        b"cri-containerd-" + b"ab" * 32 + b".scope\n")
+    (good / "environ").write_bytes(b"RANK=0\0PATH=/bin\0CHAOSGPU_TAG=t1\0")
+    (good / "fd").mkdir()
+    (good / "fd" / "0").symlink_to("/dev/null")
+    (good / "fd" / "5").symlink_to("/dev/nvidia0")
+    (good / "fd" / "6").symlink_to("/dev/nvidiactl")
+    (good / "ns").mkdir()
+    (good / "ns" / "pid").symlink_to("pid:[4026532999]")
+    bad = tmp_path / "200"
+    bad.mkdir()
+    (bad / "stat").write_bytes(b"200 (x y) S 1 200 200 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 555"
+                               b" 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+    (bad / "status").mkdir()  # reading it fails (EISDIR), like an unreadable entry
+    (bad / "environ").mkdir()
+    (bad / "cmdline").write_bytes(b"")
+    (bad / "cgroup").write_bytes(b"0::/\n")
+    (tmp_path / "300").mkdir()  # vanished: no stat any more
+    garbled = tmp_path / "400"
+    garbled.mkdir()
+    (garbled / "stat").write_bytes(b"garbage without parens\n")
+    return tmp_path
+
+
+def test_fake_proc_root_unreadable_entries_are_marked(tmp_path: Path) -> None:
+    census = node.take_census(proc_root=str(_fake_proc(tmp_path)), gpu=False)
+    by_pid = {p["pid"]: p for p in census["processes"]}
+    assert set(by_pid) == {100, 200}  # 300 vanished, 400 unreadable (reported in errors)
+    good = by_pid[100]
+    assert good["uid"] == 1000 and good["nspid"] == [100, 7] and not good["ns_init"]
+    assert good["pid_ns"] == "pid:[4026532999]"
+    assert good["cmdline"] == ["worker", "--flag"]
+    assert good["container"] == {"runtime": "containerd", "id": "ab" * 32, "pod_uid": "1a2b-3c"}
+    assert good["nvidia_fds"] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert good["env"] == {"RANK": "0", "CHAOSGPU_TAG": "t1"} and good["tag"] == "t1"
+    assert good["starttime"] == node.process_starttime(os.getpid())
+    bad = by_pid[200]
+    assert bad["comm"] == "x y" and bad["starttime"] == 555
+    assert bad["uid"] is None and bad["nspid"] is None and bad["env"] is None
+    for field in ("uid", "nspid", "env"):
+        assert field in bad["unreadable"]
+        assert bad["errors"][field] == "EISDIR"
+    assert bad["cmdline"] == []
+    assert any(e.startswith("pid 400: unreadable stat") for e in census["errors"])
+    assert node.read_process(300, proc_root=str(tmp_path)) is None
+
+
+def test_missing_proc_root_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    census = node.take_census(proc_root=str(tmp_path / "nope"), gpu=False)
+    assert census["processes"] == []
+    assert census["errors"] == [f"cannot list {tmp_path / 'nope'}: ENOENT"]
+    result = run_program("--proc-root", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert "is not a directory" in json.loads(result.stdout)["error"]
+
+
+@pytest.mark.parametrize("path,expected", [
+    ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12ab_34cd.slice/"
+     "cri-containerd-" + "a" * 64 + ".scope", ("containerd", "a" * 64, "12ab-34cd")),
+    ("/kubepods.slice/kubepods-pod12ab_34cd.slice/crio-" + "b" * 64 + ".scope",
+     ("cri-o", "b" * 64, "12ab-34cd")),
+    ("/kubepods/burstable/pod12ab-34cd/" + "c" * 64, ("kubepods", "c" * 64, "12ab-34cd")),
+    ("/kubepods/pod12ab-34cd/" + "c" * 64, ("kubepods", "c" * 64, "12ab-34cd")),
+    ("/kubepods/besteffort/pod99/" + "d" * 64 + "/sub", ("kubepods", "d" * 64, "99")),
+    ("/system.slice/docker-" + "e" * 64 + ".scope", ("docker", "e" * 64, None)),
+    ("/docker/" + "f" * 64, ("docker", "f" * 64, None)),
+    ("/kubepods-besteffort-pod77_88.slice", ("kubepods", None, "77-88")),
+    ("/chaosgpu/pod-a", ("sandbox", "pod-a", None)),
+])
+def test_container_identity_from_cgroup_paths(path: str, expected: tuple) -> None:
+    result = node.parse_container(path)
+    assert result is not None
+    assert (result["runtime"], result["id"], result["pod_uid"]) == expected
+
+
+@pytest.mark.parametrize("path", [None, "", "/", "/user.slice/user-0.slice/session-1.scope",
+                                  "/system.slice/ssh.service"])
+def test_no_container_for_host_cgroups(path: str | None) -> None:
+    assert node.parse_container(path) is None
+
+
+def test_cgroup_v1_and_v2_lines_pick_the_container_path() -> None:
+    pick = census_module._pick_cgroup
+    v1 = (b"12:freezer:/kubepods/burstable/pod1/" + b"a" * 64 + b"\n"
+          b"11:pids:/kubepods/burstable/pod1/" + b"a" * 64 + b"\n0::/\n")
+    main, freezer, v2 = pick(v1)
+    assert main == "/kubepods/burstable/pod1/" + "a" * 64 and freezer == main and v2 == "/"
+    main, freezer, v2 = pick(b"0::/system.slice/docker-" + b"b" * 64 + b".scope\n")
+    assert main == v2 == "/system.slice/docker-" + "b" * 64 + ".scope" and freezer is None
+
+
+def test_nvml_missing_is_a_value_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshot = node.nvml_snapshot()
+    assert snapshot["available"] is False and snapshot["reason"]
+    assert node.nvml_device_memory() == [] and node.nvml_gpu_processes() == []
+    # pynvml itself missing (an old container): a reason that says so
+    monkeypatch.setitem(census_module._NVML, "tried", False)
+    monkeypatch.setitem(census_module._NVML, "module", None)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    snapshot = node.nvml_snapshot()
+    assert snapshot == {"available": False, "driver": None, "devices": [],
+                        "reason": snapshot["reason"]}
+    assert "pynvml (nvidia-ml-py) not installed" in snapshot["reason"]
+    monkeypatch.setitem(census_module._NVML, "tried", False)
+
+
+def test_program_prints_one_json_document() -> None:
+    result = run_program("--no-gpu", "--pid", str(os.getpid()))
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["schema"] == "chaosgpu.census/1"
+    assert [p["pid"] for p in document["processes"]] == [os.getpid()]
+    assert document["gpu"]["available"] is False
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pid", "abc"], "--pid needs a positive integer"),
+    (["--pid"], "--pid needs a value"),
+    (["--bogus"], "unknown argument '--bogus'"),
+    (["--gpu-snapshot", "/nonexistent.json"], "--gpu-snapshot '/nonexistent.json'"),
+])
+def test_program_bad_arguments(args: list[str], message: str) -> None:
+    result = run_program(*args)
+    assert result.returncode == 2
+    assert message in json.loads(result.stdout)["error"]
+
+
+def test_program_runs_under_python38_syntax() -> None:
+    import ast
+
+    ast.parse(PROGRAM.read_text(), feature_version=(3, 8))
+
+
+def test_cli_unknown_device_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--device", "3"]) == 2
+    assert "GPU 3 does not exist here" in capsys.readouterr().err
+    assert cli.main(["--gpu-snapshot", str(RECORDED), "--device", "1"]) == 2
+    assert "GPU 1 does not exist here; GPUs are [0]" in capsys.readouterr().err
+    assert cli.main(["--device", "-1"]) == 2
+    assert cli.main(["--gpu-snapshot", "/nonexistent.json"]) == 2
+
+
+def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--gpu-snapshot", str(RECORDED), "--device", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "NVIDIA H200" in text and "143,771" in text and "not visible here" in text
+    assert cli.main(["--json", "--no-gpu"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema"] == "chaosgpu.census/1"
+    assert os.getpid() in [p["pid"] for p in document["processes"]]
+
+
+def test_chaosgpu_snapshot_command() -> None:
+    chaosgpu = Path(sys.executable).parent / "chaosgpu"
+    result = subprocess.run([str(chaosgpu), "snapshot", "--json", "--no-gpu"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["gpu"]["reason"] == "not asked (--no-gpu)"
+
+
+def test_census_is_fast_here() -> None:
+    started = time.monotonic()
+    census = node.take_census(gpu=False)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.0, f"census of {len(census['processes'])} processes took {elapsed:.3f}s"
