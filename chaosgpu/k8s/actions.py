@@ -1,0 +1,138 @@
+"""Chaos Toolkit actions on Kubernetes GPU pods: delete them with a measured end, and kill,
+freeze or thaw a training rank inside a pod through the exec API.
+
+This module owns the activity surface (arguments, validation, JSON results). Selection lives in
+selection.py, the deletion record in deletion.py, the exec transport in exec.py and the in-pod
+programs' combination in inpod.py; credentials come from client.py and never appear in a result.
+"""
+
+import logging
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from chaosgpu.k8s import deletion, inpod, selection
+from chaosgpu.k8s.client import core_api, describe
+
+__all__ = ["delete_gpu_pods", "kill_rank_in_pod", "freeze_rank_in_pod", "thaw_rank_in_pod"]
+
+logger = logging.getLogger("chaostoolkit")
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def delete_gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
+                    ns: str = "default", grace_period: int = -1, qty: int | None = None,
+                    rand: bool = False, gpu_only: bool = True, wait: bool = True,
+                    timeout: float = 120.0, poll_interval: float = 0.2,
+                    configuration: dict[str, Any] | None = None,
+                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Delete the GPU pods matched by label_selector and/or name_pattern (a whole-name regular
+    expression) in `ns` — only pods requesting nvidia.com/gpu unless gpu_only is false; an empty
+    selector is refused — with the pod's own grace period (grace_period=-1) or the given one,
+    sent in the DELETE body; `qty` limits how many (first by name, or random with `rand`). With
+    `wait`, follows each pod until it is gone or `timeout` seconds pass, and reports per pod when
+    the DELETE was sent, when deletionTimestamp was seen, when the containers were terminated
+    (exit codes) and when the pod was gone; the record is kept for `pod_deletion_timings`."""
+    if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
+        raise ValueError(f"grace_period must be an integer >= 0, or -1 for the pod's own, "
+                         f"not {grace_period!r}")
+    timeout = _positive("timeout", timeout)
+    poll_interval = _positive("poll_interval", poll_interval)
+    selection.validate(ns, label_selector, name_pattern)
+    core = core_api(secrets)
+    pods = selection.select_pods(core, ns, label_selector, name_pattern, gpu_only=gpu_only)
+    if not pods:
+        raise selection.SelectionError(
+            f"no {'GPU ' if gpu_only else ''}pod in namespace {ns!r} matches "
+            f"label_selector={label_selector!r} name_pattern={name_pattern!r}: nothing deleted")
+    chosen = selection.choose(pods, qty, rand)
+    entries = [deletion.send_delete(core, pod, grace_period, ns) for pod in chosen]
+    for entry, pod in zip(entries, chosen, strict=True):
+        entry["gpus"] = selection.gpu_count(pod)
+    if wait:
+        deletion.follow(core, entries, timeout, poll_interval)
+    results = [deletion.public(e) for e in entries]
+    for result in results:
+        deletion.save(result)
+    gone = [r["gone_s"] for r in results if r["gone"]]
+    refused = [r for r in results if r["delete_status"] == "refused"]
+    if refused and len(refused) == len(results):
+        raise RuntimeError("every DELETE was refused: " + "; ".join(r["error"] for r in refused))
+    return {
+        "namespace": ns, "label_selector": label_selector, "name_pattern": name_pattern,
+        "gpu_only": gpu_only, "grace_period": grace_period, "waited": wait,
+        "pods": results, "all_gone": len(gone) == len(results),
+        "max_gone_s": max(gone) if gone else None, "api": describe(core.api_client),
+    }
+
+
+def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,
+                 container: str | None, timeout: float, allow_other_users: bool,
+                 python: str, secrets: dict[str, Any] | None) -> dict[str, Any]:
+    selection.check_namespace(ns)
+    selection.check_pod_name(name)
+    timeout = _positive("timeout", timeout)
+    core = core_api(secrets)
+    result = inpod.signal_rank(core, name, ns, rank, signal, job=job, container=container,
+                               timeout=timeout, allow_other_users=allow_other_users,
+                               python=python)
+    logger.info("chaosgpu: %s to rank %s (pid %s in pod %s/%s): %s", signal, rank,
+                result["pid"], ns, name, result["result"])
+    return result
+
+
+def kill_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0, job: str | None = None,
+                     container: str | None = None, signal: str = "SIGKILL",
+                     timeout: float = 60.0, allow_other_users: bool = False,
+                     python: str = "python3", configuration: dict[str, Any] | None = None,
+                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Kill one rank of the distributed-training job running in pod `ns/name` (container
+    optional): the in-pod census finds the rank from the processes' environment, then
+    signal_processes sends `signal` (SIGKILL by default: a crash; SIGTERM: a polite stop) through
+    a pidfd after checking the process's start time — both streamed in through the exec API, so
+    nothing is installed in the pod. Returns the rank's pid inside the pod and the outcome."""
+    return _rank_action(signal, name, ns, rank, job, container, timeout, allow_other_users,
+                        python, secrets)
+
+
+def freeze_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0,
+                       job: str | None = None, container: str | None = None,
+                       timeout: float = 60.0, allow_other_users: bool = False,
+                       python: str = "python3", configuration: dict[str, Any] | None = None,
+                       secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Freeze one rank of the job in pod `ns/name` with SIGSTOP (a frozen peer: the survivors
+    hang in their collective until their process-group timeout), found and signalled from inside
+    the pod like kill_rank_in_pod. Pair it with thaw_rank_in_pod in the rollbacks."""
+    return _rank_action("SIGSTOP", name, ns, rank, job, container, timeout, allow_other_users,
+                        python, secrets)
+
+
+def thaw_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0,
+                     job: str | None = None, container: str | None = None,
+                     timeout: float = 60.0, allow_other_users: bool = False,
+                     python: str = "python3", configuration: dict[str, Any] | None = None,
+                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Rollback of freeze_rank_in_pod: SIGCONT to the rank in pod `ns/name`. Safe to run twice
+    or when there is nothing to thaw: a pod that is gone, or a rank no longer present, is
+    reported as skipped rather than failing the rollback."""
+    selection.check_namespace(ns)
+    selection.check_pod_name(name)
+    core = core_api(secrets)
+    try:
+        core.read_namespaced_pod(name, ns)
+    except ApiException as error:
+        if error.status == 404:
+            return {"pod": f"{ns}/{name}", "rank": rank, "skipped": "pod gone"}
+        raise
+    try:
+        return _rank_action("SIGCONT", name, ns, rank, job, container, timeout,
+                            allow_other_users, python, secrets)
+    except Exception as error:
+        if "has no process" in str(error) or "no distributed-training job" in str(error):
+            return {"pod": f"{ns}/{name}", "rank": rank, "skipped": str(error)}
+        raise

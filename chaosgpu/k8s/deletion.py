@@ -1,0 +1,141 @@
+"""Pod deletion with a measured end: send the DELETE, then follow each pod until it is gone.
+
+This module owns the deletion record: per pod, when the DELETE was sent (with which grace
+period), when the API server's `deletionTimestamp` was first seen, when every container was
+reported terminated (with exit codes and reasons), and when the pod was gone (404, or the same
+name now carrying another uid). Records are kept under the state directory (`k8s_deletions`) so
+that a later probe can finish the wait or read the timings. Following is by polling with a
+deadline; it must never wait without one, and it selects nothing itself (see selection.py).
+"""
+
+import logging
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from chaosgpu import state
+
+__all__ = ["send_delete", "follow", "record_name", "save", "load", "public"]
+
+logger = logging.getLogger("chaostoolkit")
+RECORD_KIND = "k8s_deletions"
+DEFAULT_GRACE = 30  # the Kubernetes default terminationGracePeriodSeconds
+
+
+def record_name(ns: str, name: str) -> str:
+    """Return the state-record name of the deletion of pod ns/name."""
+    return f"{ns}__{name}"
+
+
+def save(entry: dict[str, Any]) -> None:
+    """Keep a deletion entry on disk for later probes."""
+    state.write_record(RECORD_KIND, record_name(entry["namespace"], entry["name"]), entry)
+
+
+def load(ns: str, name: str) -> dict[str, Any] | None:
+    """Return the last deletion entry kept for pod ns/name, or None."""
+    return state.read_record(RECORD_KIND, record_name(ns, name))
+
+
+def send_delete(core: client.CoreV1Api, pod: dict[str, Any], grace_period: int,
+                ns: str) -> dict[str, Any]:
+    """DELETE one pod with `grace_period` (-1: the pod's own) in the body; return its entry."""
+    metadata = pod["metadata"]
+    spec = pod.get("spec") or {}
+    own = spec.get("terminationGracePeriodSeconds")
+    if grace_period >= 0:
+        grace, source = grace_period, "given"
+    else:
+        grace, source = (own if isinstance(own, int) else DEFAULT_GRACE), "pod"
+    entry: dict[str, Any] = {
+        "namespace": metadata.get("namespace") or ns,
+        "name": metadata["name"], "uid": metadata.get("uid"), "node": spec.get("nodeName"),
+        "labels": dict(metadata.get("labels") or {}),
+        "grace_period_seconds": grace, "grace_period_source": source,
+        "delete_sent_at": None, "delete_status": None, "deletion_timestamp": None,
+        "deletion_timestamp_seen_s": None, "containers_terminated_s": None, "containers": [],
+        "gone": False, "gone_s": None, "timed_out": False, "error": None,
+    }
+    ns = entry["namespace"]
+    body = client.V1DeleteOptions(grace_period_seconds=grace)
+    if entry["uid"]:
+        body.preconditions = client.V1Preconditions(uid=entry["uid"])
+    entry["delete_sent_at"] = time.time()
+    entry["_t0"] = time.monotonic()
+    try:
+        core.delete_namespaced_pod(metadata["name"], ns, body=body)
+        entry["delete_status"] = "sent"
+    except ApiException as error:
+        if error.status == 404:
+            entry["delete_status"] = "already gone"
+            entry["gone"], entry["gone_s"] = True, 0.0
+        else:
+            entry["delete_status"] = "refused"
+            entry["error"] = f"DELETE refused by the API server: {error.status} {error.reason}"
+    logger.info("chaosgpu: DELETE pod %s/%s grace=%ss (%s): %s", ns, metadata["name"], grace,
+                source, entry["delete_status"])
+    return entry
+
+
+def _observe(entry: dict[str, Any], pod: dict[str, Any], now: float) -> None:
+    elapsed = round(now - entry["_t0"], 4)
+    metadata = pod.get("metadata") or {}
+    if metadata.get("deletionTimestamp") and entry["deletion_timestamp_seen_s"] is None:
+        entry["deletion_timestamp"] = metadata["deletionTimestamp"]
+        entry["deletion_timestamp_seen_s"] = elapsed
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    if statuses and entry["containers_terminated_s"] is None:
+        terminated: list[tuple[dict[str, Any], dict[str, Any]]] = [
+            (s, (s.get("state") or {}).get("terminated") or {}) for s in statuses]
+        if all(t for _, t in terminated):
+            entry["containers_terminated_s"] = elapsed
+            entry["containers"] = [
+                {"name": s.get("name"), "exit_code": t.get("exitCode"), "reason": t.get("reason"),
+                 "signal": t.get("signal")} for s, t in terminated]
+
+
+def follow(core: client.CoreV1Api, entries: list[dict[str, Any]], timeout: float,
+           poll_interval: float = 0.2) -> list[dict[str, Any]]:
+    """Poll each pending pod until it is gone or `timeout` seconds pass; fill in the entries."""
+    deadline = time.monotonic() + timeout
+    for entry in entries:
+        entry.setdefault("_t0", time.monotonic())
+    while True:
+        pending = [e for e in entries if not e["gone"] and e["delete_status"] != "refused"]
+        if not pending:
+            break
+        for entry in pending:
+            try:
+                raw = core.read_namespaced_pod(entry["name"], entry["namespace"],
+                                               _request_timeout=max(1.0, poll_interval * 5))
+                pod = core.api_client.sanitize_for_serialization(raw)
+            except ApiException as error:
+                if error.status == 404:
+                    entry["gone"], entry["gone_s"] = True, round(time.monotonic() - entry["_t0"], 4)
+                    continue
+                entry["error"] = f"reading the pod failed: {error.status} {error.reason}"
+                continue
+            now = time.monotonic()
+            pod = pod if isinstance(pod, dict) else {}
+            if entry["uid"] and (pod.get("metadata") or {}).get("uid") not in (None, entry["uid"]):
+                entry["gone"], entry["gone_s"] = True, round(now - entry["_t0"], 4)
+                entry["replaced_by_uid"] = pod["metadata"]["uid"]
+                continue
+            _observe(entry, pod, now)
+        if all(e["gone"] or e["delete_status"] == "refused" for e in entries):
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            for entry in entries:
+                if not entry["gone"] and entry["delete_status"] != "refused":
+                    entry["timed_out"] = True
+            break
+        time.sleep(min(poll_interval, remaining))
+    return entries
+
+
+def public(entry: dict[str, Any]) -> dict[str, Any]:
+    """Return the entry without its process-local fields (monotonic clock origin)."""
+    return {k: v for k, v in entry.items() if not k.startswith("_")}

@@ -1,0 +1,107 @@
+"""Chaos Toolkit probes on Kubernetes GPU pods: which GPU pods exist, how their deletion went,
+and what the census sees from inside a pod.
+
+This module owns the probe surface (arguments, validation, JSON results). It changes nothing in
+the cluster; the in-pod census runs the read-only `probes/node_census.py` through exec. Probes
+backed by the node agent live with the agent, not here.
+"""
+
+import re
+import time
+from typing import Any
+
+from chaosgpu import state
+from chaosgpu.k8s import deletion, inpod, selection
+from chaosgpu.k8s.client import core_api
+
+__all__ = ["gpu_pods", "gpu_pod_count", "pod_deletion_timings", "pod_census"]
+
+
+def gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
+             ns: str = "default", gpu_only: bool = True,
+             configuration: dict[str, Any] | None = None,
+             secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """List the pods of `ns` matched by label_selector and/or name_pattern (a whole-name regular
+    expression; an empty selector is refused) that request nvidia.com/gpu (all matched pods when
+    gpu_only is false), each as namespace, name, uid, node, phase, GPU count, grace period,
+    containers, deletionTimestamp and labels."""
+    core = core_api(secrets)
+    pods = selection.select_pods(core, ns, label_selector, name_pattern, gpu_only=gpu_only)
+    return [selection.summarize(pod) for pod in pods]
+
+
+def gpu_pod_count(label_selector: str | None = None, name_pattern: str | None = None,
+                  ns: str = "default", gpu_only: bool = True,
+                  configuration: dict[str, Any] | None = None,
+                  secrets: dict[str, Any] | None = None) -> int:
+    """Count the pods gpu_pods would list (same selection rules), e.g. for a steady state that
+    expects the training pods to be there, or gone."""
+    return len(gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets))
+
+
+def pod_deletion_timings(label_selector: str | None = None, name_pattern: str | None = None,
+                         ns: str = "default", wait: bool = True, timeout: float = 120.0,
+                         poll_interval: float = 0.2,
+                         configuration: dict[str, Any] | None = None,
+                         secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the timings of the last delete_gpu_pods in `ns` for the pods matching name_pattern
+    (whole-name regular expression) and/or label_selector's equality terms: per pod the seconds
+    from DELETE to deletionTimestamp seen, to containers terminated and to pod gone; with `wait`,
+    first follows pods not yet gone for at most `timeout` seconds (for a delete sent with
+    wait=false). Raises when no deletion was recorded for the selection."""
+    pattern = selection.validate(ns, label_selector, name_pattern)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    wanted = _equality_terms(label_selector)
+    records = [r for r in state.list_records(deletion.RECORD_KIND).values()
+               if r.get("namespace") == ns
+               and (pattern is None or pattern.fullmatch(r.get("name") or ""))
+               and all((r.get("labels") or {}).get(k) == v for k, v in wanted.items())]
+    if not records:
+        raise ValueError(f"no pod deletion recorded in namespace {ns!r} for "
+                         f"label_selector={label_selector!r} name_pattern={name_pattern!r}")
+    pending = [r for r in records if not r.get("gone") and r.get("delete_status") == "sent"]
+    if wait and pending:
+        core = core_api(secrets)
+        for record in pending:
+            record["timed_out"] = False
+            record["_t0"] = time.monotonic() - (time.time() - record["delete_sent_at"])
+        deletion.follow(core, pending, float(timeout), float(poll_interval))
+        for record in pending:
+            deletion.save(deletion.public(record))
+    pods = sorted((deletion.public(r) for r in records), key=lambda r: r["name"])
+    gone = [p["gone_s"] for p in pods if p["gone"]]
+    terminated = [p["containers_terminated_s"] for p in pods
+                  if p["containers_terminated_s"] is not None]
+    return {"namespace": ns, "pods": pods, "all_gone": len(gone) == len(pods),
+            "max_gone_s": max(gone) if gone else None,
+            "max_containers_terminated_s": max(terminated) if terminated else None}
+
+
+def _equality_terms(label_selector: str | None) -> dict[str, str]:
+    terms: dict[str, str] = {}
+    for term in (label_selector or "").split(","):
+        match = re.fullmatch(r"\s*([^\s!=]+)\s*==?\s*(\S*)\s*", term)
+        if match:
+            terms[match.group(1)] = match.group(2)
+    return terms
+
+
+def pod_census(name: str = "", ns: str = "default", container: str | None = None,
+               timeout: float = 60.0, full: bool = False, python: str = "python3",
+               configuration: dict[str, Any] | None = None,
+               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run chaosgpu's census inside pod `ns/name` (container optional) through the exec API —
+    the field report's observe.sh done right: GPU processes attributed across PID namespaces
+    (NVML's host PIDs are not reported as orphans), zombies, orphans (with their reason), jobs
+    and their ranks. Returns a summary (zombie_count, orphan_count, jobs, gpu_processes, PID 1),
+    or the whole census document with `full`."""
+    selection.check_namespace(ns)
+    selection.check_pod_name(name)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    core = core_api(secrets)
+    document = inpod.census(core, name, ns, container=container, timeout=float(timeout),
+                            python=python)
+    result = document if full else inpod.summarize_census(document)
+    return {"pod": f"{ns}/{name}", "container": container, **result}

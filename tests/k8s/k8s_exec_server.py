@@ -1,0 +1,150 @@
+"""A loopback server speaking the Kubernetes exec channel protocol (v4.channel.k8s.io).
+
+`GET /api/v1/namespaces/NS/pods/NAME/exec?command=..&stdin=..&stdout=..&stderr=..&container=..`
+upgrades to a websocket; every message is one channel byte then data: 0 stdin (client to
+server), 1 stdout, 2 stderr, 3 the final status as JSON (`{"status": "Success"}` or a Failure
+with reason NonZeroExitCode and the code in details.causes[ExitCode]). The requested command
+really runs, as a local subprocess in its own session with this process's environment (so the
+in-target programs really run and the leak fixture sees everything); when the client closes the
+stream first, the subprocess's process group is SIGKILLed and reaped. An unknown executable gets
+the API server's Failure without an exit code. Each request is logged in `log`.
+"""
+
+import asyncio
+import json
+import os
+import signal
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+from k8s_emulator import ServerThread
+
+PROTOCOL = "v4.channel.k8s.io"
+
+
+class _App:
+    """Adapter so ServerThread can run a plain aiohttp application."""
+
+    def __init__(self, owner: "ExecServer") -> None:
+        self.owner = owner
+        self.runner: aiohttp.web.AppRunner | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> "_App":
+        app = aiohttp.web.Application()
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._exec)
+        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._exec)
+        self.runner = aiohttp.web.AppRunner(app)
+        await self.runner.setup()
+        site = aiohttp.web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+class _Thread(ServerThread):
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with self._make_handler() as app:
+            self.handler = app
+            self.url = f"http://127.0.0.1:{app.port}"
+            self._ready.set()
+            await self._stop.wait()
+
+
+class ExecServer:
+    """Run the exec endpoint in a thread; `url` to point a client at, `log` of requests."""
+
+    def __init__(self) -> None:
+        self.log: list[dict[str, Any]] = []
+        self.pids: list[int] = []
+        self._thread = _Thread(lambda: _App(self))
+        self.url = ""
+
+    def start(self) -> "ExecServer":
+        self._thread.start()
+        self.url = self._thread.url
+        return self
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+    async def _exec(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        query = request.query
+        command = query.getall("command", [])
+        entry = {"namespace": request.match_info["ns"], "pod": request.match_info["name"],
+                 "container": query.get("container"), "command": command,
+                 "stdin": query.get("stdin") == "true", "tty": query.get("tty") == "true",
+                 "authorization": request.headers.get("Authorization"),
+                 "protocol": None, "exit_code": None, "killed": False}
+        self.log.append(entry)
+        ws = aiohttp.web.WebSocketResponse(protocols=(PROTOCOL,))
+        await ws.prepare(request)
+        entry["protocol"] = ws.ws_protocol
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE if entry["stdin"] else
+                asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, env=dict(os.environ))
+        except (FileNotFoundError, PermissionError, IndexError) as error:
+            await self._status(ws, {"status": "Failure", "reason": "InternalError",
+                                    "message": f"exec: {command[:1]!r}: {error}"})
+            await ws.close()
+            return ws
+        self.pids.append(proc.pid)
+
+        async def pump(reader: asyncio.StreamReader | None, channel: int) -> None:
+            assert reader is not None
+            while chunk := await reader.read(65536):
+                await ws.send_bytes(bytes([channel]) + chunk)
+
+        async def finish() -> int:
+            await asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
+            return await proc.wait()
+
+        async def feed() -> None:
+            async for message in ws:
+                if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                    continue
+                data = message.data if isinstance(message.data, bytes) else message.data.encode()
+                if data[:1] == b"\x00" and proc.stdin is not None:
+                    proc.stdin.write(data[1:])
+                    await proc.stdin.drain()
+
+        finisher = asyncio.ensure_future(finish())
+        feeder = asyncio.ensure_future(feed())
+        await asyncio.wait({finisher, feeder}, return_when=asyncio.FIRST_COMPLETED)
+        if not finisher.done():  # the client went away first: kill what it started
+            entry["killed"] = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+            finisher.cancel()
+            feeder.cancel()
+            return ws
+        code = finisher.result()
+        if code < 0:  # killed by a signal: report it like a container runtime (128 + signal)
+            code = 128 - code
+        entry["exit_code"] = code
+        if code == 0:
+            await self._status(ws, {"metadata": {}, "status": "Success"})
+        else:
+            await self._status(ws, {
+                "metadata": {}, "status": "Failure",
+                "message": f"command terminated with non-zero exit code: exit status {code}",
+                "reason": "NonZeroExitCode",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}})
+        await ws.close()
+        feeder.cancel()
+        return ws
+
+    @staticmethod
+    async def _status(ws: aiohttp.web.WebSocketResponse, status: dict[str, Any]) -> None:
+        await ws.send_bytes(b"\x03" + json.dumps(status).encode())
