@@ -1,0 +1,760 @@
+"""Local pods ("sandboxes"): create, exec into, terminate and remove them.
+
+A sandbox is a new PID namespace plus a mount namespace with /proc remounted
+(`unshare --pid --fork --mount-proc`), whose PID 1 is `sleep` (the field report), an init
+(dumb-init, tini) or the workload itself, optionally as a non-root UID. It is started through
+`chaosgpu.sandbox.supervisor` (a detached subreaper that reaps everything, so teardown never
+stalls) and described by a state record `<state>/sandboxes/<name>.json` so that any later process
+can find, terminate or remove it.
+
+This module owns the sandbox lifecycle and the few /proc and pidfd helpers it needs (starttime,
+NSpid, pid namespace, children); it signals only a sandbox's PID 1 and the processes it started,
+always through a pidfd opened after checking the starttime recorded. It must not decide *which*
+workload processes to fault: that is the process/job part's business.
+"""
+
+import json
+import logging
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from chaosgpu import state
+
+__all__ = [
+    "INITS",
+    "SandboxError",
+    "build_record",
+    "children_of",
+    "cleanup_all",
+    "create",
+    "exec_in",
+    "get_record",
+    "host_pids",
+    "list_sandboxes",
+    "process_starttime",
+    "processes",
+    "read_cmdline",
+    "remove",
+    "send_signal",
+    "terminate",
+]
+
+logger = logging.getLogger("chaostoolkit")
+
+INITS = ("sleep", "tini", "dumb-init", "none")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+KIND = "sandboxes"
+CREATE_TIMEOUT_S = 20.0
+KILL_DEADLINE_S = 10.0
+
+
+class SandboxError(RuntimeError):
+    """A sandbox operation could not be done (the message says what and why)."""
+
+
+# ------------------------------------------------------------------ tiny /proc and pidfd helpers
+# (The census in probes/node_census.py is the node's full reading of /proc; these are the four
+# facts the sandbox lifecycle needs about processes it started itself.)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read().decode(errors="replace")
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def process_starttime(pid: int) -> int | None:
+    """Return the process's start time in clock ticks (field 22 of /proc/PID/stat), or None."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def process_state(pid: int, starttime: int | None = None) -> str | None:
+    """Return the state letter of `pid` (R, S, Z, ...), or None when gone or a reused PID."""
+    fields = _stat_fields(pid)
+    if not fields or (starttime is not None and int(fields[19]) != starttime):
+        return None
+    return fields[0]
+
+
+def _alive(pid: int, starttime: int | None) -> bool:
+    state_letter = process_state(pid, starttime)
+    return state_letter is not None and state_letter not in ("Z", "X")
+
+
+def read_cmdline(pid: int) -> list[str] | None:
+    """Return the argv of `pid`, or None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
+
+
+def children_of(pid: int) -> list[int]:
+    """Return the direct children of `pid` (from /proc/PID/task/*/children)."""
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                kids.extend(int(part) for part in handle.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _nspid(pid: int) -> list[int] | None:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("NSpid:"):
+                    return [int(part) for part in line.split()[1:]]
+    except OSError:
+        return None
+    return None
+
+
+def _pid_ns_inode(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _open_pidfd(pid: int, starttime: int | None) -> int | None:
+    """Open a pidfd on `pid` only if it is still the process recorded (same starttime)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (ProcessLookupError, OSError):
+        return None
+    # Checked after opening: from here on the pidfd pins this very process.
+    if starttime is not None and process_starttime(pid) != starttime:
+        os.close(fd)
+        return None
+    return fd
+
+
+def send_signal(pid: int, starttime: int | None, signum: int) -> bool:
+    """Send `signum` to `pid` through a pidfd if it is still the recorded process; True if sent."""
+    fd = _open_pidfd(pid, starttime)
+    if fd is None:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, signum)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _wait_pidfd(fd: int, timeout_s: float) -> bool:
+    """Wait until the process behind `fd` has exited (zombie or reaped); True if it did."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000.0))
+
+
+def _wait_gone(pid: int, starttime: int | None, deadline: float) -> bool:
+    """Wait until `pid` (recorded with `starttime`) no longer exists at all (reaped)."""
+    while time.monotonic() < deadline:
+        if process_state(pid, starttime) is None:
+            return True
+        time.sleep(0.001)
+    return process_state(pid, starttime) is None
+
+
+# ------------------------------------------------------------------ records
+
+
+def _validate_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ValueError(
+            f"invalid sandbox name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def get_record(name: str) -> dict[str, Any] | None:
+    """Return the state record of sandbox `name`, or None."""
+    return state.read_record(KIND, _validate_name(name))
+
+
+def build_record(
+    name: str, pid1: int, supervisor_pid: int, unshare_pid: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The state record of a sandbox whose PID 1 is host PID `pid1` (used by the supervisor)."""
+    inode = _pid_ns_inode(pid1)
+    nspid = _nspid(pid1)
+    record = dict(extra)
+    record.update(
+        name=name,
+        pid1=pid1,
+        pid1_starttime=process_starttime(pid1),
+        pid1_nspid=nspid,
+        supervisor_pid=supervisor_pid,
+        supervisor_starttime=process_starttime(supervisor_pid),
+        unshare_pid=unshare_pid,
+        pid_ns=f"pid:[{inode}]" if inode else None,
+        pid_ns_inode=inode,
+        created_at=time.time(),
+        state="running",
+    )
+    return record
+
+
+def _is_alive(record: dict[str, Any]) -> bool:
+    return _alive(int(record["pid1"]), record.get("pid1_starttime"))
+
+
+def _live_record(name: str) -> dict[str, Any]:
+    record = get_record(name)
+    if record is None:
+        raise SandboxError(f"no sandbox named {name!r}")
+    if not _is_alive(record):
+        raise SandboxError(f"sandbox {name!r} is not running (its PID 1 is gone)")
+    return record
+
+
+# ------------------------------------------------------------------ create
+
+
+def _find_binary(init: str) -> str:
+    if init == "sleep":
+        found = shutil.which("sleep")
+    elif init == "tini":
+        found = next(
+            (p for p in ("/usr/bin/tini", "/usr/bin/tini-static") if os.access(p, os.X_OK)), None
+        ) or shutil.which("tini") or shutil.which("tini-static")
+    elif init == "dumb-init":
+        beside = Path(sys.executable).parent / "dumb-init"
+        found = str(beside) if os.access(beside, os.X_OK) else shutil.which("dumb-init")
+    else:
+        return ""
+    if not found:
+        hint = {
+            "tini": "install tini (apt-get install tini)",
+            "dumb-init": "install dumb-init (pip install dumb-init)",
+        }.get(init, "install coreutils")
+        raise SandboxError(f"init {init!r} not found: {hint}")
+    return found
+
+
+def _require(tool: str) -> str:
+    found = shutil.which(tool)
+    if not found:
+        raise SandboxError(f"{tool!r} not found on PATH (util-linux provides it)")
+    return found
+
+
+def user_namespaces_available() -> tuple[bool, str | None]:
+    """Return whether this (non-root) user can create a user namespace, and why not."""
+    try:
+        limit = int(Path("/proc/sys/user/max_user_namespaces").read_text().strip())
+        if limit == 0:
+            return False, "user namespaces are disabled (user.max_user_namespaces = 0)"
+    except (OSError, ValueError):
+        pass
+    try:
+        probe = subprocess.run(
+            [_require("unshare"), "--user", "--map-root-user", "true"],
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+        )  # fmt: skip
+    except (subprocess.TimeoutExpired, SandboxError) as error:
+        return False, str(error)
+    if probe.returncode != 0:
+        reason = probe.stderr.decode(errors="replace").strip() or f"rc {probe.returncode}"
+        return False, f"cannot create a user namespace: {reason}"
+    return True, None
+
+
+def _validate_ids(uid: Any, gid: Any) -> tuple[int | None, int | None]:
+    for label, value in (("uid", uid), ("gid", gid)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{label} must be an integer, got {value!r}")
+        if value is not None and value < 0:
+            raise ValueError(f"{label} must be >= 0, got {value}")
+    if gid is not None and uid is None:
+        raise ValueError("gid given without uid")
+    if uid is not None and gid is None:
+        gid = uid
+    return uid, gid
+
+
+def _setpriv(uid: int, gid: int) -> list[str]:
+    return [
+        _require("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+    ]  # fmt: skip
+
+
+def create(
+    name: str,
+    init: str = "sleep",
+    argv: list[str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    env: dict[str, str] | None = None,
+    grace_s: float = 30.0,
+    owner_pid: int | None = None,
+    timeout_s: float = CREATE_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Create sandbox `name` and return its state record.
+
+    `init`: "sleep" (PID 1 is `sleep infinity`, like the report), "tini" or "dumb-init" (running
+    `argv`, default `sleep infinity`, as their child), or "none" (`argv` itself is PID 1).
+    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. `env` is added to
+    the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
+    period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
+    """
+    _validate_name(name)
+    if init not in INITS:
+        raise ValueError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or grace_s < 0:
+        raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
+    if argv is not None and (
+        not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)
+    ):
+        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+    if init == "none" and not argv:
+        raise ValueError("init 'none' needs argv: the workload that becomes PID 1")
+    if init == "sleep" and argv:
+        raise ValueError("init 'sleep' takes no argv (PID 1 is `sleep infinity`)")
+    uid, gid = _validate_ids(uid, gid)
+    if env is not None and not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError("env must map strings to strings")
+    existing = get_record(name)
+    if existing is not None:
+        if _is_alive(existing):
+            raise SandboxError(
+                f"sandbox name {name!r} is already in use (PID 1 {existing['pid1']})"
+            )
+        logger.info("chaosgpu: replacing the stale record of sandbox %s", name)
+        _remove_dead(name, existing)
+
+    unshare = _require("unshare")
+    init_path = _find_binary(init)
+    if init == "none":
+        assert argv is not None
+        payload = list(argv)
+    else:
+        child = list(argv) if argv else [_require("sleep"), "infinity"]
+        payload = {
+            "sleep": [init_path, "infinity"],
+            "tini": [init_path, "--", *child],
+            "dumb-init": [init_path, *child],
+        }[init]
+    root = os.geteuid() == 0
+    userns = False
+    prefix = [unshare]
+    if not root:
+        if uid is not None and uid != os.geteuid():
+            raise SandboxError(
+                f"cannot run the sandbox as uid {uid}: chaosgpu runs as uid {os.geteuid()} "
+                "(not root); only its own uid is possible"
+            )
+        ok, reason = user_namespaces_available()
+        if not ok:
+            raise SandboxError(f"a non-root sandbox needs a user namespace, and {reason}")
+        prefix += ["--user", "--map-root-user"]
+        userns = True
+    prefix += ["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", "--"]
+    if root and uid is not None:
+        assert gid is not None
+        prefix += _setpriv(uid, gid)
+    command = prefix + payload
+
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env["CHAOSGPU_SANDBOX"] = name
+    extra = {
+        "init": init,
+        "argv": payload,
+        "uid": uid if uid is not None else (None if root else os.geteuid()),
+        "gid": gid if gid is not None else (None if root else os.getegid()),
+        "userns": userns,
+        "grace_s": float(grace_s),
+        "env": dict(env or {}),
+        "owner": _owner(owner_pid),
+        "created_by_uid": os.geteuid(),
+    }
+    log_path = state.state_dir() / KIND / f"{name}.log"
+    log_path.parent.mkdir(mode=0o700, exist_ok=True)
+    extra["log"] = str(log_path)
+    read_fd, write_fd = os.pipe()
+    try:
+        with open(log_path, "ab") as log:
+            launcher = subprocess.Popen(
+                [
+                    sys.executable, "-m", "chaosgpu.sandbox.supervisor",
+                    "--name", name, "--status-fd", str(write_fd),
+                    "--record-json", json.dumps(extra), "--", *command,
+                ],
+                env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True, pass_fds=(write_fd,),
+            )  # fmt: skip
+        os.close(write_fd)
+        write_fd = -1
+        launcher.wait(timeout=timeout_s)  # the supervisor's first half exits at once
+        line = _read_line(read_fd, timeout_s)
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+    if not line:
+        record = get_record(name)
+        if record is not None:
+            _remove_dead(name, record, kill=True)
+        raise SandboxError(
+            f"sandbox {name!r} did not start within {timeout_s:g} s (see {log_path})"
+        )
+    document = json.loads(line)
+    if "error" in document:
+        raise SandboxError(f"sandbox {name!r} could not start: {document['error']}")
+    return dict(document)
+
+
+def _owner(owner_pid: int | None) -> dict[str, Any] | None:
+    if owner_pid is None:
+        return None
+    return {"pid": owner_pid, "starttime": process_starttime(owner_pid)}
+
+
+def _read_line(fd: int, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    chunks = b""
+    while b"\n" not in chunks:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        chunks += chunk
+    return chunks.split(b"\n", 1)[0].decode(errors="replace") if b"\n" in chunks else ""
+
+
+# ------------------------------------------------------------------ exec
+
+
+def _enter_prefix(record: dict[str, Any], user: Any) -> list[str]:
+    command = [_require("nsenter"), "-t", str(record["pid1"])]
+    if record.get("userns"):
+        command += ["-U", "--preserve-credentials"]
+    command += ["-p", "-m", "--"]
+    uid = record.get("uid") if user is None else user
+    if uid is not None and not record.get("userns"):
+        if isinstance(uid, str) and ":" in uid:
+            uid_part, gid_part = uid.split(":", 1)
+            uid_i, gid_i = int(uid_part), int(gid_part)
+        else:
+            uid_i = int(uid)
+            record_gid = record.get("gid")
+            gid_i = int(record_gid) if user is None and record_gid is not None else uid_i
+        if uid_i != 0 or os.geteuid() != 0:
+            command += _setpriv(uid_i, gid_i)
+    return command
+
+
+def exec_in(
+    name: str,
+    argv: list[str],
+    detached: bool = False,
+    user: int | str | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    log_path: str | None = None,
+) -> dict[str, Any]:
+    """Run `argv` inside sandbox `name`, like `kubectl exec`.
+
+    Attached: `nsenter` into the sandbox's PID and mount namespaces, wait (up to `timeout_s`),
+    return {"rc", "stdout", "stderr"}. Detached: a shell inside the sandbox backgrounds `argv`
+    and exits, so the worker is reparented to the sandbox's PID 1 (the report's orphans); returns
+    {"host_pid", "ns_pid", "starttime"}. `user` (uid or "uid:gid") defaults to the sandbox's user.
+    Output of a detached worker goes to `log_path` (default /dev/null).
+    """
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    record = _live_record(name)
+    command = _enter_prefix(record, user)
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env["CHAOSGPU_SANDBOX"] = name
+    if not detached:
+        rc, out, err = _run(command + argv, child_env, timeout_s)
+        return {"sandbox": name, "argv": argv, "rc": rc, "stdout": out, "stderr": err}
+    marker = uuid.uuid4().hex
+    child_env["CHAOSGPU_EXEC_ID"] = marker
+    child_env["CHAOSGPU_EXEC_LOG"] = log_path or "/dev/null"
+    script = '"$@" </dev/null >>"$CHAOSGPU_EXEC_LOG" 2>&1 & echo $!; exit 0'
+    rc, out, err = _run(command + ["sh", "-c", script, "chaosgpu-exec", *argv], child_env,
+                        timeout_s)  # fmt: skip
+    if rc != 0 or not out.strip().isdigit():
+        raise SandboxError(
+            f"detached exec of {argv!r} in sandbox {name!r} failed (rc {rc}): {err.strip()}"
+        )
+    ns_pid = int(out.strip())
+    host_pid = _host_pid_of(record, ns_pid, marker)
+    if host_pid is None:
+        raise SandboxError(
+            f"the detached worker (pid {ns_pid} in sandbox {name!r}) exited before it was found"
+        )
+    return {
+        "sandbox": name,
+        "argv": argv,
+        "ns_pid": ns_pid,
+        "host_pid": host_pid,
+        "starttime": process_starttime(host_pid),
+    }
+
+
+def _run(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:
+    process = subprocess.Popen(
+        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # nsenter and what it started (same group)
+        except ProcessLookupError:
+            pass
+        process.communicate()
+        raise SandboxError(f"{command[-1]!r} did not finish within {timeout_s:g} s") from None
+    return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _host_pid_of(record: dict[str, Any], ns_pid: int, marker: str) -> int | None:
+    candidates = children_of(int(record["pid1"]))
+    for pid in candidates:
+        nspid = _nspid(pid)
+        if nspid and nspid[-1] == ns_pid:
+            return pid
+    # Not (yet) a child of PID 1: look for the marker among the namespace's processes.
+    needle = f"CHAOSGPU_EXEC_ID={marker}".encode()
+    for pid in host_pids(str(record["name"])):
+        nspid = _nspid(pid)
+        if not nspid or nspid[-1] != ns_pid:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    return pid
+        except OSError:
+            return pid
+    return None
+
+
+# ------------------------------------------------------------------ observe
+
+
+def host_pids(name: str) -> list[int]:
+    """Return the host PIDs of every process in sandbox `name`'s PID namespace (zombies too)."""
+    record = get_record(name)
+    if record is None:
+        raise SandboxError(f"no sandbox named {name!r}")
+    inode = record.get("pid_ns_inode")
+    if not inode or not _is_alive(record):
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _pid_ns_inode(int(entry)) == inode:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def processes(name: str) -> list[dict[str, Any]]:
+    """Describe each process of sandbox `name`: host pid, namespace pid and ppid, state."""
+    described = []
+    for pid in host_pids(name):
+        fields = _stat_fields(pid)
+        nspid = _nspid(pid)
+        if not fields:
+            continue
+        ppid_host = int(fields[1])
+        ppid_nspid = _nspid(ppid_host) if ppid_host else None
+        described.append(
+            {
+                "pid": pid,
+                "ns_pid": nspid[-1] if nspid else None,
+                "ppid": ppid_host,
+                "ns_ppid": ppid_nspid[-1] if ppid_nspid and len(ppid_nspid) > 1 else 0,
+                "state": fields[0],
+                "zombie": fields[0] == "Z",
+                "cmdline": read_cmdline(pid),
+                "starttime": int(fields[19]),
+            }
+        )
+    return described
+
+
+def list_sandboxes() -> list[dict[str, Any]]:
+    """Every recorded sandbox with `alive`, `supervisor_alive` and `abandoned` (see the docs)."""
+    listed = []
+    for name, record in state.list_records(KIND).items():
+        alive = _is_alive(record)
+        supervisor_alive = _alive(
+            int(record.get("supervisor_pid") or 0), record.get("supervisor_starttime")
+        )
+        owner = record.get("owner")
+        owner_gone = isinstance(owner, dict) and not _alive(
+            int(owner["pid"]), owner.get("starttime")
+        )
+        abandoned = (alive and (not supervisor_alive or owner_gone)) or not alive
+        listed.append(
+            dict(
+                record,
+                name=name,
+                alive=alive,
+                supervisor_alive=supervisor_alive,
+                owner_gone=owner_gone,
+                abandoned=abandoned,
+            )
+        )
+    return listed
+
+
+# ------------------------------------------------------------------ terminate / remove
+
+
+def terminate(
+    name: str, grace_s: float | None = None, deadline_s: float = KILL_DEADLINE_S
+) -> dict[str, Any]:
+    """Terminate sandbox `name` like the kubelet, and return the timings.
+
+    SIGTERM to PID 1; wait up to `grace_s` (default: the sandbox's) for it to exit (which empties
+    the namespace); then SIGKILL PID 1 (the kernel kills the whole namespace); wait up to
+    `deadline_s` until it is gone (reaped). Times are unix times; `*_s` fields are seconds after
+    SIGTERM. A sandbox already gone returns {"already_gone": true}.
+    """
+    if deadline_s <= 0:
+        raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+    record = get_record(name)
+    if record is None:
+        raise SandboxError(f"no sandbox named {name!r}")
+    if grace_s is None:
+        grace_s = float(record.get("grace_s", 30.0))
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or grace_s < 0:
+        raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
+    pid1, starttime = int(record["pid1"]), record.get("pid1_starttime")
+    result: dict[str, Any] = {"sandbox": name, "pid1": pid1, "grace_s": float(grace_s)}
+    fd = _open_pidfd(pid1, starttime)
+    if fd is None or process_state(pid1, starttime) in (None, "Z", "X"):
+        if fd is not None:
+            os.close(fd)
+        _finish_supervisor(record, deadline_s)
+        _mark(name, record, "terminated")
+        return dict(result, already_gone=True)
+    try:
+        start = time.monotonic()
+        sigterm_at = time.time()
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        exited = _wait_pidfd(fd, grace_s) if grace_s > 0 else _wait_pidfd(fd, 0)
+        empty_or_grace_end = time.time()
+        empty_offset = time.monotonic() - start
+        sigkill_at = None
+        if not exited:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            sigkill_at = time.time()
+            if not _wait_pidfd(fd, deadline_s):
+                raise SandboxError(
+                    f"sandbox {name!r}: PID 1 ({pid1}) still there {deadline_s:g} s after SIGKILL"
+                )
+    finally:
+        os.close(fd)
+    gone = _wait_gone(pid1, starttime, time.monotonic() + deadline_s)
+    gone_at = time.time()
+    total = time.monotonic() - start
+    _finish_supervisor(record, deadline_s)
+    _mark(name, record, "terminated")
+    result.update(
+        already_gone=False,
+        sigterm_sent=sigterm_at,
+        namespace_empty_or_grace_end=empty_or_grace_end,
+        sigkill_sent=sigkill_at,
+        gone=gone_at if gone else None,
+        exited_on_sigterm=exited,
+        namespace_empty_or_grace_end_s=round(empty_offset, 6),
+        sigkill_sent_s=round(sigkill_at - sigterm_at, 6) if sigkill_at else None,
+        gone_after_sigkill_s=round(gone_at - sigkill_at, 6) if sigkill_at and gone else None,
+        total_s=round(total, 6),
+    )
+    return result
+
+
+def _finish_supervisor(record: dict[str, Any], deadline_s: float) -> None:
+    """Wait (with a deadline) for the supervisor to exit on its own; SIGKILL it if it does not."""
+    pid, starttime = int(record.get("supervisor_pid") or 0), record.get("supervisor_starttime")
+    if not pid:
+        return
+    deadline = time.monotonic() + min(deadline_s, 5.0)
+    while time.monotonic() < deadline:
+        if not _alive(pid, starttime):
+            return
+        time.sleep(0.005)
+    logger.warning("chaosgpu: sandbox supervisor %s did not exit; killing it", pid)
+    send_signal(pid, starttime, signal.SIGKILL)
+
+
+def _mark(name: str, record: dict[str, Any], status: str) -> None:
+    if state.read_record(KIND, name) is not None:
+        state.write_record(KIND, name, dict(record, state=status, state_changed_at=time.time()))
+
+
+def _remove_dead(name: str, record: dict[str, Any], kill: bool = False) -> None:
+    if kill:
+        send_signal(int(record["pid1"]), record.get("pid1_starttime"), signal.SIGKILL)
+    _finish_supervisor(record, KILL_DEADLINE_S)
+    state.remove_record(KIND, name)
+    log = record.get("log")
+    if log:
+        try:
+            os.unlink(log)
+        except OSError:
+            pass
+
+
+def remove(name: str, deadline_s: float = KILL_DEADLINE_S) -> dict[str, Any]:
+    """Remove sandbox `name`: SIGKILL it if alive (grace 0), delete its record; idempotent."""
+    _validate_name(name)
+    record = get_record(name)
+    if record is None:
+        return {"sandbox": name, "removed": False, "note": "no such sandbox"}
+    termination = None
+    if _is_alive(record):
+        termination = terminate(name, grace_s=0, deadline_s=deadline_s)
+    _remove_dead(name, record)
+    return {"sandbox": name, "removed": True, "termination": termination}
+
+
+def cleanup_all(deadline_s: float = KILL_DEADLINE_S) -> list[dict[str, Any]]:
+    """Remove every recorded sandbox (alive or not); return what was done for each."""
+    return [remove(name, deadline_s) for name in state.list_records(KIND)]

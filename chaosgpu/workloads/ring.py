@@ -1,0 +1,448 @@
+"""The `ring` reference workload: a distributed job doing all_reduce in a loop.
+
+This module owns the launcher (bare ranks started directly with RANK/WORLD_SIZE/MASTER_* env,
+like the report's exec'd ranks, or the real `torchrun`) and the rank program itself (backend
+nccl with one GPU per rank, or gloo on CPU, optionally holding GPU or host memory; a process-group
+timeout; TORCH_NCCL_ASYNC_ERROR_HANDLING; an optional SIGTERM handler that destroys the process
+group). Each rank writes `<ready-dir>/rank<R>.json` once its first all_reduce succeeded. It must
+not signal processes it did not start and must not read /proc.
+
+A rank whose all_reduce fails (a peer died, the timeout elapsed) prints the error and exits 1. A
+rank whose all_reduce is still not complete 2 s after the timeout (NCCL without async error
+handling) exits 4 on its own, unless `--timeout-s 0` asked for torch's default timeout and no
+enforcement of ours (the report's "hung forever" variant).
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from typing import Any
+
+from chaosgpu.workloads.readiness import wait_all_ready, write_ready
+
+__all__ = [
+    "RingConfig",
+    "RingLaunch",
+    "build_parser",
+    "free_port",
+    "launch_ring",
+    "main",
+    "rank_env",
+    "rank_main",
+    "resolve_backend",
+]
+
+MIB = 1024 * 1024
+OWN_TIMEOUT_MARGIN_S = 2.0
+# Environment every rank gets: NVLink multicast off (see the project notes), quiet threads.
+RANK_ENV_DEFAULTS = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+@dataclass
+class RingConfig:
+    """What a ring is: everything the launcher passes to its ranks."""
+
+    backend: str = "auto"
+    world_size: int = 2
+    launcher: str = "bare"
+    timeout_s: float = 60.0
+    async_error_handling: int = 3
+    sigterm_handler: str = "none"
+    mib: int = 0
+    iters_per_s: float = 10.0
+    ready_dir: str | None = None
+    tag: str | None = None
+    job_id: str | None = None
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    log_dir: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.backend not in ("nccl", "gloo", "auto"):
+            raise ValueError(f"unknown backend {self.backend!r} (nccl, gloo or auto)")
+        if self.launcher not in ("bare", "torchrun"):
+            raise ValueError(f"unknown launcher {self.launcher!r} (bare or torchrun)")
+        if self.world_size < 1:
+            raise ValueError(f"world size must be >= 1, got {self.world_size}")
+        if self.timeout_s < 0:
+            raise ValueError(f"timeout must be >= 0 s, got {self.timeout_s}")
+        if self.async_error_handling not in (0, 1, 2, 3):
+            raise ValueError(f"async error handling must be 0-3, got {self.async_error_handling}")
+        if self.sigterm_handler not in ("none", "destroy"):
+            raise ValueError(f"unknown SIGTERM handler {self.sigterm_handler!r} (none or destroy)")
+        if self.mib < 0:
+            raise ValueError(f"mib must be >= 0, got {self.mib}")
+        if self.iters_per_s <= 0:
+            raise ValueError(f"iters per second must be > 0, got {self.iters_per_s}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """`auto` becomes nccl when there are at least `world_size` GPUs, gloo otherwise."""
+    if backend != "auto":
+        return backend
+    from chaosgpu.workloads.cuda_driver import gpu_count
+
+    return "nccl" if gpu_count() >= world_size else "gloo"
+
+
+def rank_env(config: RingConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment shared by every rank of `config` (before RANK/LOCAL_RANK)."""
+    env = dict(os.environ if base is None else base)
+    env.update(RANK_ENV_DEFAULTS)
+    env["MASTER_ADDR"] = config.master_addr
+    env["MASTER_PORT"] = str(config.master_port)
+    env["WORLD_SIZE"] = str(config.world_size)
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = str(config.async_error_handling)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if config.master_addr in ("127.0.0.1", "localhost"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if config.job_id:
+        env["CHAOSGPU_JOB"] = config.job_id
+    if config.tag:
+        env["CHAOSGPU_TAG"] = config.tag
+    env.update(config.extra_env)
+    return env
+
+
+def _rank_args(config: RingConfig) -> list[str]:
+    args = [
+        "--backend", config.backend,
+        "--timeout-s", f"{config.timeout_s:g}",
+        "--sigterm-handler", config.sigterm_handler,
+        "--mib", str(config.mib),
+        "--iters-per-s", f"{config.iters_per_s:g}",
+        "--launcher", config.launcher,
+    ]  # fmt: skip
+    if config.ready_dir:
+        args += ["--ready-dir", config.ready_dir]
+    return args
+
+
+@dataclass
+class RingLaunch:
+    """What the launcher started: the host PIDs (ranks for bare, the agent for torchrun)."""
+
+    job_id: str
+    backend: str
+    launcher: str
+    world_size: int
+    master_addr: str
+    master_port: int
+    ready_dir: str | None
+    pids: list[int]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "processes"}
+
+    def ready_files(self) -> list[str]:
+        if not self.ready_dir:
+            return []
+        return [os.path.join(self.ready_dir, f"rank{r}.json") for r in range(self.world_size)]
+
+    def wait_ready(self, timeout_s: float) -> list[dict[str, Any]]:
+        """Wait (under one deadline) until every rank wrote its readiness file."""
+        if not self.ready_dir:
+            raise ValueError("this ring has no ready dir: nothing to wait on")
+        pids: list[int | None] = (
+            list(self.pids) if self.launcher == "bare" else [None] * self.world_size
+        )
+        return wait_all_ready(self.ready_files(), timeout_s, pids=pids)
+
+
+def launch_ring(
+    config: RingConfig, detach: bool = False, python: str | None = None
+) -> RingLaunch:
+    """Start the ranks of `config`; `detach` puts them in their own session with DEVNULL stdin.
+
+    Returns a RingLaunch; with `detach=False` the caller waits on `launch.processes`.
+    """
+    config.validate()
+    backend = resolve_backend(config.backend, config.world_size)
+    config.backend = backend
+    if not config.job_id:
+        config.job_id = f"ring-{uuid.uuid4().hex[:8]}"
+    if not config.master_port:
+        config.master_port = free_port(config.master_addr)
+    if config.ready_dir:
+        os.makedirs(config.ready_dir, exist_ok=True)
+    exe = python or sys.executable
+    env = rank_env(config)
+    processes: list[subprocess.Popen[bytes]] = []
+    popen_kw: dict[str, Any] = {"start_new_session": detach}
+    if detach:
+        popen_kw["stdin"] = subprocess.DEVNULL
+    if config.launcher == "bare":
+        for rank in range(config.world_size):
+            rank_environ = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+            rank_environ["LOCAL_WORLD_SIZE"] = str(config.world_size)
+            argv = [exe, "-m", "chaosgpu.workloads", "rank", *_rank_args(config)]
+            processes.append(
+                subprocess.Popen(
+                    argv, env=rank_environ, **popen_kw, **_stdio(config, f"rank{rank}", detach)
+                )
+            )
+    else:
+        argv = [
+            exe, "-m", "torch.distributed.run",
+            "--nnodes", "1",
+            "--nproc-per-node", str(config.world_size),
+            "--master-addr", config.master_addr,
+            "--master-port", str(config.master_port),
+            "--rdzv-id", config.job_id,
+            "--max-restarts", "0",
+            "--monitor-interval", "0.1",
+            "-m", "chaosgpu.workloads", "rank", *_rank_args(config),
+        ]  # fmt: skip
+        processes.append(
+            subprocess.Popen(argv, env=env, **popen_kw, **_stdio(config, "torchrun", detach))
+        )
+    return RingLaunch(
+        job_id=config.job_id,
+        backend=backend,
+        launcher=config.launcher,
+        world_size=config.world_size,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        ready_dir=config.ready_dir,
+        pids=[p.pid for p in processes],
+        processes=processes,
+    )
+
+
+def _stdio(config: RingConfig, name: str, detach: bool) -> dict[str, Any]:
+    if config.log_dir:
+        os.makedirs(config.log_dir, exist_ok=True)
+        log = open(os.path.join(config.log_dir, f"{name}.log"), "ab")  # noqa: SIM115
+        return {"stdout": log, "stderr": subprocess.STDOUT}
+    if detach:
+        return {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    return {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chaosgpu workload ring",
+        description="Run a ring of ranks doing all_reduce in a loop (bare processes or torchrun).",
+    )
+    parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="auto")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--launcher", choices=("torchrun", "bare"), default="bare")
+    parser.add_argument(
+        "--timeout-s", type=float, default=60.0,
+        help="process-group timeout in seconds (0: torch's default and no enforcement of ours)",
+    )  # fmt: skip
+    parser.add_argument("--async-error-handling", type=int, choices=(0, 1, 2, 3), default=3)
+    parser.add_argument("--sigterm-handler", choices=("none", "destroy"), default="none")
+    parser.add_argument(
+        "--mib", type=int, default=0,
+        help="MiB each rank holds (GPU when there is one, host memory otherwise)",
+    )  # fmt: skip
+    parser.add_argument("--iters-per-s", type=float, default=10.0)
+    parser.add_argument("--ready-dir", help="each rank writes rank<R>.json here once running")
+    parser.add_argument("--tag", help="CHAOSGPU_TAG for every rank")
+    parser.add_argument("--job-id", help="CHAOSGPU_JOB for every rank (default: generated)")
+    parser.add_argument("--master-addr", default="127.0.0.1")
+    parser.add_argument("--master-port", type=int, default=0, help="default: a free port")
+    parser.add_argument("--log-dir", help="write each rank's (or torchrun's) output here")
+    parser.add_argument(
+        "--detach", action="store_true",
+        help="start the ranks in their own sessions, print JSON with their pids and exit",
+    )  # fmt: skip
+    parser.add_argument(
+        "--wait-ready-s", type=float, default=0.0,
+        help="with --detach and --ready-dir: wait up to S seconds for every rank to be ready",
+    )  # fmt: skip
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Launch a ring; wait on it (exit code: 0 when every process exited 0) or detach."""
+    args = build_parser().parse_args(argv)
+    config = RingConfig(
+        backend=args.backend,
+        world_size=args.world_size,
+        launcher=args.launcher,
+        timeout_s=args.timeout_s,
+        async_error_handling=args.async_error_handling,
+        sigterm_handler=args.sigterm_handler,
+        mib=args.mib,
+        iters_per_s=args.iters_per_s,
+        ready_dir=args.ready_dir,
+        tag=args.tag,
+        job_id=args.job_id,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        log_dir=args.log_dir,
+    )
+    try:
+        launch = launch_ring(config, detach=args.detach)
+    except ValueError as error:
+        print(f"ring: {error}", file=sys.stderr)
+        return 2
+    if args.detach:
+        document = launch.to_json()
+        if args.wait_ready_s > 0 and launch.ready_dir:
+            try:
+                document["ready"] = launch.wait_ready(args.wait_ready_s)
+            except (TimeoutError, RuntimeError) as error:
+                document["error"] = str(error)
+                print(json.dumps(document))
+                return 1
+        print(json.dumps(document))
+        return 0
+
+    def _forward(signum: int, frame: Any) -> None:
+        for process in launch.processes:
+            if process.poll() is None:
+                process.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, _forward)
+    codes = [process.wait() for process in launch.processes]
+    return 0 if all(code == 0 for code in codes) else 1
+
+
+# ---------------------------------------------------------------- the rank program
+
+
+def _rank_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chaosgpu.workloads rank")
+    parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="gloo")
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument("--sigterm-handler", choices=("none", "destroy"), default="none")
+    parser.add_argument("--mib", type=int, default=0)
+    parser.add_argument("--iters-per-s", type=float, default=10.0)
+    parser.add_argument("--ready-dir")
+    parser.add_argument("--launcher", default="bare")
+    return parser
+
+
+def _fail(rank: int, message: str, code: int = 1) -> None:
+    print(f"rank {rank}: {message}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """One rank: join the process group, hold memory, all_reduce until killed or failed."""
+    args = _rank_parser().parse_args(argv)
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    import torch
+    import torch.distributed as dist
+
+    backend = args.backend
+    if backend == "auto":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend = "nccl" if gpus >= world_size else "gloo"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    held: Any = None
+    via = "none"
+    device_index: int | None = None
+    if backend == "nccl":
+        if gpus < 1:
+            _fail(rank, "backend nccl needs a GPU and torch sees none", 3)
+        device_index = local_rank % gpus
+        torch.cuda.set_device(device_index)
+        device = torch.device("cuda", device_index)
+    else:
+        device = torch.device("cpu")
+        if args.mib > 0 and gpus > 0:
+            device_index = local_rank % gpus
+    if args.mib > 0:
+        if device_index is not None:
+            held = torch.empty(args.mib * MIB, dtype=torch.uint8, device=f"cuda:{device_index}")
+            held.fill_(1)
+            torch.cuda.synchronize(device_index)
+            via = "torch"
+        else:
+            held = bytearray(args.mib * MIB)
+            for offset in range(0, len(held), 4096):
+                held[offset] = 1
+            via = "host"
+
+    def _destroy(signum: int, frame: Any) -> None:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            os._exit(0)
+
+    if args.sigterm_handler == "destroy":
+        signal.signal(signal.SIGTERM, _destroy)
+    init_kw: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size}
+    if args.timeout_s > 0:
+        init_kw["timeout"] = timedelta(seconds=args.timeout_s)
+    if backend == "nccl":
+        init_kw["device_id"] = device
+    try:
+        dist.init_process_group(**init_kw)
+    except Exception as error:
+        _fail(rank, f"init_process_group failed: {error}")
+    tensor = torch.ones(1024, device=device)
+    period = 1.0 / args.iters_per_s
+    own_limit = args.timeout_s + OWN_TIMEOUT_MARGIN_S if args.timeout_s > 0 else None
+    iteration = 0
+    while True:
+        started = time.monotonic()
+        try:
+            work = dist.all_reduce(tensor, async_op=True)
+            assert work is not None
+            # Poll instead of blocking in C++, so a Python SIGTERM handler can run meanwhile.
+            while not work.is_completed():
+                if own_limit is not None and time.monotonic() - started > own_limit:
+                    _fail(rank, f"all_reduce {iteration} still pending after {own_limit:g} s", 4)
+                time.sleep(0.002)
+            work.wait()
+            if backend == "nccl":
+                torch.cuda.synchronize(device)
+        except Exception as error:
+            _fail(rank, f"all_reduce {iteration} failed: {type(error).__name__}: {error}")
+        tensor.fill_(1.0)
+        if iteration == 0 and args.ready_dir:
+            write_ready(
+                os.path.join(args.ready_dir, f"rank{rank}.json"),
+                {
+                    "pid": os.getpid(),
+                    "rank": rank,
+                    "local_rank": local_rank,
+                    "world_size": world_size,
+                    "backend": backend,
+                    "launcher": args.launcher,
+                    "job": os.environ.get("CHAOSGPU_JOB"),
+                    "tag": os.environ.get("CHAOSGPU_TAG"),
+                    "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+                    "mib": args.mib,
+                    "via": via,
+                    "device": device_index,
+                    "timeout_s": args.timeout_s,
+                    "async_error_handling": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+                    "sigterm_handler": args.sigterm_handler,
+                    "t_ready": time.time(),
+                },
+            )
+        iteration += 1
+        rest = period - (time.monotonic() - started)
+        if rest > 0:
+            time.sleep(rest)
