@@ -1,0 +1,608 @@
+"""Reading and validating Chaos Toolkit journals of chaosgpu experiments for the report.
+
+This module owns turning a journal file into a `RunView`: what the run was (title, status,
+deviation, fault, remediation, baseline it remediates), its timeline normalised to seconds since
+the timeline's t0, its events classified (fault, SIGTERM, SIGKILL, release), and its figures
+(`METRICS`) with where each came from. It must not draw, format or write anything, and it never
+raises on a bad journal: a file that cannot be used becomes a `Problem` with a clear message.
+
+Where a figure comes from, in order (the first that has it wins):
+1. `journal["chaosgpu"]["measurements"]` (written by the timeline control / measurement probes);
+2. the outputs of the activities (`run[]` then `rollbacks[]`, dict outputs, last one wins), by
+   key (zombies only from activities at or after the first fault action: an action whose name
+   or function reads as a kill, terminate, delete or freeze);
+3. computed here from the timeline (held, time to release, GiB x s, residual): see `_derive`.
+Zombies, orphans, deletion time and hang detection/cleanup are never guessed from a timeline.
+"""
+
+import datetime
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "EVENT_KINDS",
+    "METRICS",
+    "Metric",
+    "Problem",
+    "RunView",
+    "classify_event",
+    "load_journal",
+    "load_journals",
+    "total_process_series",
+]
+
+# Canonical figure name -> (column title, unit, keys accepted in measurements / activity outputs).
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "memory_held_mib": (
+        "memory held",
+        "MiB",
+        ("memory_held_mib", "held_mib", "gpu_held_mib", "peak_held_mib"),
+    ),
+    "orphans": ("orphans", "", ("orphans", "orphan_count", "orphans_count")),
+    "zombies_after_kill": (
+        "zombies after kill",
+        "",
+        ("zombies_after_kill", "zombie_count", "zombies_count", "zombies"),
+    ),
+    "deletion_s": (
+        "deletion time",
+        "s",
+        ("deletion_s", "deletion_time_s", "termination_s", "terminate_s", "time_to_gone_s"),
+    ),
+    "release_s": (
+        "time to release",
+        "s",
+        ("release_s", "time_to_release_s", "release_time_s"),
+    ),
+    "gib_seconds": (
+        "GiB x s wasted",
+        "GiB x s",
+        ("gib_seconds", "gib_s", "gib_x_s", "wasted_gib_s", "gb_seconds"),
+    ),
+    "residual_mib": ("residual", "MiB", ("residual_mib", "residual_gpu_mib")),
+    "hang_detected": ("hang detected", "", ("hang_detected", "hang_suspected")),
+    "hang_cleaned": ("hang cleaned", "", ("hang_cleaned", "cleaned")),
+}
+
+# Event kinds, in the order a plot's legend lists them.
+EVENT_KINDS = ("fault", "SIGTERM", "SIGKILL", "release", "other")
+
+
+@dataclass
+class Problem:
+    """A journal (or part of one) the report could not use, and why."""
+
+    path: str
+    message: str
+
+
+@dataclass
+class Metric:
+    """One figure of a run: its value (None = unknown) and where it came from."""
+
+    value: Any
+    source: str
+
+
+@dataclass
+class RunView:
+    """What the report knows about one run, read from its journal."""
+
+    path: str
+    name: str
+    title: str
+    status: str
+    deviated: bool | None
+    tags: list[str]
+    fault: str
+    remediation: str
+    remediation_of: str | None
+    scenario: str | None
+    backend: str | None
+    start: str | None
+    end: str | None
+    duration_s: float | None
+    timeline: dict[str, Any] | None
+    events: list[dict[str, Any]]
+    metrics: dict[str, Metric]
+    missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_remediation(self) -> bool:
+        """Whether this run declares a remediation (anything but none)."""
+        return self.remediation.lower() not in ("", "none", "-")
+
+
+def classify_event(name: str) -> str:
+    """Return the kind of an event (one of EVENT_KINDS) from its name."""
+    lowered = name.lower()
+    if "release" in lowered or "freed" in lowered:
+        return "release"
+    if "sigkill" in lowered or "kill" in lowered:
+        return "SIGKILL"
+    if "sigterm" in lowered or "term" in lowered or "delete" in lowered:
+        return "SIGTERM"
+    if "fault" in lowered or "freeze" in lowered or "sigstop" in lowered:
+        return "fault"
+    return "other"
+
+
+def load_journals(paths: list[str]) -> tuple[list[RunView], list[Problem]]:
+    """Load many journals (files, or folders of *.json); bad ones become Problems."""
+    runs: list[RunView] = []
+    problems: list[Problem] = []
+    for path in _expand(paths, problems):
+        run, found = load_journal(path)
+        problems.extend(found)
+        if run is not None:
+            runs.append(run)
+    return runs, problems
+
+
+def load_journal(path: str) -> tuple[RunView | None, list[Problem]]:
+    """Load one journal file; return its RunView (or None) and the problems found in it."""
+    problems: list[Problem] = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as error:
+        return None, [Problem(path, f"cannot read the file: {error.strerror or error}")]
+    try:
+        journal = json.loads(text)
+    except json.JSONDecodeError as error:
+        where = f"line {error.lineno} column {error.colno}"
+        hint = " (truncated?)" if error.pos >= len(text.rstrip()) - 1 else ""
+        return None, [Problem(path, f"not valid JSON at {where}{hint}: {error.msg}")]
+    if not isinstance(journal, dict) or not isinstance(journal.get("experiment"), dict):
+        return None, [Problem(path, "not a Chaos Toolkit journal (no 'experiment' object)")]
+    section = journal.get("chaosgpu")
+    if section is not None and not isinstance(section, dict):
+        problems.append(Problem(path, "the 'chaosgpu' key is not an object: ignored"))
+        section = None
+    if section is None and not _uses_chaosgpu(journal):
+        return None, [
+            Problem(path, "not a chaosgpu journal (no 'chaosgpu' section and no chaosgpu activity)")
+        ]
+    return _view(path, journal, section or {}, problems), problems
+
+
+def _expand(paths: list[str], problems: list[Problem]) -> list[str]:
+    files: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(
+                os.path.join(path, name) for name in os.listdir(path) if name.endswith(".json")
+            )
+            if not found:
+                problems.append(Problem(path, "folder holds no *.json journal"))
+            files.extend(found)
+        elif os.path.exists(path):
+            files.append(path)
+        else:
+            problems.append(Problem(path, "no such file"))
+    return files
+
+
+def _uses_chaosgpu(journal: dict[str, Any]) -> bool:
+    experiment = journal.get("experiment") or {}
+    text = json.dumps(
+        [experiment.get("method"), experiment.get("steady-state-hypothesis"), experiment.get(
+            "rollbacks"), experiment.get("controls")],
+        default=str,
+    )
+    return '"chaosgpu' in text
+
+
+def _tags(experiment: dict[str, Any]) -> list[str]:
+    tags = experiment.get("tags")
+    return [str(tag) for tag in tags] if isinstance(tags, list) else []
+
+
+def _tag_value(tags: list[str], prefix: str) -> str | None:
+    for tag in tags:
+        if tag.startswith(prefix + ":"):
+            return tag[len(prefix) + 1 :]
+    return None
+
+
+def _configuration(experiment: dict[str, Any]) -> dict[str, Any]:
+    configuration = experiment.get("configuration")
+    if not isinstance(configuration, dict):
+        return {}
+    nested = configuration.get("chaosgpu")
+    merged = dict(configuration)
+    if isinstance(nested, dict):
+        merged.update(nested)
+    return {key: _config_value(value) for key, value in merged.items()}
+
+
+def _config_value(value: Any) -> Any:
+    # Chaos Toolkit configuration entries may be {"type": "env", "key": ..., "default": ...}.
+    if isinstance(value, dict) and value.get("type") == "env":
+        return value.get("default")
+    return value
+
+
+def _describe_fault(experiment: dict[str, Any]) -> str:
+    method = experiment.get("method")
+    if not isinstance(method, list):
+        return ""
+    for activity in method:
+        if isinstance(activity, dict) and activity.get("type") == "action":
+            provider = activity.get("provider") or {}
+            func = provider.get("func") if isinstance(provider, dict) else None
+            name = activity.get("name") or func or "action"
+            return f"{name} ({func})" if func and func != name else str(name)
+    return ""
+
+
+def _view(
+    path: str, journal: dict[str, Any], section: dict[str, Any], problems: list[Problem]
+) -> RunView:
+    experiment = journal["experiment"]
+    tags = _tags(experiment)
+    configuration = _configuration(experiment)
+    missing: list[str] = []
+    notes: list[str] = []
+
+    def pick(key: str, tag: str) -> str | None:
+        for source in (section.get(key), configuration.get(key), _tag_value(tags, tag)):
+            if source not in (None, ""):
+                return str(source)
+        return None
+
+    fault = pick("fault", "fault") or _describe_fault(experiment)
+    if not fault:
+        fault = "unknown"
+        missing.append("fault (no 'fault' tag/configuration and no action in the method)")
+    remediation = pick("remediation", "remediation") or "none"
+    remediation_of = pick("remediation_of", "remediation-of")
+    scenario = pick("scenario", "scenario")
+    backend = section.get("backend") if isinstance(section.get("backend"), str) else None
+
+    status = journal.get("status")
+    if not isinstance(status, str):
+        status = "unknown"
+        missing.append("status")
+    deviated = journal.get("deviated")
+    if not isinstance(deviated, bool):
+        deviated = None
+        missing.append("deviated")
+    if status in ("interrupted", "aborted", "failed"):
+        notes.append(f"the run did not complete (status {status}): figures may be partial")
+
+    timeline = _timeline(path, section, problems, missing)
+    events = _events(section, timeline, journal)
+    metrics = _metrics(section, journal, timeline, events)
+    for name, metric in metrics.items():
+        if metric.value is None:
+            missing.append(f"{METRICS[name][0]} ({metric.source})")
+    duration = journal.get("duration")
+    return RunView(
+        path=path,
+        name=os.path.splitext(os.path.basename(path))[0],
+        title=str(experiment.get("title") or os.path.basename(path)),
+        status=status,
+        deviated=deviated,
+        tags=tags,
+        fault=fault,
+        remediation=remediation,
+        remediation_of=remediation_of,
+        scenario=scenario,
+        backend=backend,
+        start=journal.get("start") if isinstance(journal.get("start"), str) else None,
+        end=journal.get("end") if isinstance(journal.get("end"), str) else None,
+        duration_s=float(duration) if isinstance(duration, int | float) else None,
+        timeline=timeline,
+        events=events,
+        metrics=metrics,
+        missing=missing,
+        notes=notes,
+    )
+
+
+def _timeline(
+    path: str, section: dict[str, Any], problems: list[Problem], missing: list[str]
+) -> dict[str, Any] | None:
+    raw = section.get("timeline")
+    pointer = section.get("timeline_file")
+    if raw is None and isinstance(pointer, str) and pointer:
+        target = pointer if os.path.isabs(pointer) else os.path.join(os.path.dirname(path), pointer)
+        try:
+            with open(target, encoding="utf-8") as handle:
+                raw = json.load(handle)
+        except (OSError, json.JSONDecodeError) as error:
+            problems.append(Problem(path, f"timeline file {pointer!r} unusable: {error}"))
+            raw = None
+    if raw is None:
+        missing.append("timeline (no 'chaosgpu.timeline' and no readable 'timeline_file')")
+        return None
+    try:
+        return _normalise_timeline(raw)
+    except (TypeError, ValueError, KeyError) as error:
+        problems.append(Problem(path, f"timeline malformed, ignored: {error}"))
+        missing.append("timeline (malformed)")
+        return None
+
+
+def _floats(values: Any, what: str) -> list[float]:
+    if not isinstance(values, list):
+        raise ValueError(f"{what} is not a list")
+    out = []
+    for value in values:
+        number = float(value)
+        if math.isnan(number):
+            raise ValueError(f"{what} holds NaN")
+        out.append(number)
+    return out
+
+
+def _normalise_timeline(raw: Any) -> dict[str, Any]:
+    """Return the timeline with every `t` in seconds since t0 (absolute unix times converted)."""
+    if not isinstance(raw, dict):
+        raise ValueError("timeline is not an object")
+    t0 = float(raw.get("t0") or 0.0)
+
+    def rel(times: list[float]) -> list[float]:
+        # Times above 1e8 are unix times (the contract allows either); make them relative.
+        return [t - t0 if t > 1e8 else t for t in times]
+
+    devices = []
+    for device in raw.get("devices") or []:
+        t = rel(_floats(device.get("t"), f"device {device.get('index')} t"))
+        used = _floats(device.get("used_mib"), f"device {device.get('index')} used_mib")
+        if len(t) != len(used):
+            raise ValueError(f"device {device.get('index')}: t and used_mib differ in length")
+        devices.append({"index": device.get("index"), "t": t, "used_mib": used})
+    processes: dict[str, dict[str, Any]] = {}
+    for pid, series in (raw.get("processes") or {}).items():
+        t = rel(_floats(series.get("t"), f"process {pid} t"))
+        mib = _floats(series.get("mib"), f"process {pid} mib")
+        if len(t) != len(mib):
+            raise ValueError(f"process {pid}: t and mib differ in length")
+        processes[str(pid)] = {"t": t, "mib": mib, "tag": series.get("tag"),
+                               "rank": series.get("rank")}
+    ends = [d["t"][-1] for d in devices if d["t"]] + [p["t"][-1] for p in processes.values()
+                                                       if p["t"]]
+    end = max(ends) if ends else 0.0
+    for series in processes.values():
+        # A process is gone one sampling interval after its last sample, when the timeline
+        # went on beyond that (else it was still there when the timeline ended).
+        times = series["t"]
+        step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+        gone = times[-1] + step if times else None
+        series["gone_t"] = gone if gone is not None and step > 0 and gone <= end else None
+    events = []
+    for event in raw.get("events") or []:
+        if isinstance(event, dict) and isinstance(event.get("t"), int | float):
+            at = float(event["t"])
+            events.append({"t": at - t0 if at > 1e8 else at, "name": str(event.get("name", "")),
+                           "activity": event.get("activity")})
+    return {
+        "t0": t0,
+        "rate_hz": raw.get("rate_hz"),
+        "overhead_cpu_pct": raw.get("overhead_cpu_pct"),
+        "source": raw.get("source"),
+        "devices": devices,
+        "processes": processes,
+        "events": events,
+        "end": end,
+    }
+
+
+def _iso_to_unix(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:  # Chaos Toolkit writes UTC without an offset
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return parsed.timestamp()
+
+
+def _events(
+    section: dict[str, Any], timeline: dict[str, Any] | None, journal: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Events in seconds since t0, each with a kind; from the timeline, the section, and the
+    method's actions (their start) when the sampler recorded none."""
+    t0 = timeline["t0"] if timeline else None
+    events: list[dict[str, Any]] = []
+    seen = set()
+
+    def add(t: float, name: str, activity: Any) -> None:
+        key = (round(t, 4), name)
+        if key not in seen:
+            seen.add(key)
+            events.append({"t": t, "name": name, "activity": activity,
+                           "kind": classify_event(name)})
+
+    for event in (timeline or {}).get("events", []):
+        add(event["t"], event["name"], event.get("activity"))
+    for event in section.get("events") or []:
+        if isinstance(event, dict) and isinstance(event.get("t"), int | float):
+            t = float(event["t"])
+            if t > 1e8:
+                if t0 is None:
+                    continue
+                t -= t0
+            add(t, str(event.get("name", "")), event.get("activity"))
+    if not events and t0:
+        for entry in journal.get("run") or []:
+            activity = entry.get("activity") if isinstance(entry, dict) else None
+            if not isinstance(activity, dict) or activity.get("type") != "action":
+                continue
+            start = _iso_to_unix(entry.get("start"))
+            if start is not None:
+                add(start - t0, str(activity.get("name", "action")), activity.get("name"))
+    events.sort(key=lambda e: e["t"])
+    return events
+
+
+def _count(value: Any) -> Any:
+    if isinstance(value, list | tuple | set):
+        return len(value)
+    return value
+
+
+def _lookup(source: dict[str, Any], keys: tuple[str, ...]) -> tuple[bool, Any]:
+    for key in keys:
+        if key in source:
+            return True, _count(source[key])
+    return False, None
+
+
+def _metrics(
+    section: dict[str, Any],
+    journal: dict[str, Any],
+    timeline: dict[str, Any] | None,
+    events: list[dict[str, Any]],
+) -> dict[str, Metric]:
+    measurements = section.get("measurements")
+    measurements = measurements if isinstance(measurements, dict) else {}
+    outputs = []  # (activity name, output, at or after the fault)
+    after_fault = False
+    for entry in (journal.get("run") or []) + (journal.get("rollbacks") or []):
+        if not isinstance(entry, dict):
+            continue
+        activity: dict[str, Any] = entry.get("activity") or {}
+        if not isinstance(activity, dict):
+            activity = {}
+        name = str(activity.get("name", "activity"))
+        provider: dict[str, Any] = activity.get("provider") or {}
+        if not isinstance(provider, dict):
+            provider = {}
+        if activity.get("type") == "action" and (
+            classify_event(name) != "other" or classify_event(str(provider.get("func"))) != "other"
+        ):
+            after_fault = True
+        if isinstance(entry.get("output"), dict):
+            outputs.append((name, entry["output"], after_fault))
+    derived = _derive(timeline, events)
+    result: dict[str, Metric] = {}
+    for metric, (_, _, keys) in METRICS.items():
+        found, value = _lookup(measurements, keys)
+        if found:
+            result[metric] = Metric(value, "chaosgpu.measurements")
+            continue
+        for name, output, after in reversed(outputs):
+            if metric == "zombies_after_kill" and not after:
+                continue  # zombies counted before the fault are not "after kill"
+            found, value = _lookup(output, keys)
+            if found:
+                result[metric] = Metric(value, f"output of '{name}'")
+                break
+        if found:
+            continue
+        if metric in derived:
+            result[metric] = derived[metric]
+        else:
+            result[metric] = Metric(None, "not in the journal")
+    return result
+
+
+def total_process_series(timeline: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Sum of every process's MiB over the union of their sample times (a process holds its last
+    sampled value until its next sample, and nothing from `gone_t`, one interval after its last
+    sample, on)."""
+    series = list(timeline.get("processes", {}).values())
+    times = sorted({t for s in series for t in s["t"]}
+                   | {s["gone_t"] for s in series if s.get("gone_t") is not None})
+    totals = []
+    for t in times:
+        total = 0.0
+        for s in series:
+            if not s["t"] or t < s["t"][0] or t > s["t"][-1]:
+                continue
+            # last sample at or before t
+            lo, hi = 0, len(s["t"]) - 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if s["t"][mid] <= t:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            total += s["mib"][lo]
+        totals.append(total)
+    return times, totals
+
+
+def _device_total(timeline: dict[str, Any]) -> tuple[list[float], list[float]]:
+    devices = timeline.get("devices") or []
+    if not devices:
+        return [], []
+    if len(devices) == 1:
+        return list(devices[0]["t"]), list(devices[0]["used_mib"])
+    pseudo = {"processes": {str(i): {"t": d["t"], "mib": d["used_mib"]}
+                            for i, d in enumerate(devices)}}
+    return total_process_series(pseudo)
+
+
+def _integral_gib_s(times: list[float], values: list[float], start: float, end: float) -> float:
+    """Left-step integral of MiB over [start, end], in GiB x s (MiB / 1024 x s)."""
+    total = 0.0
+    for i, t in enumerate(times):
+        nxt = times[i + 1] if i + 1 < len(times) else end
+        lo, hi = max(t, start), min(nxt, end)
+        if hi > lo:
+            total += values[i] * (hi - lo)
+    return total / 1024.0
+
+
+def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> dict[str, Metric]:
+    """Figures computed from the timeline when no probe measured them.
+
+    held = peak of the processes' summed MiB (else device used peak minus its lowest value);
+    fault = the first event of kind fault/SIGTERM/SIGKILL; release = the first 'release' event
+    after the fault, else the first sample after the fault where the processes' sum falls to
+    <= 1 % of held (at least 1 MiB); time to release = release - fault; GiB x s = integral of the
+    processes' sum from fault to release; residual = device used at the end minus its lowest value
+    (not a baseline taken by a probe: the probe's figure wins when there is one)."""
+    if timeline is None:
+        return {}
+    out: dict[str, Metric] = {}
+    source = "computed from the timeline"
+    times, totals = total_process_series(timeline)
+    dev_t, dev_used = _device_total(timeline)
+    held = max(totals) if totals else None
+    if held is None and dev_used:
+        held = max(dev_used) - min(dev_used)
+    if held is not None:
+        out["memory_held_mib"] = Metric(round(held, 1), source)
+    if dev_used:
+        out["residual_mib"] = Metric(round(max(0.0, dev_used[-1] - min(dev_used)), 1), source)
+    faults = [e for e in events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
+    if not faults or held is None:
+        return out
+    fault_t = faults[0]["t"]
+    release_t = None
+    for event in events:
+        if event["kind"] == "release" and event["t"] >= fault_t:
+            release_t = event["t"]
+            break
+    if totals:
+        series_t, series_v = times, totals
+    else:
+        series_t, series_v = dev_t, [v - min(dev_used) for v in dev_used]
+    if release_t is None:
+        threshold = max(1.0, 0.01 * held)
+        for t, v in zip(series_t, series_v, strict=True):
+            if t >= fault_t and v <= threshold:
+                release_t = t
+                break
+    if release_t is None:
+        out["release_s"] = Metric(None, "memory not released before the timeline ends")
+        if series_t:
+            end = series_t[-1]
+            waste = _integral_gib_s(series_t, series_v, fault_t, end)
+            out["gib_seconds"] = Metric(round(waste, 3), source + " (until its end: not released)")
+        return out
+    out["release_s"] = Metric(round(release_t - fault_t, 3), source)
+    waste = _integral_gib_s(series_t, series_v, fault_t, release_t)
+    out["gib_seconds"] = Metric(round(waste, 3), source)
+    return out

@@ -1,0 +1,121 @@
+"""Render a `Report` as Markdown (for pull requests and wikis), with the plots as PNG files next
+to it, and hold the texts both renderings share (units note, per-run facts, figure sources).
+
+This module owns Markdown only. It must not read or write files: `build_report` writes the PNGs
+and passes their relative paths.
+"""
+
+from chaosgpu.report import Report
+from chaosgpu.report.journal import RunView
+from chaosgpu.report.tables import comparison_table, pair_table, summary_table
+
+__all__ = ["UNITS_NOTE", "render", "run_facts", "sources_of"]
+
+UNITS_NOTE = (
+    "Units: MiB = 2^20 bytes; s = seconds; GiB x s = GPU memory held (MiB / 1024) times seconds, "
+    "integrated over the timeline. (The field report's 'GB x s' figures are decimal GB x s: "
+    "24.7 GB x 30 s = 740; in GiB x s that is 24702 / 1024 x 30 = 724.)"
+)
+
+
+def run_facts(run: RunView) -> list[tuple[str, str]]:
+    """The key facts of one run, in display order."""
+    facts = [
+        ("journal", run.path),
+        ("status", run.status),
+        ("deviated", "unknown" if run.deviated is None else ("yes" if run.deviated else "no")),
+        ("fault", run.fault),
+        ("remediation", run.remediation),
+    ]
+    if run.remediation_of:
+        facts.append(("remediation of", run.remediation_of))
+    if run.scenario:
+        facts.append(("scenario", run.scenario))
+    if run.backend:
+        facts.append(("backend", run.backend))
+    if run.start:
+        facts.append(("started", run.start + (f", {run.duration_s:.1f} s" if run.duration_s
+                                              is not None else "")))
+    if run.timeline is not None:
+        rate = run.timeline.get("rate_hz")
+        overhead = run.timeline.get("overhead_cpu_pct")
+        facts.append(("timeline", f"source {run.timeline.get('source') or '?'}, "
+                      f"{len(run.timeline['devices'])} device(s), "
+                      f"{len(run.timeline['processes'])} process(es)"
+                      + (f", {rate:g} Hz" if isinstance(rate, int | float) else "")
+                      + (f", sampler overhead {overhead:g} % of a core"
+                         if isinstance(overhead, int | float) else "")))
+    if run.tags:
+        facts.append(("tags", ", ".join(run.tags)))
+    return facts
+
+
+def sources_of(run: RunView) -> str:
+    """Which figures came from where, e.g. 'computed from the timeline: time to release, ...'."""
+    from chaosgpu.report.journal import METRICS
+
+    by_source: dict[str, list[str]] = {}
+    for metric, value in run.metrics.items():
+        if value.value is not None:
+            by_source.setdefault(value.source, []).append(METRICS[metric][0])
+    return "; ".join(f"{source}: {', '.join(names)}" for source, names in by_source.items())
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render(report: Report, images: dict[str, str]) -> str:
+    """Return the Markdown text; `images` maps plot keys to paths relative to the .md file."""
+    out = ["# chaosgpu game-day report", "",
+           f"{len(report.runs)} journal(s). {UNITS_NOTE}", ""]
+    if report.problems or report.plots_error:
+        out += ["## Problems", ""]
+        if report.plots_error:
+            out.append(f"- {report.plots_error}")
+        out += [f"- `{p.path}`: {p.message}" for p in report.problems]
+        out.append("")
+    if not report.runs:
+        out.append("No usable journal.")
+        return "\n".join(out) + "\n"
+    out += ["## Summary", "", _table(*summary_table(report.runs)),
+            "## Comparison", "", "— = not in the journal.", "",
+            _table(*comparison_table(report.runs))]
+    if report.pairs:
+        out += ["## Remediations against their baselines", ""]
+        for pair in report.pairs:
+            out += [f"### {pair.remediation.remediation}", "",
+                    f"{pair.remediation.title} (`{pair.remediation.name}`) against "
+                    f"{pair.baseline.title} (`{pair.baseline.name}`).", "",
+                    _table(*pair_table(pair))]
+            key = f"pair:{pair.baseline.name}:{pair.remediation.name}"
+            if key in images:
+                out += [f"![before/after {pair.remediation.name}]({images[key]})", ""]
+    out += ["## Runs", ""]
+    for run in report.runs:
+        out += [f"### {run.title}", ""]
+        out += [f"- **{key}**: {value}" for key, value in run_facts(run)]
+        out += [f"- *{note}*" for note in run.notes]
+        if run.missing:
+            out.append("- **missing**: " + "; ".join(run.missing))
+        sources = sources_of(run)
+        if sources:
+            out.append(f"- where the figures come from: {sources}")
+        out.append("")
+        key = f"run:{run.name}"
+        if key in images:
+            out += [f"![GPU memory over time, {run.name}]({images[key]})", ""]
+        elif run.timeline is None:
+            out += ["No timeline in this journal: no plot.", ""]
+        if run.events:
+            rows = [[f"{e['t']:.3f}", e["kind"], e["name"], str(e.get("activity") or "")]
+                    for e in run.events]
+            out += [_table(["t (s)", "kind", "event", "activity"], rows)]
+    return "\n".join(out) + "\n"

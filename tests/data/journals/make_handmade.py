@@ -1,0 +1,296 @@
+"""Write the HAND-MADE fixture journals of this folder (handmade-*.json, bad/handmade-*).
+
+They imitate what `chaos run` writes for chaosgpu experiments (the Chaos Toolkit journal shape
+plus the `chaosgpu` section of docs/ARCHITECTURE.md), with figures shaped after the field report
+(2466 MiB per worker, a 30 s grace period, 148 MiB of NCCL peer residue). They are NOT real runs:
+replace them with journals of real catalog runs when those exist (the report tests take any
+folder: CHAOSGPU_REPORT_JOURNALS=DIR pytest tests/test_report.py).
+
+    python tests/data/journals/make_handmade.py        # rewrites the files next to it
+"""
+
+import datetime
+import json
+import os
+import random
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+T0 = 1796212800.0  # 2026-12-02T12:00:00Z
+DEVICE_RATE = 100.0  # Hz
+PROCESS_RATE = 20.0  # Hz
+IDLE_MIB = 615.0  # an idle H200's driver reservation
+
+
+def iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).replace(tzinfo=None).isoformat()
+
+
+def frange(start: float, end: float, rate: float) -> list[float]:
+    n = int(round((end - start) * rate))
+    return [round(start + i / rate, 4) for i in range(n + 1)]
+
+
+def worker_mib(t: float, start: float, held: float, gone: float) -> float | None:
+    """A worker's MiB at t: ramps up for 0.3 s from start, holds, gone at `gone`."""
+    if t < start or t >= gone:
+        return None
+    return round(held * min(1.0, (t - start) / 0.3), 1)
+
+
+def timeline(workers, end, device_extra=None, events=(), rng=None):
+    """workers: list of (pid, device, start, held_mib, gone, tag, rank)."""
+    rng = rng or random.Random(7)
+    devices = sorted({w[1] for w in workers} | {0})
+    dev = []
+    for index in devices:
+        ts = frange(0.0, end, DEVICE_RATE)
+        used = []
+        for t in ts:
+            total = IDLE_MIB + sum(
+                (worker_mib(t, w[2], w[3], w[4]) or 0.0) for w in workers if w[1] == index
+            )
+            if device_extra:
+                total += device_extra(index, t)
+            used.append(round(total + rng.uniform(-0.5, 0.5), 1))
+        dev.append({"index": index, "t": ts, "used_mib": used})
+    procs = {}
+    for pid, _device, start, held, gone, tag, rank in workers:
+        ts, mib = [], []
+        for t in frange(0.0, end, PROCESS_RATE):
+            value = worker_mib(t, start, held, gone)
+            if value is not None:
+                ts.append(t)
+                mib.append(value)
+        procs[str(pid)] = {"t": ts, "mib": mib, "tag": tag, "rank": rank}
+    return {
+        "t0": T0,
+        "rate_hz": DEVICE_RATE,
+        "overhead_cpu_pct": 1.2,
+        "source": "nvml",
+        "devices": dev,
+        "processes": procs,
+        "events": [{"t": t, "name": n, "activity": a} for t, n, a in events],
+    }
+
+
+def activity(kind, name, func, module, arguments, output, start, end, status="succeeded"):
+    entry = {
+        "activity": {
+            "type": kind,
+            "name": name,
+            "provider": {"type": "python", "module": module, "func": func,
+                         "arguments": arguments},
+        },
+        "output": output,
+        "start": iso(T0 + start),
+        "end": iso(T0 + end),
+        "duration": round(end - start, 3),
+        "status": status,
+    }
+    if status == "failed":
+        entry["exception"] = ["Traceback ...", "RuntimeError: interrupted"]
+    return entry
+
+
+def steady(met=True):
+    return {
+        "steady_state_met": met,
+        "probes": [activity("probe", "no-residual-gpu-memory", "residual_gpu_memory",
+                            "chaosgpu.gpu.probes", {}, {"residual_mib": 0.0}, 0.0, 0.01,
+                            "succeeded")],
+    }
+
+
+def journal(title, tags, configuration, method, runs, section, status="completed",
+            deviated=False, duration=40.0, rollbacks=()):
+    return {
+        "chaoslib-version": "1.44.0",
+        "platform": "Linux-6.x-x86_64 (hand-made fixture)",
+        "node": "handmade-fixture",
+        "experiment": {
+            "version": "1.0.0",
+            "title": title,
+            "description": "HAND-MADE FIXTURE imitating a chaosgpu run; not a real measurement.",
+            "tags": tags,
+            "configuration": configuration,
+            "steady-state-hypothesis": {"title": "node is clean", "probes": []},
+            "method": method,
+            "rollbacks": [],
+            "controls": [{"name": "chaosgpu-timeline",
+                          "provider": {"type": "python", "module": "chaosgpu.timeline.control"}}],
+        },
+        "start": iso(T0),
+        "end": iso(T0 + duration),
+        "duration": duration,
+        "status": status,
+        "deviated": deviated,
+        "steady_states": {"before": steady(True), "after": steady(not deviated), "during": []},
+        "run": runs,
+        "rollbacks": list(rollbacks),
+        "chaosgpu": section,
+    }
+
+
+def method_action(name, func, module, arguments):
+    return {"type": "action", "name": name,
+            "provider": {"type": "python", "module": module, "func": func,
+                         "arguments": arguments}}
+
+
+def pod_delete(n_workers, handler, name):
+    per = 2470.0 if n_workers > 1 else 2466.0
+    fault_t = 3.0
+    if handler:
+        gone = fault_t + 0.15
+        kill_t = None
+    else:
+        kill_t = fault_t + 30.0
+        gone = kill_t + 0.14
+    end = gone + 2.0
+    workers = [(41000 + i, 0, 0.5 + 0.02 * i, per, gone + 0.01 * i, f"{name}-w{i}", None)
+               for i in range(n_workers)]
+    events = [(fault_t, "fault", "terminate-pod"), (fault_t, "sigterm", "terminate-pod")]
+    if kill_t is not None:
+        events.append((kill_t, "sigkill", "terminate-pod"))
+    release_at = gone + 0.01 * (n_workers - 1)
+    events.append((round(release_at, 3), "released", None))
+    tl = timeline(workers, end, events=events, rng=random.Random(n_workers))
+    deletion = round((kill_t if kill_t else gone) - fault_t + 0.2, 2)
+    terminate_out = {"sigterm_sent": T0 + fault_t, "sigkill_sent": T0 + kill_t if kill_t else None,
+                     "gone": T0 + gone + 0.05, "deletion_s": deletion, "grace_s": 30}
+    runs = [
+        activity("action", "start-workers", "start_hold_workers", "chaosgpu.workloads.actions",
+                 {"count": n_workers, "mib": per, "sigterm": "handle" if handler else "ignore"},
+                 {"pids": [w[0] for w in workers]}, 0.3, 1.2),
+        activity("probe", "orphans-and-zombies", "zombies_and_orphans",
+                 "chaosgpu.process.probes", {"scope": {"sandbox": name}},
+                 {"zombies": [], "orphans": [w[0] for w in workers]}, 1.5, 1.6),
+        activity("action", "terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
+                 {"name": name, "grace_period": 30}, terminate_out, fault_t, fault_t + deletion),
+    ]
+    held = round(per * n_workers, 1)
+    measurements = {"orphans": n_workers, "zombies_after_kill": 0, "deletion_s": deletion,
+                    "residual_mib": 0.0}
+    if n_workers > 1:  # give the 10-worker run every figure as a probe would
+        waste = held * (release_at - fault_t) / 1024.0
+        measurements.update({"memory_held_mib": held, "release_s": round(release_at - fault_t, 3),
+                             "gib_seconds": round(waste, 1)})
+    section = {"timeline": tl, "timeline_file": None, "events": [], "measurements": measurements,
+               "backend": "sandbox", "scenario": f"pod-delete-{n_workers}"}
+    tags = ["chaosgpu", "gpu", f"scenario:pod-delete-{n_workers}",
+            "fault:pod deletion, grace 30 s (workers ignore SIGTERM)" if not handler
+            else "fault:pod deletion, grace 30 s"]
+    if handler:
+        tags += ["remediation:SIGTERM handler frees GPU memory and exits",
+                 f"remediation-of:pod-delete-{n_workers}"]
+    title = (f"Pod deletion with {n_workers} worker{'s' if n_workers > 1 else ''} ignoring SIGTERM"
+             if not handler else f"Pod deletion, {n_workers} worker(s) with a SIGTERM handler")
+    method = [method_action("terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
+                            {"name": name, "grace_period": 30})]
+    return journal(title, tags, {"grace_period": 30, "workers": n_workers}, method, runs, section,
+                   deviated=not handler, duration=end)
+
+
+def nccl_rank_kill():
+    fault_t, detect_t, cleanup_t = 3.0, 3.8, 12.0
+    kill_survivors_t, gone = cleanup_t + 2.0, cleanup_t + 2.2
+    end = gone + 1.5
+    workers = [
+        (52000, 0, 0.6, 1897.0, fault_t + 0.12, "ring-r0", 0),
+        (52001, 1, 0.6, 1897.0, gone, "ring-r1", 1),
+        (52002, 2, 0.6, 1897.0, gone + 0.03, "ring-r2", 2),
+    ]
+
+    def residue(index, t):  # the survivors' peer contexts on the dead rank's GPU
+        return 148.0 if index == 0 and 0.9 <= t < gone else 0.0
+
+    events = [(fault_t, "fault", "kill-rank-0"), (fault_t, "sigkill", "kill-rank-0"),
+              (detect_t, "hang detected", "detect-hang"), (cleanup_t, "sigterm", "cleanup-hang"),
+              (kill_survivors_t, "sigkill", "cleanup-hang"), (round(gone + 0.03, 3), "released",
+                                                              None)]
+    tl = timeline(workers, end, device_extra=residue, events=events, rng=random.Random(3))
+    runs = [
+        activity("action", "start-ring", "start_ring", "chaosgpu.workloads.actions",
+                 {"world_size": 3, "backend": "auto"}, {"job": "ring-1", "backend": "gloo"},
+                 0.2, 1.0),
+        activity("action", "kill-rank-0", "kill_rank", "chaosgpu.job.actions",
+                 {"job": "ring-1", "rank": 0}, {"signal": "SIGKILL", "pid": 52000}, fault_t,
+                 fault_t + 0.01),
+        activity("probe", "detect-hang", "detect_hang", "chaosgpu.job.probes",
+                 {"job": "ring-1", "timeout": 5}, {"hang_detected": True, "dead": [0],
+                                                   "survivors": [1, 2],
+                                                   "detected_after_s": 0.8}, fault_t + 0.01,
+                 detect_t),
+        activity("probe", "zombies", "zombies_and_orphans", "chaosgpu.process.probes",
+                 {"scope": {"job": "ring-1"}}, {"zombies": [52000], "orphans": [52000, 52001,
+                                                                                52002]},
+                 detect_t, detect_t + 0.05),
+    ]
+    rollbacks = [activity("action", "cleanup-hang", "cleanup_hang", "chaosgpu.job.actions",
+                          {"job": "ring-1", "grace_period": 2},
+                          {"hang_cleaned": True, "killed": [1, 2],
+                           "memory_back_after_cleanup_s": 2.2},
+                          cleanup_t, gone + 0.1)]
+    section = {"timeline": tl, "timeline_file": None, "events": [],
+               "measurements": {"memory_held_mib": 5691.0, "residual_mib": 148.0,
+                                "hang_detected": True},
+               "backend": "gloo", "scenario": "nccl-rank-kill"}
+    tags = ["chaosgpu", "gpu", "nccl", "scenario:nccl-rank-kill", "fault:SIGKILL of rank 0"]
+    method = [method_action("kill-rank-0", "kill_rank", "chaosgpu.job.actions",
+                            {"job": "ring-1", "rank": 0})]
+    return journal("NCCL rank kill: survivors hang holding GPU memory", tags, {}, method, runs,
+                   section, deviated=True, duration=end, rollbacks=rollbacks)
+
+
+def interrupted():
+    """A run interrupted 6 s into the grace period: timeline stops, no measurements."""
+    fault_t, end = 3.0, 9.0
+    workers = [(43000, 0, 0.5, 2466.0, 1e9, "pod-int-w0", None)]
+    tl = timeline(workers, end, events=[(fault_t, "sigterm", "terminate-pod")])
+    runs = [activity("action", "terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
+                     {"name": "pod-int", "grace_period": 30}, None, fault_t, end, "failed")]
+    section = {"timeline": tl, "timeline_file": None, "events": [], "measurements": {},
+               "backend": "sandbox"}
+    method = [method_action("terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
+                            {"name": "pod-int", "grace_period": 30})]
+    j = journal("Pod deletion interrupted by the operator (SIGINT)", ["chaosgpu",
+                "scenario:pod-delete-interrupted"], {}, method, runs, section,
+                status="interrupted", deviated=False, duration=end)
+    j["steady_states"]["after"] = None
+    return j
+
+
+def write(name, data):
+    with open(os.path.join(HERE, name), "w", encoding="utf-8") as handle:
+        json.dump(data, handle, separators=(",", ":"))
+        handle.write("\n")
+
+
+def main() -> None:
+    write("handmade-pod-delete-1-worker.json", pod_delete(1, False, "pod-1"))
+    write("handmade-pod-delete-10-workers.json", pod_delete(10, False, "pod-10"))
+    write("handmade-pod-delete-1-worker-sigterm-handler.json", pod_delete(1, True, "pod-1h"))
+    write("handmade-pod-delete-10-workers-sigterm-handler.json", pod_delete(10, True, "pod-10h"))
+    write("handmade-nccl-rank-kill.json", nccl_rank_kill())
+    write("handmade-interrupted.json", interrupted())
+    # Bad or foreign journals (the report must say why and go on):
+    text = json.dumps(pod_delete(1, False, "pod-t"))
+    with open(os.path.join(HERE, "bad", "handmade-truncated.json"), "w") as handle:
+        handle.write(text[: len(text) // 2])
+    foreign = journal("A Chaos Toolkit run of another extension", ["k8s"], {}, [
+        method_action("kill-pod", "terminate_pods", "chaosk8s.pod.actions", {"ns": "default"})],
+        [], None)
+    del foreign["chaosgpu"]
+    foreign["experiment"]["controls"] = []
+    write(os.path.join("bad", "handmade-foreign.json"), foreign)
+    no_tl = pod_delete(1, False, "pod-nt")
+    no_tl["chaosgpu"] = {"timeline": None, "timeline_file": "missing-timeline.json",
+                         "events": [], "measurements": {"orphans": 1}, "backend": "sandbox"}
+    no_tl["experiment"]["title"] = "Pod deletion whose timeline file was lost"
+    write(os.path.join("bad", "handmade-missing-timeline.json"), no_tl)
+    with open(os.path.join(HERE, "bad", "handmade-not-a-journal.json"), "w") as handle:
+        handle.write('{"hello": "world"}\n')
+
+
+if __name__ == "__main__":
+    main()
