@@ -1,0 +1,240 @@
+"""The timeline control: Chaos Toolkit hooks that run the sampler for the whole experiment.
+
+Declare it in an experiment (or in the settings) as:
+
+    "controls": [{"name": "chaosgpu-timeline", "provider": {"type": "python",
+        "module": "chaosgpu.timeline.control",
+        "arguments": {"rate_hz": 200, "scope": {"tag": "ring"},
+                      "fail_on_missed_steady_state": true}}}]
+
+Arguments (all optional): `rate_hz` (default 200), `process_every` (list processes every N
+samples, default 10), `scope` (which processes to track; default every chaosgpu-tagged one),
+`source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
+`fail_on_missed_steady_state` (default false).
+
+What it does: starts the sampler and records the baseline before the experiment; marks every
+activity's start and end on the timeline; at the end writes `journal["chaosgpu"]` =
+{"timeline" | null, "timeline_file" | null, "events", "measurements", "summary", "backend",
+"gating"}. The timeline is inline when it holds at most `inline_max_points` numbers, otherwise
+it goes to a JSON file next to the journal (`<journal>.timeline.json`, the journal path taken
+from `chaos run --journal-path`, else `timeline_path`, else the working directory) and the journal
+keeps the path. With `fail_on_missed_steady_state`, a steady-state hypothesis that is not met
+BEFORE the method raises InterruptExecution, so `chaos run` exits 1 (Chaos Toolkit alone exits 0
+there). Chaos Toolkit swallows exceptions in controls: every failure here is logged at ERROR.
+
+This module owns the hooks and the journal section; the sampling is chaosgpu.timeline.sampler.
+"""
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaosgpu.timeline import sampler as sampler_mod
+
+__all__ = [
+    "configure_control", "before_experiment_control", "after_experiment_control",
+    "before_hypothesis_control", "after_hypothesis_control", "before_method_control",
+    "after_method_control", "before_rollback_control", "after_rollback_control",
+    "before_activity_control", "after_activity_control", "cleanup_control",
+]
+
+logger = logging.getLogger("chaostoolkit")
+
+_settings: dict[str, Any] = {}
+_hypotheses_seen = 0
+_gating: dict[str, Any] = {}
+
+
+def _loud(what: str) -> None:
+    logger.error("chaosgpu timeline control: %s failed", what, exc_info=True)
+
+
+def configure_control(rate_hz: float = 200.0, process_every: int = 10,
+                      scope: dict[str, Any] | None = None, source: str = "auto",
+                      inline_max_points: int = 50_000, timeline_path: str | None = None,
+                      fail_on_missed_steady_state: bool = False, **kwargs: Any) -> None:
+    """Read the control's arguments and check them (bad values are logged and refused)."""
+    global _hypotheses_seen
+    _hypotheses_seen = 0
+    _gating.clear()
+    _settings.clear()
+    _settings.update(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
+                     inline_max_points=inline_max_points, timeline_path=timeline_path,
+                     fail_on_missed_steady_state=bool(fail_on_missed_steady_state))
+
+
+def _start(**kwargs: Any) -> None:
+    if not _settings:
+        configure_control(**{k: v for k, v in kwargs.items()
+                             if k in configure_control.__code__.co_varnames})
+    previous = sampler_mod.current()
+    if previous is not None and previous.running:
+        previous.stop()
+    sampler = sampler_mod.Sampler(rate_hz=_settings["rate_hz"],
+                                  process_every=_settings["process_every"],
+                                  scope=_settings["scope"], source=_settings["source"])
+    sampler.start()
+    sampler_mod.install(sampler)
+    sampler.mark("experiment", "start")
+    baseline = sampler.take_baseline()
+    logger.info("chaosgpu timeline: sampling at %.0f Hz from %s; baseline %.1f MiB",
+                sampler.rate_hz, sampler.source, baseline["total_mib"])
+
+
+def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
+    """Start the sampler and take the memory baseline before anything runs."""
+    try:
+        _start(**kwargs)
+    except Exception:
+        _loud("before_experiment_control")
+
+
+def before_hypothesis_control(context: Any = None, **kwargs: Any) -> None:
+    """Mark the start of a steady-state hypothesis."""
+    _mark("steady-state-hypothesis", "start")
+
+
+def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
+    """Mark the end of a hypothesis; with `fail_on_missed_steady_state`, stop the run (exit 1)
+    when the hypothesis before the method was not met."""
+    global _hypotheses_seen
+    _hypotheses_seen += 1
+    met = state.get("steady_state_met") if isinstance(state, dict) else None
+    _mark("steady-state-hypothesis", "end", met=met)
+    if _hypotheses_seen == 1:
+        _gating.update(before_met=met,
+                       fail_on_missed_steady_state=_settings.get("fail_on_missed_steady_state"))
+        if met is False and _settings.get("fail_on_missed_steady_state"):
+            from chaoslib.exceptions import InterruptExecution
+
+            _gating["interrupted"] = True
+            raise InterruptExecution(
+                "chaosgpu: the steady state was not met BEFORE the method: the experiment "
+                "cannot show anything; failing the run (fail_on_missed_steady_state)")
+
+
+def before_method_control(context: Any = None, **kwargs: Any) -> None:
+    """Mark the start of the method."""
+    _mark("method", "start")
+
+
+def after_method_control(context: Any = None, **kwargs: Any) -> None:
+    """Mark the end of the method."""
+    _mark("method", "end")
+
+
+def before_rollback_control(context: Any = None, **kwargs: Any) -> None:
+    """Mark the start of the rollbacks."""
+    _mark("rollbacks", "start")
+
+
+def after_rollback_control(context: Any = None, **kwargs: Any) -> None:
+    """Mark the end of the rollbacks."""
+    _mark("rollbacks", "end")
+
+
+def _mark(name: str, phase: str, **extra: Any) -> None:
+    sampler = sampler_mod.current()
+    if sampler is None:
+        return
+    try:
+        sampler.mark(name, phase, **extra)
+    except Exception:
+        _loud(f"marking {name} {phase}")
+
+
+def before_activity_control(context: Any = None, **kwargs: Any) -> None:
+    """Mark an activity's start (its name) on the timeline."""
+    if isinstance(context, dict):
+        _mark(str(context.get("name")), "start", type=context.get("type"))
+
+
+def after_activity_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
+    """Mark an activity's end (with its status) and look for the processes it started."""
+    if isinstance(context, dict):
+        status = state.get("status") if isinstance(state, dict) else None
+        _mark(str(context.get("name")), "end", type=context.get("type"), status=status)
+    sampler = sampler_mod.current()
+    if sampler is not None:
+        sampler.request_rescan()
+
+
+def _journal_path() -> Path | None:
+    argv = sys.argv
+    for index, arg in enumerate(argv):
+        if arg == "--journal-path" and index + 1 < len(argv):
+            return Path(argv[index + 1])
+        if arg.startswith("--journal-path="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def _timeline_file() -> Path:
+    if _settings.get("timeline_path"):
+        return Path(_settings["timeline_path"])
+    journal = _journal_path()
+    if journal is not None:
+        return journal.with_name(journal.stem + ".timeline.json")
+    return Path.cwd() / f"chaosgpu-timeline-{int(time.time())}.json"
+
+
+def _backend() -> dict[str, Any]:
+    try:
+        from chaosgpu.node import nvml_snapshot
+
+        gpu = nvml_snapshot(with_processes=False)
+        return {"gpu": {"available": gpu.get("available"), "reason": gpu.get("reason"),
+                        "driver": gpu.get("driver"),
+                        "devices": [d.get("name") for d in gpu.get("devices") or []]},
+                "python": sys.version.split()[0], "pid": os.getpid()}
+    except Exception as error:
+        return {"error": str(error)}
+
+
+def after_experiment_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
+    """Stop the sampler and write the timeline, events, measurements and summary into the
+    journal (`journal["chaosgpu"]`), inline or as a file it points to."""
+    sampler = sampler_mod.current()
+    try:
+        section: dict[str, Any] = {"timeline": None, "timeline_file": None, "events": [],
+                                   "measurements": {}, "summary": None,
+                                   "backend": _backend(), "gating": dict(_gating)}
+        if sampler is not None:
+            sampler.mark("experiment", "end")
+            sampler.stop()
+            timeline = sampler.to_dict()
+            section["events"] = timeline["events"]
+            section["measurements"] = dict(sampler.measurements)
+            section["summary"] = sampler.summary()
+            if sampler.points() <= int(_settings.get("inline_max_points", 50_000)):
+                section["timeline"] = timeline
+            else:
+                path = _timeline_file()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(timeline), encoding="utf-8")
+                section["timeline_file"] = str(path)
+            summary = section["summary"]
+            logger.info("chaosgpu timeline: %d samples at %s Hz, CPU overhead %s %%",
+                        summary["samples"], summary["rate_hz"], summary["overhead_cpu_pct"])
+        else:
+            section["summary"] = {"error": "the sampler did not run (see errors above)"}
+        if isinstance(state, dict):
+            state.setdefault("chaosgpu", {}).update(section)
+    except Exception:
+        _loud("after_experiment_control")
+
+
+def cleanup_control(**kwargs: Any) -> None:
+    """Stop the sampler if it still runs (an interrupted run) and forget it."""
+    sampler = sampler_mod.current()
+    if sampler is not None:
+        try:
+            sampler.stop()
+        except Exception:
+            _loud("cleanup_control")
+        sampler_mod.uninstall(sampler)
+    _settings.clear()

@@ -1,0 +1,207 @@
+"""Measurement probes over the timeline: baseline, residual memory, release time, GiB x s held,
+termination timings.
+
+They read the sampler that the control `chaosgpu.timeline.control` runs in the same `chaos`
+process (declare the control in the experiment, or these probes raise a clear error). Memory is
+"GPU memory" from NVML, or the tracked processes' resident memory when NVML is unavailable
+(source "host-rss", say so when reading figures). Units: MiB = 2**20 bytes; GiB x s with
+GiB = 1024 MiB. Residual memory is always measured against the baseline taken before the
+experiment, never as `used == 0` (an idle H200 shows 615 MiB used). Each probe also records its
+result under `journal["chaosgpu"]["measurements"]`. Every waiting probe has its own deadline.
+This module owns these computations' public face and must not sample or signal anything.
+"""
+
+import logging
+import statistics
+import time
+from typing import Any
+
+from chaosgpu.timeline import sampler as sampler_mod
+
+__all__ = ["baseline_memory", "residual_gpu_memory", "gpu_memory_at_baseline",
+           "memory_release_time", "gb_seconds_held", "termination_timings", "timeline_summary"]
+
+logger = logging.getLogger("chaostoolkit")
+
+
+def _sampler() -> sampler_mod.Sampler:
+    sampler = sampler_mod.current()
+    if sampler is None:
+        raise RuntimeError("no timeline is being recorded: add the control "
+                           "'chaosgpu.timeline.control' to the experiment's controls")
+    if sampler.baseline is None:
+        sampler.take_baseline()
+    return sampler
+
+
+def _record(sampler: sampler_mod.Sampler, name: str, value: Any) -> None:
+    sampler.measurements.setdefault(name, []).append(value)
+
+
+def _current_mib(sampler: sampler_mod.Sampler, window: int = 3) -> float:
+    sampler.wait_samples(1, 1.0)
+    _, total = sampler.snapshot()
+    return float(statistics.median(total[-window:])) if total else 0.0
+
+
+def _event_t(sampler: sampler_mod.Sampler, name: str, phase: str) -> float:
+    if phase not in ("start", "end", "point"):
+        raise ValueError(f"phase must be 'start', 'end' or 'point', got {phase!r}")
+    t = sampler.event_time(name, phase)
+    if t is None:
+        known = sorted({e["name"] for e in sampler.events})
+        raise ValueError(f"no event {name!r} ({phase}) on the timeline; known events: {known}")
+    return t
+
+
+def baseline_memory(configuration: dict[str, Any] | None = None,
+                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the memory baseline recorded when the experiment started: the total in MiB, per
+    GPU when NVML is the source, and the source ("nvml" or "host-rss")."""
+    sampler = _sampler()
+    assert sampler.baseline is not None
+    _record(sampler, "baseline_memory", sampler.baseline)
+    return dict(sampler.baseline)
+
+
+def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
+                        configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> float:
+    """Return the memory still held above the experiment's baseline, in MiB (median of the
+    last samples). Waits up to `timeout_s` for it to fall to `tolerance_mib` or below (memory
+    is freed a little after the processes die), then returns the value either way: use a range
+    tolerance such as [-100000, 64] in a steady state."""
+    if timeout_s < 0 or tolerance_mib < 0:
+        raise ValueError("timeout_s and tolerance_mib must be >= 0")
+    sampler = _sampler()
+    assert sampler.baseline is not None
+    base = float(sampler.baseline["total_mib"])
+    deadline = time.monotonic() + timeout_s
+    residual = _current_mib(sampler) - base
+    while residual > tolerance_mib and time.monotonic() < deadline:
+        time.sleep(0.02)
+        residual = _current_mib(sampler) - base
+    residual = round(residual, 3)
+    _record(sampler, "residual_gpu_memory", {"residual_mib": residual, "baseline_mib": base,
+                                             "source": sampler.source,
+                                             "tolerance_mib": tolerance_mib})
+    return residual
+
+
+def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
+                           configuration: dict[str, Any] | None = None,
+                           secrets: dict[str, Any] | None = None) -> bool:
+    """True when memory is back within `tolerance_mib` MiB of the baseline taken before the
+    experiment (waiting up to `timeout_s`): the steady state "no residual GPU memory"."""
+    return residual_gpu_memory(tolerance_mib, timeout_s) <= tolerance_mib
+
+
+def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
+                        timeout_s: float = 30.0, phase: str = "start",
+                        configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> float | None:
+    """Seconds from an event on the timeline (an activity's name; its `phase` "start" by
+    default) to the first sample where memory is back within `threshold_mib` of the baseline.
+    Waits up to `timeout_s` for that to happen; returns None (and logs why) when it did not."""
+    if not after_event:
+        raise ValueError("after_event must name an activity on the timeline")
+    sampler = _sampler()
+    assert sampler.baseline is not None
+    t_event = _event_t(sampler, after_event, phase)
+    limit = float(sampler.baseline["total_mib"]) + threshold_mib
+    deadline = time.monotonic() + timeout_s
+    checked = 0
+    while True:
+        t, total = sampler.snapshot()
+        for i in range(checked, len(t)):
+            if t[i] >= t_event and total[i] <= limit:
+                value = round(t[i] - t_event, 4)
+                _record(sampler, "memory_release_time", {
+                    "after_event": after_event, "phase": phase, "seconds": value,
+                    "threshold_mib": threshold_mib, "source": sampler.source})
+                return value
+        checked = len(t)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    logger.warning("chaosgpu: memory not back within %.0f MiB of baseline %.1fs after %s",
+                   threshold_mib, timeout_s, after_event)
+    _record(sampler, "memory_release_time", {"after_event": after_event, "seconds": None,
+                                             "timed_out_s": timeout_s})
+    return None
+
+
+def gb_seconds_held(from_event: str = "", to_event: str | None = None,
+                    from_phase: str = "start", to_phase: str = "end",
+                    configuration: dict[str, Any] | None = None,
+                    secrets: dict[str, Any] | None = None) -> float:
+    """GiB x seconds of memory held above the baseline between two events (activity names;
+    from the first's start to the second's end, or to now when `to_event` is omitted): the
+    integral of (memory - baseline) over time, GiB = 1024 MiB. The field report's "GB x s
+    wasted" during a pod's 30 s grace period is this figure."""
+    if not from_event:
+        raise ValueError("from_event must name an activity on the timeline")
+    sampler = _sampler()
+    assert sampler.baseline is not None
+    t_from = _event_t(sampler, from_event, from_phase)
+    t_to = _event_t(sampler, to_event, to_phase) if to_event else sampler.now()
+    if t_to < t_from:
+        raise ValueError(f"{to_event!r} ({to_phase}) comes before {from_event!r} ({from_phase})")
+    value = round(sampler.integral_gib_s(t_from, t_to, float(sampler.baseline["total_mib"])), 4)
+    _record(sampler, "gb_seconds_held", {
+        "from_event": from_event, "to_event": to_event, "gib_s": value,
+        "seconds": round(t_to - t_from, 4), "unit": "GiB x s (GiB = 1024 MiB)",
+        "source": sampler.source})
+    return value
+
+
+def termination_timings(after_event: str = "", phase: str = "start",
+                        threshold_mib: float = 64.0,
+                        configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How long after an event (an activity's start by default) each tracked process died
+    (first seen zombie or gone) and memory came back within `threshold_mib` of the baseline:
+    {"after_event", "processes": {pid: {"dead_after_s", "gone_after_s", "tag", "rank"}},
+    "all_dead_after_s", "memory_released_after_s"}. Reads what was sampled; does not wait."""
+    if not after_event:
+        raise ValueError("after_event must name an activity on the timeline")
+    sampler = _sampler()
+    assert sampler.baseline is not None
+    t_event = _event_t(sampler, after_event, phase)
+    per_process: dict[str, Any] = {}
+    dead_times: list[float | None] = []
+    for pid, entry in list(sampler.processes.items()):
+        states = list(entry.get("states") or [])
+        alive_at_event = any(t <= t_event and s not in ("Z", "X", "gone") for t, s in states) \
+            or (states and states[0][0] > t_event)
+        if not alive_at_event:
+            continue
+        dead = next((t for t, s in states if t >= t_event and s in ("Z", "X", "gone")), None)
+        gone = next((t for t, s in states if t >= t_event and s == "gone"), None)
+        per_process[str(pid)] = {
+            "dead_after_s": None if dead is None else round(dead - t_event, 4),
+            "gone_after_s": None if gone is None else round(gone - t_event, 4),
+            "tag": entry.get("tag"), "rank": entry.get("rank")}
+        dead_times.append(dead)
+    t, total = sampler.snapshot()
+    limit = float(sampler.baseline["total_mib"]) + threshold_mib
+    released = next((ti for ti, v in zip(t, total, strict=False) if ti >= t_event and v <= limit),
+                    None)
+    result = {
+        "after_event": after_event, "phase": phase, "processes": per_process,
+        "all_dead_after_s": (round(max(d for d in dead_times if d is not None) - t_event, 4)
+                             if dead_times and None not in dead_times else None),
+        "memory_released_after_s": None if released is None else round(released - t_event, 4),
+        "state_sampling_hz": round(sampler.rate_hz / sampler.process_every, 2),
+        "source": sampler.source}
+    _record(sampler, "termination_timings", result)
+    return result
+
+
+def timeline_summary(configuration: dict[str, Any] | None = None,
+                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The timeline so far: samples, real rate, source, baseline, peak and current memory."""
+    sampler = _sampler()
+    summary = sampler.summary()
+    summary["current_total_mib"] = _current_mib(sampler)
+    return summary

@@ -1,0 +1,397 @@
+"""The timeline sampler: a thread that records memory and process states at a fixed high rate.
+
+This module owns the sampling loop, its in-memory series, the events marked on it, and the
+computations over those series (baseline, residual, release time, integral in GiB x s). It
+reads the node only through chaosgpu.node's fast paths (NVML device memory, NVML process list,
+process state/start time, the census's per-process record for new PIDs) plus one reading the
+census lacks: resident memory from /proc/PID/statm (`_rss_mib`, the "host-rss" source). It must
+not signal anything, and it must never let an exception escape the thread silently: errors are
+logged loudly and counted.
+
+Sources: "nvml" (GPU memory per device every tick, the NVML compute-process list every
+`process_every` ticks: FACTS.md measures ~3.3 ms for that list with 100 processes) or, when
+NVML is unavailable, "host-rss" (the resident memory of the tracked processes, every tick). In
+both, `total` is one number per tick: the sum of the devices' used memory, or of the tracked
+processes' RSS. Units: MiB (2**20 bytes); integrals in GiB x s where GiB = 1024 MiB.
+
+Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's
+MASTER_ADDR:MASTER_PORT, PIDs), or every chaosgpu-tagged process when no scope is given. New
+PIDs are examined once (`rescan_s`), so the cost does not grow with the node's process count
+at the sampling rate.
+"""
+
+import logging
+import os
+import statistics
+import threading
+import time
+from typing import Any
+
+__all__ = ["Sampler", "current", "install", "uninstall", "MIB", "GIB_PER_MIB"]
+
+logger = logging.getLogger("chaostoolkit")
+
+MIB = 1024 * 1024
+GIB_PER_MIB = 1.0 / 1024.0
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_current: "Sampler | None" = None
+_lock = threading.Lock()
+
+
+def current() -> "Sampler | None":
+    """Return the sampler of the running experiment (the control installs it), or None."""
+    return _current
+
+
+def install(sampler: "Sampler") -> None:
+    """Make `sampler` the process-wide one the timeline probes read."""
+    global _current
+    with _lock:
+        _current = sampler
+
+
+def uninstall(sampler: "Sampler") -> None:
+    """Forget `sampler` if it is the current one."""
+    global _current
+    with _lock:
+        if _current is sampler:
+            _current = None
+
+
+def _rss_mib(pid: int) -> float | None:
+    """Resident set size of `pid` in MiB from /proc/PID/statm, None when gone (census lacks it)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            fields = handle.read().split()
+    except OSError:
+        return None
+    return int(fields[1]) * _PAGE / MIB
+
+
+def _node() -> Any:
+    import chaosgpu.node as node
+
+    return node
+
+
+class Sampler:
+    """Samples memory (NVML or host RSS) and the tracked processes' states on its own thread."""
+
+    def __init__(self, rate_hz: float = 200.0, process_every: int = 10,
+                 scope: dict[str, Any] | None = None, source: str = "auto",
+                 rescan_s: float = 0.25, max_samples: int = 2_000_000) -> None:
+        if not isinstance(rate_hz, (int, float)) or not 1 <= rate_hz <= 5000:
+            raise ValueError(f"rate_hz must be a number between 1 and 5000, got {rate_hz!r}")
+        if not isinstance(process_every, int) or process_every < 1:
+            raise ValueError(f"process_every must be a positive integer, got {process_every!r}")
+        if source not in ("auto", "nvml", "host-rss"):
+            raise ValueError(f"source must be 'auto', 'nvml' or 'host-rss', got {source!r}")
+        if scope is not None:
+            from chaosgpu.scope import validate_scope
+
+            scope = validate_scope(scope)
+        self.rate_hz = float(rate_hz)
+        self.process_every = process_every
+        self.scope = scope
+        self.rescan_s = rescan_s
+        self.max_samples = max_samples
+        self.source = source
+        self.t0 = time.time()
+        self._m0 = time.monotonic()
+        self.t: list[float] = []
+        self.total: list[float] = []
+        self.devices: dict[int, list[float]] = {}
+        self.processes: dict[int, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.measurements: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.baseline: dict[str, Any] | None = None
+        self.cpu_s = 0.0
+        self.wall_s = 0.0
+        self._known: dict[int, int | None] = {}  # pid -> starttime of examined PIDs
+        self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
+        self._job_master: str | None = None
+        self._sandbox_ns: str | None = None
+        self._stop = threading.Event()
+        self._rescan_now = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._data_lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Pick the source, prime the tracked processes and start the sampling thread."""
+        if self.source == "auto":
+            self.source = "nvml" if _node().nvml_device_memory() else "host-rss"
+        elif self.source == "nvml" and not _node().nvml_device_memory():
+            raise RuntimeError("source 'nvml' requested but NVML is not available here")
+        self._resolve_scope_keys()
+        self._rescan()
+        self._thread = threading.Thread(target=self._run, name="chaosgpu-timeline", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop the thread (waits at most `timeout_s`)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def now(self) -> float:
+        """Seconds since the sampler's t0 (monotonic)."""
+        return time.monotonic() - self._m0
+
+    def request_rescan(self) -> None:
+        """Ask the thread to look for new processes at its next tick (after an activity)."""
+        self._rescan_now.set()
+
+    def mark(self, name: str, phase: str = "point", **extra: Any) -> dict[str, Any]:
+        """Record an event on the timeline and return it."""
+        event = {"t": round(self.now(), 6), "name": name, "phase": phase}
+        event.update(extra)
+        with self._data_lock:
+            self.events.append(event)
+        return event
+
+    # -- scope -----------------------------------------------------------------------------
+    def _resolve_scope_keys(self) -> None:
+        scope = self.scope or {}
+        if "sandbox" in scope:
+            from chaosgpu.scope import _sandbox_pid_ns
+
+            try:
+                self._sandbox_ns, init_pid = _sandbox_pid_ns(scope["sandbox"])
+                if self._sandbox_ns is None and init_pid is not None:
+                    record = _node().read_process(init_pid, env=False, fds=False)
+                    self._sandbox_ns = record.get("pid_ns") if record else None
+            except ValueError:
+                self._sandbox_ns = None  # not created yet: re-tried at each rescan
+
+    def _matches(self, record: dict[str, Any]) -> bool:
+        scope = self.scope
+        if scope is None:
+            return record.get("tag") is not None
+        if "tag" in scope:
+            return bool(record.get("tag") == scope["tag"])
+        if "pids" in scope:
+            return bool(record["pid"] in scope["pids"])
+        if "sandbox" in scope:
+            if self._sandbox_ns is None:
+                self._resolve_scope_keys()
+            return self._sandbox_ns is not None and record.get("pid_ns") == self._sandbox_ns
+        if "job" in scope:
+            env = record.get("env") or {}
+            master = f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
+            return bool(scope["job"] in (master, env.get("TORCHELASTIC_RUN_ID"),
+                                         env.get("CHAOSGPU_JOB")))
+        return False
+
+    def _rescan(self) -> None:
+        node = _node()
+        pids = node.list_pids()
+        for pid in pids:
+            if pid in self._known:
+                continue
+            record = node.read_process(pid, env=True, fds=False)
+            if record is None:
+                continue
+            self._known[pid] = record.get("starttime")
+            if pid != os.getpid() and self._matches(record):
+                self._tracked[pid] = record.get("starttime")
+                with self._data_lock:
+                    entry = self.processes.setdefault(pid, {
+                        "t": [], "mib": [], "tag": record.get("tag"),
+                        "rank": (record.get("env") or {}).get("RANK"),
+                        "comm": record.get("comm"), "starttime": record.get("starttime"),
+                        "states": []})
+                    entry["states"].append([round(self.now(), 6), record.get("state")])
+        alive = set(pids)
+        for pid in [p for p in self._known if p not in alive]:
+            del self._known[pid]
+
+    # -- the loop --------------------------------------------------------------------------
+    def _run(self) -> None:
+        cpu0, wall0 = time.thread_time(), time.monotonic()
+        period = 1.0 / self.rate_hz
+        tick = 0
+        next_at = time.monotonic()
+        last_rescan = next_at
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now < next_at:
+                    self._stop.wait(next_at - now)
+                    continue
+                next_at += period
+                if next_at < now - period:  # fell behind (a stall): do not burst to catch up
+                    next_at = now + period
+                try:
+                    self._sample(tick)
+                    if self._rescan_now.is_set() or now - last_rescan >= self.rescan_s:
+                        self._rescan_now.clear()
+                        last_rescan = now
+                        self._rescan()
+                except Exception as error:  # keep sampling; say so loudly, once per kind
+                    message = f"{type(error).__name__}: {error}"
+                    if message not in self.errors:
+                        self.errors.append(message)
+                        logger.error("chaosgpu timeline: sampling error: %s", message,
+                                     exc_info=True)
+                tick += 1
+                if len(self.t) >= self.max_samples:
+                    logger.error("chaosgpu timeline: %d samples reached, sampling stops",
+                                 self.max_samples)
+                    break
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
+            self.wall_s = time.monotonic() - wall0
+
+    def _sample(self, tick: int) -> None:
+        node = _node()
+        t = round(self.now(), 6)
+        with_processes = tick % self.process_every == 0
+        if self.source == "nvml":
+            devices = node.nvml_device_memory()
+            total = 0.0
+            with self._data_lock:
+                for device in devices:
+                    self.devices.setdefault(device["index"], []).append(device["used_mib"])
+                    total += device["used_mib"]
+                self.t.append(t)
+                self.total.append(total)
+            if with_processes:
+                per_pid: dict[int, float] = {}
+                for entry in node.nvml_gpu_processes():
+                    if entry["pid"] in self._tracked or self.scope is None:
+                        per_pid[entry["pid"]] = per_pid.get(entry["pid"], 0.0) + (
+                            entry["used_mib"] or 0.0)
+                with self._data_lock:
+                    for pid, mib in per_pid.items():
+                        entry = self.processes.setdefault(
+                            pid, {"t": [], "mib": [], "tag": None, "rank": None,
+                                  "comm": None, "starttime": None, "states": []})
+                        entry["t"].append(t)
+                        entry["mib"].append(round(mib, 3))
+        else:
+            total = 0.0
+            readings = []
+            for pid in list(self._tracked):
+                rss = _rss_mib(pid)
+                if rss is not None:
+                    total += rss
+                    readings.append((pid, rss))
+            with self._data_lock:
+                self.t.append(t)
+                self.total.append(round(total, 3))
+                if with_processes:
+                    for pid, mib in readings:
+                        entry = self.processes[pid]
+                        entry["t"].append(t)
+                        entry["mib"].append(round(mib, 3))
+        if with_processes:
+            self._sample_states(t)
+
+    def _sample_states(self, t: float) -> None:
+        node = _node()
+        for pid, starttime in list(self._tracked.items()):
+            state = node.process_state(pid)
+            if state is not None and starttime is not None \
+                    and node.process_starttime(pid) != starttime:
+                state = None  # reused PID: the tracked process is gone
+            label = state or "gone"
+            entry = self.processes.get(pid)
+            if entry is None:
+                continue
+            states = entry["states"]
+            if not states or states[-1][1] != label:
+                with self._data_lock:
+                    states.append([t, label])
+            if label == "gone":
+                del self._tracked[pid]
+
+    # -- queries ---------------------------------------------------------------------------
+    def snapshot(self) -> tuple[list[float], list[float]]:
+        """Return copies of (t, total MiB) so far."""
+        with self._data_lock:
+            return list(self.t), list(self.total)
+
+    def wait_samples(self, count: int, timeout_s: float) -> bool:
+        """Wait until at least `count` samples exist (deadline `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.t) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return len(self.t) >= count
+
+    def take_baseline(self, window_s: float = 0.1, timeout_s: float = 2.0) -> dict[str, Any]:
+        """Record the baseline: the median total (and per device) over the first `window_s`."""
+        self.wait_samples(max(3, int(window_s * self.rate_hz)), timeout_s)
+        with self._data_lock:
+            n = max(1, min(len(self.t), int(window_s * self.rate_hz) or 1))
+            totals = self.total[-n:]
+            devices = {index: statistics.median(series[-n:])
+                       for index, series in self.devices.items() if series}
+        self.baseline = {
+            "source": self.source, "total_mib": statistics.median(totals) if totals else 0.0,
+            "devices": [{"index": i, "used_mib": round(v, 3)} for i, v in sorted(devices.items())],
+            "taken_at": self.t0 + self.now(), "samples": len(totals)}
+        return self.baseline
+
+    def event_time(self, name: str, phase: str = "start", occurrence: int = -1) -> float | None:
+        """Time (s since t0) of the named event's `phase` ('start', 'end' or 'point')."""
+        with self._data_lock:
+            matches = [e["t"] for e in self.events if e["name"] == name
+                       and (phase is None or e["phase"] == phase)]
+        if not matches:
+            return None
+        return matches[occurrence]
+
+    def integral_gib_s(self, t_from: float, t_to: float, above: float) -> float:
+        """Integral of max(0, total - above) MiB over [t_from, t_to], in GiB x s (trapezoids)."""
+        t, total = self.snapshot()
+        area = 0.0
+        for i in range(1, len(t)):
+            a, b = max(t[i - 1], t_from), min(t[i], t_to)
+            if b <= a:
+                continue
+            ya = max(0.0, total[i - 1] - above)
+            yb = max(0.0, total[i] - above)
+            area += (ya + yb) / 2.0 * (b - a)
+        return area * GIB_PER_MIB
+
+    # -- export ----------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Rates, overhead and a few figures of the whole recording."""
+        wall = self.wall_s if not self.running else self.now()
+        n = len(self.t)
+        span = (self.t[-1] - self.t[0]) if n > 1 else 0.0
+        cpu = self.cpu_s if not self.running else None
+        return {
+            "source": self.source, "samples": n, "duration_s": round(span, 4),
+            "rate_hz_requested": self.rate_hz,
+            "rate_hz": round((n - 1) / span, 2) if span > 0 else None,
+            "overhead_cpu_pct": round(100.0 * cpu / wall, 3) if cpu is not None and wall else None,
+            "baseline_total_mib": self.baseline["total_mib"] if self.baseline else None,
+            "peak_total_mib": max(self.total) if self.total else None,
+            "final_total_mib": self.total[-1] if self.total else None,
+            "tracked_processes": len(self.processes), "errors": list(self.errors),
+            "unit": "MiB (2**20 bytes); integrals in GiB x s (GiB = 1024 MiB)"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The timeline document (docs/ARCHITECTURE.md "Timeline in the journal")."""
+        summary = self.summary()
+        with self._data_lock:
+            return {
+                "t0": self.t0, "rate_hz": summary["rate_hz"],
+                "overhead_cpu_pct": summary["overhead_cpu_pct"], "source": self.source,
+                "unit": "MiB", "t": list(self.t), "total_mib": list(self.total),
+                "devices": [{"index": i, "t": list(self.t), "used_mib": list(series)}
+                            for i, series in sorted(self.devices.items())],
+                "processes": {str(pid): dict(entry) for pid, entry in self.processes.items()},
+                "events": list(self.events), "baseline": self.baseline}
+
+    def points(self) -> int:
+        """How many numbers the timeline holds (to decide inline or file)."""
+        return len(self.t) * (1 + len(self.devices)) + sum(
+            len(e["t"]) for e in self.processes.values())
