@@ -6,11 +6,13 @@ This module owns where the credentials come from, in this order:
    [+ `KUBERNETES_API_KEY_PREFIX`], `KUBERNETES_CERT_FILE`/`KUBERNETES_KEY_FILE`, or
    `KUBERNETES_USERNAME`/`KUBERNETES_PASSWORD`; `KUBERNETES_VERIFY_SSL`,
    `KUBERNETES_CA_CERT_FILE`): explicit secrets win over any ambient configuration;
-2. otherwise chaostoolkit-kubernetes's own factory (`chaosk8s.create_k8s_api_client`): the
-   kubeconfig named by `$KUBECONFIG` or `~/.kube/config` (context from `KUBERNETES_CONTEXT`),
-   then in-cluster when `CHAOSTOOLKIT_IN_POD=true`, then the same `KUBERNETES_*` keys read from
-   the environment;
-3. in-cluster service-account credentials when running in a pod (`KUBERNETES_SERVICE_HOST`) even
+2. the kubeconfig named by `$KUBECONFIG` (read now) or `~/.kube/config`, context from
+   `KUBERNETES_CONTEXT`, loaded into a private configuration (chaosk8s checks `$KUBECONFIG` but
+   then loads the kubernetes client's default path, computed when `kubernetes` was imported, and
+   overwrites the process-wide default configuration);
+3. otherwise chaostoolkit-kubernetes's own factory (`chaosk8s.create_k8s_api_client`):
+   in-cluster when `CHAOSTOOLKIT_IN_POD=true`, or the `KUBERNETES_*` keys from the environment;
+4. in-cluster service-account credentials when running in a pod (`KUBERNETES_SERVICE_HOST`) even
    without `CHAOSTOOLKIT_IN_POD`.
 
 With none of these it refuses with a clear error instead of chaosk8s's silent
@@ -78,8 +80,15 @@ def api_client(secrets: dict[str, Any] | None = None) -> client.ApiClient:
     if any(secrets.get(key) for key in _HOST_KEYS):
         logger.debug("Kubernetes API from the experiment's secrets")
         return _from_secrets(secrets)
-    if (os.path.exists(_kubeconfig_path()) or os.environ.get("CHAOSTOOLKIT_IN_POD") == "true"
-            or os.environ.get("KUBERNETES_HOST")):
+    kubeconfig = _kubeconfig_path()
+    if os.path.exists(kubeconfig):
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig,
+                                context=_lookup(secrets, "KUBERNETES_CONTEXT"),
+                                client_configuration=configuration, persist_config=False)
+        logger.debug("Kubernetes API from kubeconfig %s", kubeconfig)
+        return client.ApiClient(configuration)
+    if os.environ.get("CHAOSTOOLKIT_IN_POD") == "true" or os.environ.get("KUBERNETES_HOST"):
         from chaosk8s import create_k8s_api_client
 
         logger.debug("Kubernetes API through chaostoolkit-kubernetes's client factory")

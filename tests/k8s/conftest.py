@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from k8s_emulator import PodEmulator, ServerThread
-from k8s_exec_server import ExecServer
+from k8s_exec_server import ExecHandler, ExecServer
 from kubernetes import client
+from kubernetes.config import kube_config
 
 _CLEARED = ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT", "KUBERNETES_HOST",
             "KUBERNETES_API_KEY", "KUBERNETES_API_KEY_PREFIX", "KUBERNETES_CERT_FILE",
@@ -33,6 +34,9 @@ def no_real_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     missing = tmp_path / "no-such-kubeconfig"
     monkeypatch.setenv("KUBECONFIG", str(missing))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # The kubernetes client computed its default kubeconfig path when imported; chaosk8s checks
+    # $KUBECONFIG but loads that default: point it at the same (missing) file.
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(missing))
     default = client.Configuration.get_default_copy()
     verify = client.Configuration.__dict__.get("verify_ssl")
     yield missing
@@ -60,6 +64,7 @@ class Cluster:
     def __init__(self, thread: ServerThread) -> None:
         self.thread = thread
         self.emulator: PodEmulator = thread.handler
+        self.exec: ExecHandler = thread.handler.exec_handler
         self.url = thread.url
         configuration = client.Configuration()
         configuration.host = self.url
@@ -98,7 +103,9 @@ def cluster(no_real_cluster: Path, tmp_path: Path,
     try:
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", thread.url)
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
         thread.handler.resources["v1/pods"] = {}
+        thread.handler.exec_handler = ExecHandler()
         yield Cluster(thread)
     finally:
         thread.stop()

@@ -89,14 +89,34 @@ def field_matches(selector: str | None, obj: dict[str, Any]) -> bool:
     return True
 
 
+_EXEC_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec$")
+
+
 class PodEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator with pod metadata, selectors and graceful deletion (see module doc)."""
+    """kmock's emulator with pod metadata, selectors and graceful deletion (see module doc).
+
+    With `exec_handler` set (an ExecHandler), it also serves the pods' exec subresource over
+    websocket, like the API server (404 for a pod that does not exist)."""
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        match = _EXEC_PATH.match(raw_request.path)
+        if match is None or self.exec_handler is None:
+            return await super().__call__(raw_request)
+        ns, name = match.group(1), match.group(2)
+        exists = any(key[1] == ns and key[2] == name and getattr(key[0], "plural", "") == "pods"
+                     and not obj.deleted for key, obj in self._objects.items())
+        if not exists:
+            return aiohttp.web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                 "reason": "NotFound", "message": f'pods "{name}" not found'}, status=404)
+        return await self.exec_handler.handle(raw_request, ns, name)  # type: ignore[no-any-return]
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self.exec_handler: Any = None
         self.time_scale = 1.0
         self.exit_after: dict[Key, float] = {}
-        self.removal_delay = 0.05
+        self.removal_delay = 0.2  # kubelet's status update -> final removal (not scaled)
         self._versions = itertools.count(1000)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -193,7 +213,7 @@ class PodEmulator(kmock.KubernetesEmulator):
                                   "containerStatuses": statuses},
                        "metadata": {"resourceVersion": str(next(self._versions))}})
             await self._publish(key[0], "MODIFIED", obj.raw)
-        await asyncio.sleep(self.removal_delay * self.time_scale)
+        await asyncio.sleep(self.removal_delay)
         async with self._lock:
             if obj.deleted:
                 return

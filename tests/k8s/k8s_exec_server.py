@@ -33,8 +33,8 @@ class _App:
 
     async def __aenter__(self) -> "_App":
         app = aiohttp.web.Application()
-        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._exec)
-        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._exec)
+        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._route)
+        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._route)
         self.runner = aiohttp.web.AppRunner(app)
         await self.runner.setup()
         site = aiohttp.web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -57,27 +57,28 @@ class _Thread(ServerThread):
             await self._stop.wait()
 
 
-class ExecServer:
-    """Run the exec endpoint in a thread; `url` to point a client at, `log` of requests."""
+class ExecHandler:
+    """The exec endpoint: `handle(request, ns, name)`; `log` of requests; `pods` maps
+    (ns, name) to the host PID of a local "pod"'s PID 1, whose PID and mount namespaces the
+    command then enters (nsenter), so it sees what a process in that pod sees."""
 
     def __init__(self) -> None:
         self.log: list[dict[str, Any]] = []
         self.pids: list[int] = []
-        self._thread = _Thread(lambda: _App(self))
-        self.url = ""
+        self.pods: dict[tuple[str, str], int] = {}
 
-    def start(self) -> "ExecServer":
-        self._thread.start()
-        self.url = self._thread.url
-        return self
+    async def _route(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        return await self.handle(request, request.match_info["ns"], request.match_info["name"])
 
-    def stop(self) -> None:
-        self._thread.stop()
-
-    async def _exec(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+    async def handle(self, request: Any, ns: str, name: str) -> aiohttp.web.StreamResponse:
+        """Serve one exec request for pod ns/name (request: an aiohttp request)."""
         query = request.query
         command = query.getall("command", [])
-        entry = {"namespace": request.match_info["ns"], "pod": request.match_info["name"],
+        argv = list(command)
+        pid1 = self.pods.get((ns, name))
+        if pid1 is not None and command:
+            argv = ["nsenter", "-t", str(pid1), "-p", "-m", "--", *command]
+        entry = {"namespace": ns, "pod": name,
                  "container": query.get("container"), "command": command,
                  "stdin": query.get("stdin") == "true", "tty": query.get("tty") == "true",
                  "authorization": request.headers.get("Authorization"),
@@ -88,7 +89,7 @@ class ExecServer:
         entry["protocol"] = ws.ws_protocol
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.PIPE if entry["stdin"] else
+                *argv, stdin=asyncio.subprocess.PIPE if entry["stdin"] else
                 asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True, env=dict(os.environ))
         except (FileNotFoundError, PermissionError, IndexError) as error:
@@ -148,3 +149,20 @@ class ExecServer:
     @staticmethod
     async def _status(ws: aiohttp.web.WebSocketResponse, status: dict[str, Any]) -> None:
         await ws.send_bytes(b"\x03" + json.dumps(status).encode())
+
+
+class ExecServer(ExecHandler):
+    """The exec endpoint alone on loopback, in its own thread; `url` to point a client at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = _Thread(lambda: _App(self))
+        self.url = ""
+
+    def start(self) -> "ExecServer":
+        self._thread.start()
+        self.url = self._thread.url
+        return self
+
+    def stop(self) -> None:
+        self._thread.stop()
