@@ -40,6 +40,8 @@ __all__ = [
     "get_record",
     "host_pids",
     "list_sandboxes",
+    "open_pidfd",
+    "process_state",
     "process_starttime",
     "processes",
     "read_cmdline",
@@ -138,7 +140,7 @@ def _pid_ns_inode(pid: int) -> int | None:
         return None
 
 
-def _open_pidfd(pid: int, starttime: int | None) -> int | None:
+def open_pidfd(pid: int, starttime: int | None) -> int | None:
     """Open a pidfd on `pid` only if it is still the process recorded (same starttime)."""
     try:
         fd = os.pidfd_open(pid)
@@ -153,7 +155,7 @@ def _open_pidfd(pid: int, starttime: int | None) -> int | None:
 
 def send_signal(pid: int, starttime: int | None, signum: int) -> bool:
     """Send `signum` to `pid` through a pidfd if it is still the recorded process; True if sent."""
-    fd = _open_pidfd(pid, starttime)
+    fd = open_pidfd(pid, starttime)
     if fd is None:
         return False
     try:
@@ -663,7 +665,7 @@ def terminate(
         raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
     pid1, starttime = int(record["pid1"]), record.get("pid1_starttime")
     result: dict[str, Any] = {"sandbox": name, "pid1": pid1, "grace_s": float(grace_s)}
-    fd = _open_pidfd(pid1, starttime)
+    fd = open_pidfd(pid1, starttime)
     if fd is None or process_state(pid1, starttime) in (None, "Z", "X"):
         if fd is not None:
             os.close(fd)

@@ -1,0 +1,104 @@
+"""Chaos Toolkit actions on local pods (sandboxes): create, exec into, terminate, remove.
+
+This module owns only the activity signatures (keyword arguments with defaults, JSON returns);
+the work is done by chaosgpu.sandbox.runtime. A sandbox created here records the runner as its
+owner, so one left behind by a crashed runner is reported as abandoned.
+"""
+
+import os
+from typing import Any
+
+from chaosgpu.sandbox import runtime
+
+__all__ = [
+    "create_sandbox",
+    "exec_in_sandbox",
+    "terminate_sandbox",
+    "remove_sandbox",
+    "remove_all_sandboxes",
+]
+
+
+def create_sandbox(
+    name: str,
+    init: str = "sleep",
+    argv: list[str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    env: dict[str, str] | None = None,
+    grace_s: float = 30.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Create a local pod `name`: a new PID + mount namespace whose PID 1 is `init` ("sleep" like
+    the field report, "tini", "dumb-init", or "none" to make `argv` itself PID 1), optionally as
+    user `uid`/`gid`, with `grace_s` as its termination grace period. Returns its state record
+    (host PID of PID 1, pid namespace, supervisor)."""
+    return runtime.create(
+        name, init=init, argv=argv, uid=uid, gid=gid, env=env, grace_s=grace_s,
+        owner_pid=os.getpid(),
+    )  # fmt: skip
+
+
+def exec_in_sandbox(
+    name: str,
+    argv: list[str],
+    detached: bool = False,
+    count: int = 1,
+    user: int | str | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run `argv` inside sandbox `name` like `kubectl exec`: attached (waits up to `timeout_s`,
+    returns rc and output) or `detached` as a backgrounded shell job, `count` times, so each
+    worker becomes an orphan of the pod's PID 1 as in the field report (returns host and
+    namespace PIDs)."""
+    if not detached:
+        return runtime.exec_in(name, argv, user=user, env=env, timeout_s=timeout_s)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be an integer >= 1, got {count!r}")
+    started = [
+        runtime.exec_in(name, argv, detached=True, user=user, env=env, timeout_s=timeout_s)
+        for _ in range(count)
+    ]
+    return {
+        "sandbox": name,
+        "argv": argv,
+        "host_pids": [s["host_pid"] for s in started],
+        "ns_pids": [s["ns_pid"] for s in started],
+        "workers": started,
+    }
+
+
+def terminate_sandbox(
+    name: str,
+    grace_s: float | None = None,
+    deadline_s: float = 10.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Terminate sandbox `name` with kubelet semantics: SIGTERM to PID 1, wait up to `grace_s`
+    (default: the sandbox's own) for the namespace to empty, SIGKILL, wait up to `deadline_s`
+    until it is gone. Returns the timings (SIGTERM sent, namespace empty or grace end, SIGKILL
+    sent, gone, total) and whether PID 1 exited on SIGTERM."""
+    return runtime.terminate(name, grace_s=grace_s, deadline_s=deadline_s)
+
+
+def remove_sandbox(
+    name: str,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Remove sandbox `name`: kill it at once if it still runs and delete its record. Safe to run
+    twice and after a crash of the runner (a rollback)."""
+    return runtime.remove(name)
+
+
+def remove_all_sandboxes(
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Remove every recorded sandbox, alive or abandoned (a rollback of last resort)."""
+    return runtime.cleanup_all()

@@ -1,0 +1,91 @@
+"""Chaos Toolkit probes on local pods (sandboxes): existence, processes, zombies, orphans.
+
+This module owns only the probe signatures; the readings come from chaosgpu.sandbox.runtime.
+A missing sandbox reads as absent (False, empty lists, 0), never as an error, so steady-state
+hypotheses can use it before and after an experiment.
+"""
+
+from typing import Any
+
+from chaosgpu.sandbox import runtime
+
+__all__ = [
+    "sandbox_exists",
+    "sandbox_processes",
+    "sandbox_zombies",
+    "sandbox_zombie_count",
+    "sandbox_orphans",
+    "sandboxes",
+]
+
+
+def _processes(name: str) -> list[dict[str, Any]]:
+    if runtime.get_record(name) is None:
+        return []
+    return runtime.processes(name)
+
+
+def sandbox_exists(
+    name: str,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> bool:
+    """Tell whether sandbox `name` is running (its recorded PID 1 is alive)."""
+    return any(s["name"] == name and s["alive"] for s in runtime.list_sandboxes())
+
+
+def sandbox_processes(
+    name: str,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """List the processes in sandbox `name`'s PID namespace: host pid, namespace pid, namespace
+    ppid, state (Z = zombie) and command line."""
+    return _processes(name)
+
+
+def sandbox_zombies(
+    name: str,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> list[int]:
+    """Host PIDs of the zombie processes in sandbox `name` (what `sleep` as PID 1 never reaps)."""
+    return [p["pid"] for p in _processes(name) if p["zombie"]]
+
+
+def sandbox_zombie_count(
+    name: str,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> int:
+    """How many zombie processes sandbox `name` holds (0 for a missing sandbox)."""
+    return len(sandbox_zombies(name))
+
+
+def sandbox_orphans(
+    name: str,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> list[int]:
+    """Host PIDs of live processes in sandbox `name` whose parent is the pod's PID 1 (PPID 1
+    inside the namespace) but which PID 1 did not start: the field report's orphaned workers."""
+    listed = _processes(name)
+    init_children = {p["pid"] for p in listed if p["ns_ppid"] == 1 and not p["zombie"]}
+    record = runtime.get_record(name) or {}
+    if record.get("init") in ("tini", "dumb-init"):
+        # The init's own child (the container's main process) is not an orphan.
+        oldest = sorted(
+            (p for p in listed if p["pid"] in init_children), key=lambda p: p["starttime"]
+        )
+        if oldest:
+            init_children.discard(oldest[0]["pid"])
+    return sorted(init_children)
+
+
+def sandboxes(
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Every recorded sandbox with `alive` and `abandoned` (record present but its supervisor or
+    the runner that created it is gone, or nothing runs behind it any more)."""
+    return runtime.list_sandboxes()

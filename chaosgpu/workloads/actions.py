@@ -1,0 +1,422 @@
+"""Chaos Toolkit actions that start and stop the reference workloads.
+
+This module owns starting `hold` workers and `ring` jobs detached from the runner (own session,
+DEVNULL stdin, output in a log file under the state dir; or, with `sandbox`, as backgrounded
+shells exec'd inside a local pod like the field report's workers), recording them in
+`<state>/workloads/<tag>.json` (host PIDs + starttimes), waiting for their readiness files under
+a deadline, and stopping them by tag (idempotent). It must not signal any process that is not in
+a record it wrote.
+"""
+
+import logging
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from chaosgpu import state
+from chaosgpu.workloads.readiness import wait_all_ready
+
+__all__ = ["start_holders", "start_ring", "stop_workload", "list_workloads"]
+
+logger = logging.getLogger("chaostoolkit")
+
+KIND = "workloads"
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+VIAS = ("torch", "driver", "host", "auto")
+SIGTERM_MODES = ("ignore", "exit", "cleanup")
+_python_cache: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}
+
+
+def _proc() -> Any:
+    from chaosgpu.sandbox import runtime
+
+    return runtime
+
+
+def _check_tag(tag: str | None, prefix: str) -> str:
+    tag = tag or f"{prefix}-{uuid.uuid4().hex[:8]}"
+    if not isinstance(tag, str) or not TAG_RE.match(tag):
+        raise ValueError(
+            f"invalid tag {tag!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    existing = state.read_record(KIND, tag)
+    if existing is not None:
+        runtime = _proc()
+        if any(
+            runtime.process_state(p["pid"], p.get("starttime")) not in (None, "Z", "X")
+            for p in existing.get("processes", [])
+        ):
+            raise ValueError(f"tag {tag!r} is already in use by a running workload")
+        stop_workload(tag, grace_s=0)
+    return tag
+
+
+def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
+    """Reap the child when it exits, so a killed workload never lingers as the runner's zombie."""
+    threading.Thread(
+        target=process.wait, name=f"chaosgpu-reap-{process.pid}", daemon=True
+    ).start()
+
+
+def _package_root() -> str:
+    import chaosgpu
+
+    return str(Path(chaosgpu.__file__).resolve().parent.parent)
+
+
+def python_for_user(uid: int, gid: int) -> tuple[str, dict[str, str]]:
+    """Return a Python interpreter that user `uid` can run and that imports chaosgpu, plus env."""
+    key = (uid, gid)
+    if key in _python_cache:
+        return _python_cache[key]
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("setpriv not found (util-linux): cannot run workers as another user")
+    extra = {"PYTHONPATH": _package_root()}
+    candidates = [sys.executable, shutil.which("python3"), "/usr/bin/python3"]
+    tried = []
+    for exe in dict.fromkeys(c for c in candidates if c):
+        probe = subprocess.run(
+            [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+             "sh", "-c", '"$@"', "sh", exe, "-c", "import chaosgpu.workloads.hold"],
+            env=dict(os.environ, **extra), stdin=subprocess.DEVNULL, capture_output=True,
+            timeout=60, cwd="/",
+        )  # fmt: skip
+        if probe.returncode == 0:
+            _python_cache[key] = (exe, extra)
+            return exe, extra
+        tried.append(exe)
+    raise RuntimeError(
+        f"no Python interpreter usable by uid {uid} imports chaosgpu (tried {', '.join(tried)}): "
+        "install chaosgpu where that user can read it"
+    )
+
+
+def _workdir(tag: str, owner: tuple[int, int] | None) -> Path:
+    if owner is None:
+        path = state.state_dir() / KIND / f"{tag}.d"
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return path
+    # A non-root worker cannot reach the (0700) state dir: give it a private dir of its own.
+    path = Path(tempfile.mkdtemp(prefix=f"chaosgpu-{tag}-"))
+    os.chown(path, owner[0], owner[1])
+    return path
+
+
+def _record_process(pid: int, ns_pid: int | None = None, role: str = "worker") -> dict[str, Any]:
+    return {
+        "pid": pid,
+        "ns_pid": ns_pid,
+        "starttime": _proc().process_starttime(pid),
+        "role": role,
+    }
+
+
+def start_holders(
+    count: int = 1,
+    mib: int = 256,
+    via: str = "auto",
+    on_sigterm: str = "ignore",
+    sandbox: str | None = None,
+    tag: str | None = None,
+    device: int = 0,
+    allow_host_fallback: bool = False,
+    timeout_s: float = 60.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start `count` hold workers of `mib` MiB each and wait (up to `timeout_s`) until all hold it.
+
+    `via`: torch, driver (CUDA driver API, no torch), host (host memory, no GPU needed) or auto.
+    `on_sigterm`: ignore (the field report's workers), exit or cleanup (free and exit at once).
+    Without `sandbox` they run on the host in their own sessions; with `sandbox` (a local pod's
+    name) they are started inside it as backgrounded exec'd shells, so they become orphans of the
+    pod's PID 1 like the report's. Returns the tag, host and namespace PIDs and readiness documents.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
+        raise ValueError(f"count must be an integer from 1 to 1000, got {count!r}")
+    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
+        raise ValueError(f"mib must be an integer >= 0, got {mib!r}")
+    if via not in VIAS:
+        raise ValueError(f"unknown via {via!r}: choose one of {', '.join(VIAS)}")
+    if on_sigterm not in SIGTERM_MODES:
+        raise ValueError(f"unknown on_sigterm {on_sigterm!r}: one of {', '.join(SIGTERM_MODES)}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    owner: tuple[int, int] | None = None
+    exe, extra_env = sys.executable, dict[str, str]()
+    if sandbox is not None:
+        from chaosgpu.sandbox import runtime
+
+        box = runtime.get_record(sandbox)
+        if box is None:
+            raise ValueError(f"no sandbox named {sandbox!r}")
+        if box.get("uid") not in (None, 0) and not box.get("userns"):
+            owner = (int(box["uid"]), int(box.get("gid") or box["uid"]))
+            exe, extra_env = python_for_user(*owner)
+    tag = _check_tag(tag, "hold")
+    workdir = _workdir(tag, owner)
+    record: dict[str, Any] = {
+        "tag": tag,
+        "kind": "hold",
+        "sandbox": sandbox,
+        "workdir": str(workdir),
+        "workdir_private": owner is not None,
+        "created_at": time.time(),
+        "runner": {"pid": os.getpid(), "starttime": _proc().process_starttime(os.getpid())},
+        "config": {"count": count, "mib": mib, "via": via, "on_sigterm": on_sigterm,
+                   "device": device},  # fmt: skip
+        "processes": [],
+    }
+    state.write_record(KIND, tag, record)
+    ready_files = []
+    try:
+        for index in range(count):
+            ready = workdir / f"holder{index}.json"
+            ready_files.append(ready)
+            argv = [
+                exe, "-m", "chaosgpu.workloads", "hold", "--mib", str(mib), "--via", via,
+                "--device", str(device), "--on-sigterm", on_sigterm, "--ready-file", str(ready),
+            ]  # fmt: skip
+            if allow_host_fallback:
+                argv.append("--allow-host-fallback")
+            env = dict(extra_env, CHAOSGPU_TAG=tag)
+            log = workdir / f"holder{index}.log"
+            if sandbox is not None:
+                from chaosgpu.sandbox import runtime
+
+                started = runtime.exec_in(
+                    sandbox, argv, detached=True, env=env, log_path=str(log), timeout_s=timeout_s
+                )
+                entry = _record_process(started["host_pid"], started["ns_pid"])
+            else:
+                with open(log, "ab") as handle:
+                    process = subprocess.Popen(
+                        argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
+                        stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                    )  # fmt: skip
+                _reap_in_background(process)
+                entry = _record_process(process.pid)
+            record["processes"].append(entry)
+            state.write_record(KIND, tag, record)
+        documents = wait_all_ready(
+            ready_files, timeout_s, pids=[p["pid"] for p in record["processes"]]
+        )
+    except Exception as error:
+        logs = " | ".join(_tail(p.with_suffix(".log")) for p in ready_files)
+        stop_workload(tag, grace_s=0)
+        raise RuntimeError(
+            f"hold workers of tag {tag!r} did not get ready: {error} {logs}"
+        ) from None
+    return {
+        "tag": tag,
+        "kind": "hold",
+        "sandbox": sandbox,
+        "backend": documents[0]["via"] if documents else via,
+        "pids": [p["pid"] for p in record["processes"]],
+        "ns_pids": [p["ns_pid"] if p["ns_pid"] is not None else d["pid"]
+                    for p, d in zip(record["processes"], documents, strict=True)],  # fmt: skip
+        "mib": mib,
+        "ready": documents,
+    }
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:].strip()
+    except OSError:
+        return ""
+
+
+def start_ring(
+    world_size: int = 2,
+    backend: str = "auto",
+    launcher: str = "bare",
+    process_group_timeout_s: float = 60.0,
+    async_error_handling: int = 3,
+    sigterm_handler: str = "none",
+    mib: int = 0,
+    iters_per_s: float = 10.0,
+    tag: str | None = None,
+    job_id: str | None = None,
+    timeout_s: float = 120.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Start a ring of `world_size` ranks doing all_reduce, and wait until every rank ran one.
+
+    `backend`: nccl (one GPU per rank), gloo (CPU) or auto; `launcher`: bare (ranks started
+    directly, the report's exec'd ranks) or torchrun. `process_group_timeout_s`,
+    `async_error_handling` and `sigterm_handler` ("destroy": destroy_process_group on SIGTERM) are
+    the remediations under test. Every rank carries CHAOSGPU_JOB=`job_id` (default: the tag) and
+    CHAOSGPU_TAG. Waits up to `timeout_s`; returns the tag, job id, backend, rank and agent PIDs.
+    """
+    from chaosgpu.workloads.ring import RingConfig, launch_ring
+
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    tag = _check_tag(tag, "ring")
+    workdir = _workdir(tag, None)
+    config = RingConfig(
+        backend=backend,
+        world_size=world_size,
+        launcher=launcher,
+        timeout_s=process_group_timeout_s,
+        async_error_handling=async_error_handling,
+        sigterm_handler=sigterm_handler,
+        mib=mib,
+        iters_per_s=iters_per_s,
+        ready_dir=str(workdir),
+        tag=tag,
+        job_id=job_id or tag,
+        log_dir=str(workdir),
+    )
+    try:
+        config.validate()
+    except ValueError:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    record: dict[str, Any] = {
+        "tag": tag,
+        "kind": "ring",
+        "sandbox": None,
+        "workdir": str(workdir),
+        "workdir_private": False,
+        "created_at": time.time(),
+        "runner": {"pid": os.getpid(), "starttime": _proc().process_starttime(os.getpid())},
+        "processes": [],
+    }
+    state.write_record(KIND, tag, record)
+    try:
+        launch = launch_ring(config, detach=True)
+        for process in launch.processes:
+            _reap_in_background(process)
+        role = "rank" if launcher == "bare" else "agent"
+        record["processes"] = [_record_process(pid, role=role) for pid in launch.pids]
+        record.update(job_id=launch.job_id, backend=launch.backend, launcher=launcher,
+                      master_port=launch.master_port, world_size=world_size)  # fmt: skip
+        state.write_record(KIND, tag, record)
+        documents = launch.wait_ready(timeout_s)
+        if launcher == "torchrun":
+            record["processes"] += [_record_process(d["pid"], role="rank") for d in documents]
+            state.write_record(KIND, tag, record)
+    except Exception as error:
+        logs = " | ".join(_tail(p) for p in sorted(workdir.glob("*.log")))
+        stop_workload(tag, grace_s=0)
+        raise RuntimeError(f"ring {tag!r} did not get ready: {error} {logs}") from None
+    return {
+        "tag": tag,
+        "kind": "ring",
+        "job_id": launch.job_id,
+        "backend": launch.backend,
+        "launcher": launcher,
+        "world_size": world_size,
+        "master_port": launch.master_port,
+        "pids": [d["pid"] for d in documents],
+        "agent_pid": launch.pids[0] if launcher == "torchrun" else None,
+        "ranks": {str(d["rank"]): d["pid"] for d in documents},
+        "ready": documents,
+    }
+
+
+def stop_workload(
+    tag: str,
+    grace_s: float = 5.0,
+    deadline_s: float = 10.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Stop the workload `tag`: SIGCONT+SIGTERM, up to `grace_s` to exit, then SIGKILL; idempotent.
+
+    Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
+    Waits up to `deadline_s` after SIGKILL. Removes the record and the workload's files; a tag
+    with no record returns {"stopped": false}.
+    """
+    if grace_s < 0 or deadline_s <= 0:
+        raise ValueError("grace_s must be >= 0 and deadline_s > 0")
+    record = state.read_record(KIND, tag)
+    if record is None:
+        return {"tag": tag, "stopped": False, "note": "no such workload"}
+    runtime = _proc()
+    fds: dict[int, int] = {}
+    outcome: dict[str, str] = {}
+    for entry in record.get("processes", []):
+        pid = int(entry["pid"])
+        fd = runtime.open_pidfd(pid, entry.get("starttime"))
+        if fd is None:
+            outcome[str(pid)] = "already gone"
+            continue
+        fds[pid] = fd
+    try:
+        for fd in fds.values():
+            for signum in (signal.SIGCONT, signal.SIGTERM):
+                try:
+                    signal.pidfd_send_signal(fd, signum)
+                except ProcessLookupError:
+                    pass
+        pending = _wait_fds(fds, grace_s)
+        for pid in fds:
+            if pid not in pending:
+                outcome[str(pid)] = "exited on SIGTERM"
+        for pid in pending:
+            try:
+                signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            outcome[str(pid)] = "killed"
+        stuck = _wait_fds({pid: fds[pid] for pid in pending}, deadline_s)
+        for pid in stuck:
+            outcome[str(pid)] = "still alive after SIGKILL"
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    if record.get("workdir"):
+        shutil.rmtree(record["workdir"], ignore_errors=True)
+    state.remove_record(KIND, tag)
+    return {"tag": tag, "stopped": True, "processes": outcome}
+
+
+def _wait_fds(fds: dict[int, int], timeout_s: float) -> set[int]:
+    """Wait until every pidfd in `fds` reports an exit or `timeout_s` passes; return those left."""
+    pending = set(fds)
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    by_fd = {fd: pid for pid, fd in fds.items()}
+    for fd in fds.values():
+        poller.register(fd, select.POLLIN)
+    while pending:
+        remaining = deadline - time.monotonic()
+        events = poller.poll(max(0.0, remaining) * 1000.0)
+        for fd, _ in events:
+            pending.discard(by_fd[fd])
+            poller.unregister(fd)
+        if remaining <= 0:
+            break
+    return pending
+
+
+def list_workloads(
+    configuration: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """List every recorded workload with, for each process, whether it is still alive."""
+    runtime = _proc()
+    listed = []
+    for tag, record in state.list_records(KIND).items():
+        processes = [
+            dict(p, state=runtime.process_state(p["pid"], p.get("starttime")))
+            for p in record.get("processes", [])
+        ]
+        alive = [p["pid"] for p in processes if p["state"] not in (None, "Z", "X")]
+        listed.append(dict(record, tag=tag, processes=processes, alive=alive))
+    return listed
