@@ -5,9 +5,10 @@ This module owns the exec transport: opening the stream (`kubernetes.stream.stre
 `connect_get_namespaced_pod_exec`), feeding stdin, collecting stdout (channel 1) and stderr
 (channel 2), reading the exit status from the error channel (channel 3), closing the stream at the
 deadline, and turning each way it can fail into a clear `ExecError`. In-target programs are
-streamed in (nothing is installed in the pod): their source goes as one argument of
-`python3 -c BOOTSTRAP` (or on stdin when too large for one argument), and the bootstrap arms
-SIGALRM so the program dies in the pod even if the client's stream is cut. It knows nothing of
+streamed in (nothing is installed in the pod): `python3 -c BOOTSTRAP` reads the source from stdin
+(a small one may go as one argument instead: the command travels in the exec URL, and proxies
+in front of an API server may limit URL lines to 8 KiB), and the bootstrap arms SIGALRM so the
+program dies in the pod even if the client's stream is cut. It knows nothing of
 what the programs do, and it selects no pod.
 """
 
@@ -28,8 +29,10 @@ __all__ = ["ExecError", "ExecTimeout", "run_in_pod", "run_program", "program_com
 logger = logging.getLogger("chaostoolkit")
 
 STDOUT, STDERR, ERROR = 1, 2, 3
-# Linux refuses one argv string over 128 KiB (MAX_ARG_STRLEN): larger programs go on stdin.
-_MAX_ARG = 120_000
+# Sources up to this size go in the command (the exec URL); larger ones on stdin. The command is
+# URL-encoded into the request line: 8 KiB line limits are common (aiohttp, nginx), the API
+# server allows 1 MiB, Linux one argv string 128 KiB.
+_MAX_ARG = 2_000
 
 # argv: NAME ALARM_SECONDS SOURCE ARGS...  (source in argv) or NAME ALARM_SECONDS - ARGS...
 # (then stdin carries "<byte length>\n<source>").

@@ -35,7 +35,9 @@ class _App:
         app = aiohttp.web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._route)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/exec", self.owner._route)
-        self.runner = aiohttp.web.AppRunner(app)
+        # Go's net/http (the API server) accepts request lines up to 1 MiB; aiohttp 8 KiB.
+        self.runner = aiohttp.web.AppRunner(app, max_line_size=1 << 20,
+                                            max_field_size=1 << 20)
         await self.runner.setup()
         site = aiohttp.web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
