@@ -108,7 +108,10 @@ def run_in_pod(core: client.CoreV1Api, name: str, ns: str, command: list[str],
     status = b""
     try:
         if stdin is not None:
-            ws.write_stdin(stdin)
+            try:
+                ws.write_stdin(stdin)
+            except Exception as error:  # the command may exit (and the stream close) first
+                logger.debug("exec in %s: stdin not fully written: %s", where, error)
         while ws.is_open():
             remaining = deadline - time.monotonic()
             if remaining <= 0:

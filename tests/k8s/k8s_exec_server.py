@@ -116,8 +116,11 @@ class ExecHandler:
                     continue
                 data = message.data if isinstance(message.data, bytes) else message.data.encode()
                 if data[:1] == b"\x00" and proc.stdin is not None:
-                    proc.stdin.write(data[1:])
-                    await proc.stdin.drain()
+                    try:
+                        proc.stdin.write(data[1:])
+                        await proc.stdin.drain()
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the command is gone or closed its stdin: drop the input
 
         finisher = asyncio.ensure_future(finish())
         feeder = asyncio.ensure_future(feed())
