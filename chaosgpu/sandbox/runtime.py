@@ -494,7 +494,8 @@ def exec_in(
     Attached: `nsenter` into the sandbox's PID and mount namespaces, wait (up to `timeout_s`),
     return {"rc", "stdout", "stderr"}. Detached: a shell inside the sandbox backgrounds `argv`
     and exits, so the worker is reparented to the sandbox's PID 1 (the report's orphans); returns
-    {"host_pid", "ns_pid", "starttime"}. `user` (uid or "uid:gid") defaults to the sandbox's user.
+    {"host_pid", "ns_pid", "starttime"}. `user` (uid or "uid:gid") defaults to the sandbox's user;
+    the environment is the caller's plus the sandbox's `env` plus `env`.
     Output of a detached worker goes to `log_path` (default /dev/null).
     """
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -504,6 +505,7 @@ def exec_in(
     record = _live_record(name)
     command = _enter_prefix(record, user)
     child_env = dict(os.environ)
+    child_env.update(record.get("env") or {})  # the pod's env, as `kubectl exec` gives
     child_env.update(env or {})
     child_env["CHAOSGPU_SANDBOX"] = name
     if not detached:

@@ -6,8 +6,8 @@ subreaper (prctl PR_SET_CHILD_SUBREAPER), starts `unshare` and identifies the sa
 (the child of unshare, once it has exec'd its init). It writes the sandbox's state record, then
 one JSON line on FD (the record, or {"error": ...}), and from then on reaps: unshare, and any
 orphan reparented to it, so tearing the namespace down never stalls on an unreaped process (see
-the project notes). SIGTERM/SIGINT/SIGHUP make it SIGKILL the sandbox's PID 1 (a sandbox never
-outlives its supervisor). It exits once it has no child left. It must not signal anything but
+the project notes). SIGTERM/SIGINT/SIGHUP make it SIGKILL the sandbox's PID 1; a sandbox never outlives
+its supervisor (unshare has PR_SET_PDEATHSIG and --kill-child). It exits once it has no child left. It must not signal anything but
 its own sandbox's PID 1.
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 __all__ = ["main"]
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 PID1_DEADLINE_S = 15.0
 
 
@@ -74,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, _teardown)
     try:
         _set_subreaper()
+        supervisor_pid = os.getpid()
         unshare_pid = os.fork()
         if unshare_pid == 0:
             try:
+                # unshare dies with its supervisor, and (--kill-child) the pod with unshare.
+                ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+                if os.getppid() != supervisor_pid:
+                    os._exit(1)
                 os.execvp(command[0], command)
             finally:
                 os._exit(127)

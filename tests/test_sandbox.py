@@ -1,0 +1,366 @@
+"""Local pods (sandboxes) for real: namespaces, exec, kubelet-like termination, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaosgpu import state
+from chaosgpu.sandbox import actions, probes, runtime
+from chaosgpu.sandbox.cli import main as cli_main
+
+
+@pytest.fixture
+def box(request: pytest.FixtureRequest) -> str:
+    name = f"t-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    yield name
+    runtime.remove(name)
+
+
+def _wait(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())
+
+
+def test_create_exec_terminate_remove(box: str) -> None:
+    record = runtime.create(box, grace_s=1)
+    assert record["name"] == box and record["init"] == "sleep"
+    assert record["pid1_nspid"][-1] == 1
+    assert record["pid_ns"].startswith("pid:[")
+    assert state.read_record("sandboxes", box)["pid1"] == record["pid1"]
+    # Attached exec sees the sandbox's own /proc: PID 1 is sleep.
+    result = runtime.exec_in(box, ["sh", "-c", "cat /proc/1/cmdline; echo; echo $CHAOSGPU_SANDBOX"])
+    assert result["rc"] == 0
+    assert "sleep" in result["stdout"] and result["stdout"].strip().endswith(box)
+    assert runtime.exec_in(box, ["sh", "-c", "exit 7"])["rc"] == 7
+    # Detached exec: the worker is reparented to the pod's PID 1 (PPID 1 inside).
+    worker = runtime.exec_in(box, ["sleep", "300"], detached=True)
+    listed = {p["pid"]: p for p in runtime.processes(box)}
+    assert listed[worker["host_pid"]]["ns_ppid"] == 1
+    assert listed[worker["host_pid"]]["ns_pid"] == worker["ns_pid"]
+    assert probes.sandbox_orphans(box) == [worker["host_pid"]]
+    assert probes.sandbox_exists(box)
+    environ = Path(f"/proc/{worker['host_pid']}/environ").read_bytes().split(b"\0")
+    assert f"CHAOSGPU_SANDBOX={box}".encode() in environ
+    assert f"CHAOSGPU_TEST_ID={os.environ['CHAOSGPU_TEST_ID']}".encode() in environ
+    timings = runtime.terminate(box)
+    assert timings["exited_on_sigterm"] is False  # sleep as PID 1 ignores SIGTERM
+    assert timings["sigkill_sent"] is not None
+    assert not os.path.exists(f"/proc/{worker['host_pid']}")
+    assert not probes.sandbox_exists(box)
+    assert runtime.remove(box)["removed"] is True
+    assert runtime.remove(box)["removed"] is False  # idempotent
+    assert state.read_record("sandboxes", box) is None
+
+
+def test_plain_exec_child_is_not_the_pods(box: str) -> None:
+    runtime.create(box)
+    result = runtime.exec_in(box, ["sh", "-c", "echo $PPID"])
+    assert result["stdout"].strip() == "0"  # its parent (nsenter) is outside the namespace
+
+
+@pytest.mark.parametrize("init", ["tini", "dumb-init"])
+def test_init_forwards_sigterm(box: str, init: str) -> None:
+    try:
+        runtime.create(box, init=init, grace_s=5)
+    except runtime.SandboxError as error:
+        pytest.skip(str(error))
+    timings = runtime.terminate(box)
+    assert timings["exited_on_sigterm"] is True
+    assert timings["sigkill_sent"] is None
+    assert timings["total_s"] < 1.0
+
+
+def test_workload_as_pid1(box: str) -> None:
+    runtime.create(box, init="none", argv=["sleep", "300"])
+    assert runtime.exec_in(box, ["cat", "/proc/1/cmdline"])["stdout"].startswith("sleep")
+    timings = runtime.terminate(box, grace_s=0.3)
+    assert timings["exited_on_sigterm"] is False
+    assert 0.25 <= timings["namespace_empty_or_grace_end_s"] < 1.0
+
+
+def test_list_and_abandoned(box: str) -> None:
+    owner = subprocess.Popen(["sleep", "30"], env=dict(os.environ))
+    try:
+        runtime.create(box, owner_pid=owner.pid)
+        (listed,) = [s for s in runtime.list_sandboxes() if s["name"] == box]
+        assert listed["alive"] and not listed["abandoned"]
+        owner.kill()
+        owner.wait()
+        (listed,) = [s for s in runtime.list_sandboxes() if s["name"] == box]
+        assert listed["alive"] and listed["abandoned"] and listed["owner_gone"]
+    finally:
+        owner.kill()
+        owner.wait()
+    # A supervisor killed outright takes the pod with it (unshare --kill-child) and leaves a
+    # record behind that is reported, then removed.
+    record = runtime.get_record(box)
+    assert record is not None
+    runtime.send_signal(record["supervisor_pid"], record["supervisor_starttime"], signal.SIGKILL)
+    assert _wait(lambda: not probes.sandbox_exists(box))
+    (listed,) = [s for s in runtime.list_sandboxes() if s["name"] == box]
+    assert listed["abandoned"] and not listed["alive"]
+    assert runtime.remove(box)["removed"] is True
+
+
+def test_supervisor_sigterm_tears_the_pod_down(box: str) -> None:
+    record = runtime.create(box)
+    runtime.send_signal(record["supervisor_pid"], record["supervisor_starttime"], signal.SIGTERM)
+    assert _wait(lambda: runtime.process_state(record["pid1"], record["pid1_starttime"]) is None)
+
+
+def test_host_pids_and_zombie_probes(box: str) -> None:
+    runtime.create(box)
+    worker = runtime.exec_in(box, ["sleep", "300"], detached=True)
+    assert set(runtime.host_pids(box)) >= {worker["host_pid"]}
+    runtime.send_signal(worker["host_pid"], worker["starttime"], signal.SIGKILL)
+    assert _wait(lambda: probes.sandbox_zombies(box) == [worker["host_pid"]])
+    assert probes.sandbox_zombie_count(box) == 1
+    assert probes.sandbox_orphans(box) == []
+    runtime.remove(box)
+    assert probes.sandbox_zombies(box) == [] and probes.sandbox_processes(box) == []
+
+
+def test_terminate_twice_and_cleanup_all(box: str) -> None:
+    runtime.create(box, grace_s=0)
+    first = runtime.terminate(box)
+    assert first["already_gone"] is False
+    assert runtime.terminate(box)["already_gone"] is True
+    runtime.create(box + "b")
+    done = runtime.cleanup_all()
+    assert {d["sandbox"] for d in done} >= {box, box + "b"}
+    assert not [s for s in runtime.list_sandboxes() if s["name"].startswith(box)]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _no_trace(name: str) -> None:
+    assert state.read_record("sandboxes", name) is None
+    assert not [s for s in runtime.list_sandboxes() if s["name"] == name]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"init": "systemd"}, "unknown init"),
+        ({"grace_s": -1}, "grace_s"),
+        ({"uid": -5}, "uid"),
+        ({"uid": "root"}, "uid"),
+        ({"init": "none"}, "needs argv"),
+        ({"init": "sleep", "argv": ["x"]}, "takes no argv"),
+        ({"init": "none", "argv": []}, "argv"),
+        ({"env": {"A": 1}}, "env"),
+    ],
+)
+def test_bad_create_arguments(box: str, kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=message):
+        runtime.create(box, **kwargs)
+    _no_trace(box)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "../x", ".hidden", "x" * 64, "-x", None])
+def test_invalid_names(name: object) -> None:
+    with pytest.raises(ValueError, match="invalid sandbox name"):
+        runtime.create(name)  # type: ignore[arg-type]
+
+
+def test_name_in_use(box: str) -> None:
+    first = runtime.create(box)
+    with pytest.raises(runtime.SandboxError, match="already in use"):
+        runtime.create(box)
+    assert runtime.get_record(box)["pid1"] == first["pid1"]
+
+
+def test_missing_binary(box: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(runtime.SandboxError, match="unshare"):
+        runtime.create(box)
+    _no_trace(box)
+
+
+def test_exec_and_terminate_errors(box: str) -> None:
+    with pytest.raises(runtime.SandboxError, match="no sandbox"):
+        runtime.exec_in(box, ["true"])
+    with pytest.raises(runtime.SandboxError, match="no sandbox"):
+        runtime.terminate(box)
+    runtime.create(box)
+    with pytest.raises(ValueError, match="argv"):
+        runtime.exec_in(box, [])
+    with pytest.raises(ValueError, match="grace_s"):
+        runtime.terminate(box, grace_s=-1)
+    with pytest.raises(runtime.SandboxError, match="did not finish"):
+        runtime.exec_in(box, ["sleep", "30"], timeout_s=0.3)
+    assert probes.sandbox_exists(box)
+
+
+def test_exec_of_a_missing_program_fails_clearly(box: str) -> None:
+    runtime.create(box)
+    result = runtime.exec_in(box, ["/no/such/program"])
+    assert result["rc"] != 0 and result["stderr"]
+
+
+# ---------------------------------------------------------------- non-root chaosgpu
+
+
+def _chaosuser() -> tuple[int, int]:
+    import pwd
+
+    try:
+        entry = pwd.getpwnam("chaosuser")
+    except KeyError:
+        if os.geteuid() != 0:
+            pytest.skip("no unprivileged test user and not root")
+        subprocess.run(["useradd", "-m", "chaosuser"], check=True)
+        entry = pwd.getpwnam("chaosuser")
+    return entry.pw_uid, entry.pw_gid
+
+
+NONROOT_SCRIPT = r"""
+import json, signal, sys, time
+from chaosgpu.sandbox import runtime
+out = {}
+try:
+    rec = runtime.create("nr", grace_s=1, uid=int(sys.argv[1]) if len(sys.argv) > 1 else None)
+    out["record"] = {"userns": rec["userns"], "uid": rec["uid"]}
+    w = runtime.exec_in("nr", ["sleep", "300"], detached=True)
+    out["id"] = runtime.exec_in("nr", ["id", "-u"])["stdout"].strip()
+    out["ns_ppid"] = [p["ns_ppid"] for p in runtime.processes("nr") if p["pid"] == w["host_pid"]]
+    runtime.send_signal(w["host_pid"], w["starttime"], signal.SIGKILL)
+    time.sleep(0.2)
+    out["zombie"] = runtime.process_state(w["host_pid"]) == "Z"
+    out["terminate"] = runtime.terminate("nr")
+except Exception as error:
+    out["error"] = f"{type(error).__name__}: {error}"
+finally:
+    runtime.remove("nr")
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def user_tmp() -> Path:
+    """A temporary folder outside pytest's (root-only) tmp tree, for the unprivileged user."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="chaosgpu-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_as_user(uid: int, gid: int, tmp_path: Path, *args: str, path: str | None = None) -> dict:  # type: ignore[type-arg]
+    statedir = tmp_path / "state"
+    statedir.mkdir(mode=0o700, exist_ok=True)
+    os.chown(statedir, uid, gid)
+    os.chown(tmp_path, uid, gid)
+    from chaosgpu.workloads.actions import python_for_user
+
+    exe, extra = python_for_user(uid, gid)
+    env = dict(os.environ, CHAOSGPU_STATE_DIR=str(statedir), HOME=str(tmp_path), **extra)
+    if path is not None:
+        env["PATH"] = path
+    done = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+         exe, "-c", NONROOT_SCRIPT, *args],
+        env=env, capture_output=True, timeout=120, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_non_root_chaosgpu_uses_a_user_namespace(user_tmp: Path) -> None:
+    tmp_path = user_tmp
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to the unprivileged test user")
+    uid, gid = _chaosuser()
+    ok_probe = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
+         "unshare", "--user", "--map-root-user", "true"], capture_output=True,
+    )  # fmt: skip
+    if ok_probe.returncode != 0:
+        pytest.skip("user namespaces are not available to unprivileged users here")
+    out = _run_as_user(uid, gid, tmp_path)
+    assert "error" not in out, out
+    assert out["record"] == {"userns": True, "uid": uid}
+    assert out["ns_ppid"] == [1]
+    assert out["zombie"] is True
+    assert out["terminate"]["sigkill_sent"] is not None
+
+
+def test_non_root_refusals(user_tmp: Path) -> None:
+    tmp_path = user_tmp
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to the unprivileged test user")
+    uid, gid = _chaosuser()
+    out = _run_as_user(uid, gid, tmp_path, "0")
+    assert "cannot run the sandbox as uid 0" in out["error"]
+    # Without user namespaces (an unshare that is refused, as on a locked-down kernel).
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "unshare").write_text(
+        "#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n"
+    )
+    (shim / "unshare").chmod(0o755)
+    for tool in ("nsenter", "sleep", "setpriv", "sh", "id"):
+        os.symlink(f"/usr/bin/{tool}" if os.path.exists(f"/usr/bin/{tool}") else f"/bin/{tool}",
+                   shim / tool)  # fmt: skip
+    out = _run_as_user(uid, gid, tmp_path, path=str(shim))
+    assert "needs a user namespace" in out["error"] and "Operation not permitted" in out["error"]
+
+
+# ---------------------------------------------------------------- CLI and actions
+
+
+def test_cli_round_trip(box: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["create", box, "--init", "dumb-init", "--grace", "2", "--env", "A=b"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["init"] == "dumb-init" and created["env"] == {"A": "b"}
+    assert cli_main(["exec", box, "--", "sh", "-c", "echo $A"]) == 0
+    assert capsys.readouterr().out.strip() == "b"
+    assert cli_main(["exec", box, "--detach", "--", "sleep", "100"]) == 0
+    assert json.loads(capsys.readouterr().out)["ns_pid"] > 1
+    assert cli_main(["ls"]) == 0
+    assert box in [s["name"] for s in json.loads(capsys.readouterr().out)]
+    assert cli_main(["ps", box]) == 0
+    assert len(json.loads(capsys.readouterr().out)) >= 3
+    assert cli_main(["terminate", box]) == 0
+    assert json.loads(capsys.readouterr().out)["exited_on_sigterm"] is True
+    assert cli_main(["rm", box]) == 0
+    assert cli_main(["create", box, "--init", "bogus"]) == 2
+    assert cli_main(["exec", box, "--", "true"]) == 1
+    assert "no sandbox" in capsys.readouterr().err
+
+
+def test_actions(box: str) -> None:
+    record = actions.create_sandbox(box, grace_s=1)
+    assert record["owner"]["pid"] == os.getpid()
+    started = actions.exec_in_sandbox(box, ["sleep", "100"], detached=True, count=3)
+    assert len(started["host_pids"]) == 3
+    assert sorted(probes.sandbox_orphans(box)) == sorted(started["host_pids"])
+    assert actions.exec_in_sandbox(box, ["true"])["rc"] == 0
+    timings = actions.terminate_sandbox(box, grace_s=0.2)
+    assert timings["sigkill_sent"] is not None
+    assert actions.remove_sandbox(box)["removed"] is True
+    assert actions.remove_sandbox(box)["removed"] is False
+    assert isinstance(probes.sandboxes(), list)
+
+
+def test_discoverable() -> None:
+    from chaoslib.discovery.discover import discover_actions, discover_probes
+
+    names = {a["name"] for a in discover_actions("chaosgpu.sandbox.actions")}
+    assert {"create_sandbox", "exec_in_sandbox", "terminate_sandbox", "remove_sandbox"} <= names
+    names = {p["name"] for p in discover_probes("chaosgpu.sandbox.probes")}
+    assert {"sandbox_exists", "sandbox_processes", "sandbox_zombies"} <= names
+    assert sys.modules["chaosgpu.sandbox.actions"].__all__
