@@ -6,9 +6,9 @@ subreaper (prctl PR_SET_CHILD_SUBREAPER), starts `unshare` and identifies the sa
 (the child of unshare, once it has exec'd its init). It writes the sandbox's state record, then
 one JSON line on FD (the record, or {"error": ...}), and from then on reaps: unshare, and any
 orphan reparented to it, so tearing the namespace down never stalls on an unreaped process (see
-the project notes). SIGTERM/SIGINT/SIGHUP make it SIGKILL the sandbox's PID 1; a sandbox never outlives
-its supervisor (unshare has PR_SET_PDEATHSIG and --kill-child). It exits once it has no child left. It must not signal anything but
-its own sandbox's PID 1.
+the project notes). SIGTERM/SIGINT/SIGHUP make it SIGKILL the sandbox's PID 1; a sandbox never
+outlives its supervisor (unshare has PR_SET_PDEATHSIG and --kill-child). It exits once it has no
+child left. It must not signal anything but its own sandbox's PID 1.
 """
 
 import argparse
