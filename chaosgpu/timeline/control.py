@@ -57,25 +57,31 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 10,
                       scope: dict[str, Any] | None = None, source: str = "auto",
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
                       fail_on_missed_steady_state: bool = False, **kwargs: Any) -> None:
-    """Read the control's arguments and check them (bad values are logged and refused)."""
+    """Read the control's arguments (called again before the experiment with the arguments
+    after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
     global _hypotheses_seen
     _hypotheses_seen = 0
     _gating.clear()
     _settings.clear()
     _settings.update(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
                      inline_max_points=inline_max_points, timeline_path=timeline_path,
-                     fail_on_missed_steady_state=bool(fail_on_missed_steady_state))
+                     fail_on_missed_steady_state=_flag(fail_on_missed_steady_state))
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def _start(**kwargs: Any) -> None:
-    if not _settings:
-        configure_control(**{k: v for k, v in kwargs.items()
-                             if k in configure_control.__code__.co_varnames})
+    names = configure_control.__code__.co_varnames[:configure_control.__code__.co_argcount]
+    configure_control(**{k: v for k, v in kwargs.items() if k in names})
     previous = sampler_mod.current()
     if previous is not None and previous.running:
         previous.stop()
-    sampler = sampler_mod.Sampler(rate_hz=_settings["rate_hz"],
-                                  process_every=_settings["process_every"],
+    sampler = sampler_mod.Sampler(rate_hz=float(_settings["rate_hz"]),
+                                  process_every=int(_settings["process_every"]),
                                   scope=_settings["scope"], source=_settings["source"])
     sampler.start()
     sampler_mod.install(sampler)
@@ -108,6 +114,8 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
     if _hypotheses_seen == 1:
         _gating.update(before_met=met,
                        fail_on_missed_steady_state=_settings.get("fail_on_missed_steady_state"))
+        if met is False:
+            _gating["before_state"] = state
         if met is False and _settings.get("fail_on_missed_steady_state"):
             from chaoslib.exceptions import InterruptExecution
 

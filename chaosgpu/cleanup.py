@@ -1,0 +1,124 @@
+"""`chaosgpu cleanup`: remove everything chaosgpu left behind on this node, after any run,
+including one whose runner crashed or was killed.
+
+Order: thaw chaosgpu's freezer cgroups (a frozen process ignores SIGKILL until thawed), stop
+every workload recorded in the state dir (chaosgpu.workloads.actions.stop_workload: SIGCONT,
+SIGTERM, grace, SIGKILL, by recorded PID + start time), then remove every recorded sandbox
+(chaosgpu.sandbox.actions.remove_sandbox), then, for each `--tag`, every live process carrying
+that tag (chaosgpu.job.hang.cleanup). It reports what it removed and, honestly, what it could not;
+exit status 0 when nothing is left, 1 otherwise, 2 on bad usage.
+
+This module owns the order and the report. It signals nothing itself (the workload, sandbox
+and job modules do, through pidfds) and must not remove anything it has no record or tag of.
+"""
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["cleanup_all", "main"]
+
+
+def _safe(step: str, func: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
+    try:
+        return func(*args, **kwargs), None
+    except Exception as error:  # one bad record must not stop the rest of the cleanup
+        return None, f"{step}: {type(error).__name__}: {error}"
+
+
+def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
+                tags: list[str] | None = None) -> dict[str, Any]:
+    """Remove every recorded workload and sandbox (and processes of `tags`); return the report
+    {"removed": [...], "not_removed": [...], "thawed_cgroups": [...], "took_s"}."""
+    from chaosgpu import state
+    from chaosgpu.process.actions import _thaw_freezer_groups
+
+    started = time.monotonic()
+    removed: list[dict[str, Any]] = []
+    not_removed: list[dict[str, Any]] = []
+    thawed, error = _safe("thaw freezer cgroups", _thaw_freezer_groups, None)
+    if error:
+        not_removed.append({"kind": "freezer", "reason": error})
+
+    from chaosgpu.workloads.actions import stop_workload
+
+    for tag in sorted(state.list_records("workloads")):
+        result, error = _safe(f"workload {tag}", stop_workload, tag, grace_s=grace_s,
+                              deadline_s=deadline_s)
+        if error:
+            not_removed.append({"kind": "workload", "name": tag, "reason": error})
+            continue
+        outcomes = (result or {}).get("processes") or {}
+        stuck = [pid for pid, what in outcomes.items() if str(what).startswith("still alive")]
+        if stuck:
+            not_removed.append({"kind": "workload", "name": tag,
+                                "reason": f"still alive after SIGKILL: {stuck}"})
+        else:
+            removed.append({"kind": "workload", "name": tag, "detail": result})
+
+    from chaosgpu.sandbox.actions import remove_sandbox
+
+    for name in sorted(state.list_records("sandboxes")):
+        result, error = _safe(f"sandbox {name}", remove_sandbox, name)
+        if error:
+            not_removed.append({"kind": "sandbox", "name": name, "reason": error})
+        else:
+            removed.append({"kind": "sandbox", "name": name, "detail": result})
+
+    from chaosgpu.job.hang import cleanup as cleanup_tagged
+
+    for tag in tags or []:
+        result, error = _safe(f"tag {tag}", cleanup_tagged, tag=tag, grace_s=grace_s,
+                              deadline_s=deadline_s)
+        if error:
+            not_removed.append({"kind": "tag", "name": tag, "reason": error})
+            continue
+        for item in result.get("not_removed") or []:
+            not_removed.append({"kind": "process", "name": tag, **item})
+        if result.get("removed"):
+            removed.append({"kind": "tag", "name": tag, "pids": result["removed"]})
+    return {"removed": removed, "not_removed": not_removed, "thawed_cgroups": thawed or [],
+            "state_dir": str(state.state_dir()), "took_s": round(time.monotonic() - started, 3)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `chaosgpu cleanup [--grace-s S] [--deadline-s S] [--tag T]... [--json]`."""
+    parser = argparse.ArgumentParser(
+        prog="chaosgpu cleanup",
+        description="Remove every sandbox and workload chaosgpu recorded (safe after a crashed "
+                    "run, safe to run twice), and optionally every process carrying a tag.")
+    parser.add_argument("--grace-s", type=float, default=2.0,
+                        help="SIGTERM grace before SIGKILL (default 2)")
+    parser.add_argument("--deadline-s", type=float, default=30.0,
+                        help="how long to wait for processes to die after SIGKILL (default 30)")
+    parser.add_argument("--tag", action="append", default=[],
+                        help="also remove live processes carrying CHAOSGPU_TAG=TAG (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    if args.grace_s < 0 or args.deadline_s <= 0:
+        print("chaosgpu cleanup: --grace-s must be >= 0 and --deadline-s > 0", file=sys.stderr)
+        return 2
+    report = cleanup_all(args.grace_s, args.deadline_s, args.tag)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(f"state dir: {report['state_dir']}")
+        if not report["removed"] and not report["not_removed"]:
+            print("nothing to clean up")
+        for item in report["removed"]:
+            print(f"removed {item['kind']} {item.get('name')}")
+        for group in report["thawed_cgroups"]:
+            print(f"thawed freezer cgroup {group['cgroup']}")
+        for item in report["not_removed"]:
+            print(f"NOT removed {item['kind']} {item.get('name', '')}: {item.get('reason')}")
+        print(f"took {report['took_s']} s")
+    return 1 if report["not_removed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
