@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import processes_with_test_id
 
 EXPERIMENTS = Path(__file__).resolve().parent / "experiments"
