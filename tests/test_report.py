@@ -37,6 +37,16 @@ def _cell(header: list[str], row: list[str], metric: str) -> str:
     return row[header.index(f"{title} ({unit})" if unit else title)]
 
 
+# What chaosgpu.timeline.probes records (measurements[probe] = [record, ...]) per figure.
+PROBE_FIELDS = {
+    "residual_mib": (("residual_gpu_memory", "residual_mib"),),
+    "release_s": (("memory_release_time", "seconds"),
+                  ("termination_timings", "memory_released_after_s")),
+    "gib_seconds": (("gb_seconds_held", "gib_s"),),
+    "deletion_s": (("termination_timings", "all_dead_after_s"),),
+}
+
+
 def test_the_journal_folder_holds_journals() -> None:
     assert JOURNAL_FILES, f"no journal in {JOURNALS}"
 
@@ -62,12 +72,24 @@ def test_table_figures_match_the_journal(path: Path) -> None:
     raw = _raw(path)
     measurements = (raw.get("chaosgpu") or {}).get("measurements") or {}
     for metric, (_, _, keys) in METRICS.items():
-        present = [key for key in keys if key in measurements]
+        present = [key for key in keys if key in measurements
+                   and not isinstance(measurements[key], dict)
+                   and not (isinstance(measurements[key], list) and measurements[key]
+                            and isinstance(measurements[key][0], dict))]
         if present:
             value = measurements[present[0]]
             value = len(value) if isinstance(value, list) else value
             assert _cell(header, row, metric) == format_value(metric, value), metric
             assert run.metrics[metric].source == "chaosgpu.measurements"
+            continue
+        # The timeline probes' records: the first record that has a value.
+        for probe, field in PROBE_FIELDS.get(metric, ()):
+            values = [r[field] for r in measurements.get(probe) or []
+                      if isinstance(r, dict) and r.get(field) is not None]
+            if values:
+                assert _cell(header, row, metric) == format_value(metric, values[0]), metric
+                assert run.metrics[metric].source == f"chaosgpu.measurements.{probe}"
+                break
     timeline = (raw.get("chaosgpu") or {}).get("timeline")
     if timeline:
         span = max(max(d["t"]) for d in timeline["devices"]) - min(
@@ -120,8 +142,12 @@ def test_handmade_pairs_and_nccl() -> None:
     assert ("handmade-pod-delete-10-workers",
             "handmade-pod-delete-10-workers-sigterm-handler") in pairs
     nccl = next(r for r in report.runs if r.name == "handmade-nccl-rank-kill")
-    assert nccl.metrics["residual_mib"].value == 148.0
+    assert nccl.metrics["residual_mib"].value == 3942.0  # measured while the survivors hang
     assert nccl.metrics["hang_detected"].value is True
+    kinds = [(round(e["t"], 2), e["kind"]) for e in nccl.events if e["kind"] != "other"]
+    assert kinds == [(3.0, "SIGKILL"), (12.0, "SIGTERM"), (14.0, "SIGKILL"), (14.23, "release")]
+    # killed rank 0 held 1897 MiB + 148 MiB of peer residue stays until the cleanup at 12 s
+    assert nccl.metrics["release_s"].value == pytest.approx(11.2, abs=0.1)
     assert nccl.metrics["hang_cleaned"].value is True
     assert nccl.metrics["hang_cleaned"].source == "output of 'cleanup-hang'"
     assert nccl.metrics["zombies_after_kill"].value == 1

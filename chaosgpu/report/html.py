@@ -11,7 +11,7 @@ import html
 
 from chaosgpu.report import Report
 from chaosgpu.report.journal import METRICS
-from chaosgpu.report.markdown import UNITS_NOTE, run_facts, sources_of
+from chaosgpu.report.markdown import UNITS_NOTE, run_facts, shown_events, sources_of
 from chaosgpu.report.tables import comparison_table, pair_table, summary_table
 
 __all__ = ["render"]
@@ -122,9 +122,10 @@ def render(report: Report) -> str:
             parts.append(_img(png, f"GPU memory over time, {run.name}"))
         elif run.timeline is None:
             parts.append("<p class=\"missing\">no timeline in this journal: no plot.</p>")
-        if run.events:
+        events = shown_events(run)
+        if events:
             rows = [[f"{e['t']:.3f}", e["kind"], e["name"], str(e.get("activity") or "")]
-                    for e in run.events]
+                    for e in events]
             parts.append(_table(["t (s)", "kind", "event", "activity"], rows, numeric_from=9))
     parts.append("<h2>Figures</h2><ul>")
     for title, unit, keys in METRICS.values():

@@ -50,7 +50,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "deletion_s": (
         "deletion time",
         "s",
-        ("deletion_s", "deletion_time_s", "termination_s", "terminate_s", "time_to_gone_s"),
+        ("deletion_s", "deletion_time_s", "termination_s", "terminate_s", "time_to_gone_s",
+         "gone_s"),
     ),
     "release_s": (
         "time to release",
@@ -66,6 +67,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "hang_detected": ("hang detected", "", ("hang_detected", "hang_suspected")),
     "hang_cleaned": ("hang cleaned", "", ("hang_cleaned", "cleaned")),
 }
+
+# Marks the timeline control puts around phases (never a fault).
+STRUCTURAL_EVENTS = ("experiment", "method", "rollbacks", "steady-state-hypothesis")
 
 # Event kinds, in the order a plot's legend lists them.
 EVENT_KINDS = ("fault", "SIGTERM", "SIGKILL", "release", "other")
@@ -102,6 +106,7 @@ class RunView:
     remediation_of: str | None
     scenario: str | None
     backend: str | None
+    node: str | None
     start: str | None
     end: str | None
     duration_s: float | None
@@ -263,6 +268,11 @@ def _view(
     remediation_of = pick("remediation_of", "remediation-of")
     scenario = pick("scenario", "scenario")
     backend = section.get("backend") if isinstance(section.get("backend"), str) else None
+    for entry in journal.get("run") or []:
+        output = entry.get("output") if isinstance(entry, dict) else None
+        if backend is None and isinstance(output, dict) and isinstance(output.get("backend"), str):
+            backend = output["backend"]  # e.g. the ring says which backend it took
+    node = _describe_node(section.get("backend"))
 
     status = journal.get("status")
     if not isinstance(status, str):
@@ -278,6 +288,7 @@ def _view(
     timeline = _timeline(path, section, problems, missing)
     events = _events(section, timeline, journal)
     metrics = _metrics(section, journal, timeline, events)
+    _mark_release(events, metrics)
     for name, metric in metrics.items():
         if metric.value is None:
             missing.append(f"{METRICS[name][0]} ({metric.source})")
@@ -294,6 +305,7 @@ def _view(
         remediation_of=remediation_of,
         scenario=scenario,
         backend=backend,
+        node=node,
         start=journal.get("start") if isinstance(journal.get("start"), str) else None,
         end=journal.get("end") if isinstance(journal.get("end"), str) else None,
         duration_s=float(duration) if isinstance(duration, int | float) else None,
@@ -303,6 +315,31 @@ def _view(
         missing=missing,
         notes=notes,
     )
+
+
+def _mark_release(events: list[dict[str, Any]], metrics: dict[str, "Metric"]) -> None:
+    """Add the release (fault + time to release) as an event when none was recorded."""
+    release = metrics["release_s"].value
+    faults = [e for e in events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
+    if not isinstance(release, int | float) or not faults:
+        return
+    if any(e["kind"] == "release" for e in events):
+        return
+    events.append({"t": faults[0]["t"] + float(release), "name": f"memory back (+{release:g} s)",
+                   "phase": "point", "activity": None, "kind": "release"})
+    events.sort(key=lambda e: e["t"])
+
+
+def _describe_node(backend: Any) -> str | None:
+    """'NVIDIA H200 x1, driver 580.159' from the control's backend record, or why no GPU."""
+    if not isinstance(backend, dict) or not isinstance(backend.get("gpu"), dict):
+        return None
+    gpu = backend["gpu"]
+    if not gpu.get("available"):
+        return f"no GPU ({gpu.get('reason') or 'NVML not available'})"
+    names = [str(name) for name in gpu.get("devices") or []]
+    counted = ", ".join(f"{name} x{names.count(name)}" for name in dict.fromkeys(names))
+    return f"{counted or 'GPU'}, driver {gpu.get('driver') or '?'}"
 
 
 def _timeline(
@@ -364,10 +401,28 @@ def _normalise_timeline(raw: Any) -> dict[str, Any]:
         mib = _floats(series.get("mib"), f"process {pid} mib")
         if len(t) != len(mib):
             raise ValueError(f"process {pid}: t and mib differ in length")
+        states = []
+        for item in series.get("states") or []:
+            if isinstance(item, list | tuple) and len(item) == 2:
+                at = float(item[0])
+                states.append((at - t0 if at > 1e8 else at, str(item[1])))
         processes[str(pid)] = {"t": t, "mib": mib, "tag": series.get("tag"),
-                               "rank": series.get("rank")}
+                               "rank": series.get("rank"), "states": states}
+    total = None
+    if raw.get("t") is not None and raw.get("total_mib") is not None:
+        total_t = rel(_floats(raw.get("t"), "t"))
+        total_mib = _floats(raw.get("total_mib"), "total_mib")
+        if len(total_t) != len(total_mib):
+            raise ValueError("t and total_mib differ in length")
+        total = {"t": total_t, "mib": total_mib}
+    baseline = raw.get("baseline")
+    baseline_mib = None
+    if isinstance(baseline, dict) and isinstance(baseline.get("total_mib"), int | float):
+        baseline_mib = float(baseline["total_mib"])
     ends = [d["t"][-1] for d in devices if d["t"]] + [p["t"][-1] for p in processes.values()
                                                        if p["t"]]
+    if total and total["t"]:
+        ends.append(total["t"][-1])
     end = max(ends) if ends else 0.0
     for series in processes.values():
         # A process is gone one sampling interval after its last sample, when the timeline
@@ -380,8 +435,9 @@ def _normalise_timeline(raw: Any) -> dict[str, Any]:
     for event in raw.get("events") or []:
         if isinstance(event, dict) and isinstance(event.get("t"), int | float):
             at = float(event["t"])
-            events.append({"t": at - t0 if at > 1e8 else at, "name": str(event.get("name", "")),
-                           "activity": event.get("activity")})
+            entry = dict(event)
+            entry.update(t=at - t0 if at > 1e8 else at, name=str(event.get("name", "")))
+            events.append(entry)
     return {
         "t0": t0,
         "rate_hz": raw.get("rate_hz"),
@@ -391,6 +447,8 @@ def _normalise_timeline(raw: Any) -> dict[str, Any]:
         "processes": processes,
         "events": events,
         "end": end,
+        "total": total,
+        "baseline_mib": baseline_mib,
     }
 
 
@@ -415,15 +473,23 @@ def _events(
     events: list[dict[str, Any]] = []
     seen = set()
 
-    def add(t: float, name: str, activity: Any) -> None:
-        key = (round(t, 4), name)
-        if key not in seen:
-            seen.add(key)
-            events.append({"t": t, "name": name, "activity": activity,
-                           "kind": classify_event(name)})
+    def add(t: float, name: str, event: dict[str, Any]) -> None:
+        phase = event.get("phase")
+        key = (round(t, 4), name, phase)
+        if key in seen:
+            return
+        seen.add(key)
+        kind = "other"
+        # Only an action's start (or a point event) can be a fault; probes, ends and the
+        # control's structural marks are context.
+        if phase in (None, "start", "point") and event.get("type") in (None, "action") \
+                and name not in STRUCTURAL_EVENTS:
+            kind = classify_event(name)
+        events.append({"t": t, "name": name, "phase": phase,
+                       "activity": event.get("activity"), "kind": kind})
 
     for event in (timeline or {}).get("events", []):
-        add(event["t"], event["name"], event.get("activity"))
+        add(event["t"], event["name"], event)
     for event in section.get("events") or []:
         if isinstance(event, dict) and isinstance(event.get("t"), int | float):
             t = float(event["t"])
@@ -431,17 +497,58 @@ def _events(
                 if t0 is None:
                     continue
                 t -= t0
-            add(t, str(event.get("name", "")), event.get("activity"))
-    if not events and t0:
+            add(t, str(event.get("name", "")), event)
+    if t0:
+        for entry in (journal.get("run") or []) + (journal.get("rollbacks") or []):
+            if not isinstance(entry, dict):
+                continue
+            activity = entry.get("activity") if isinstance(entry.get("activity"), dict) else {}
+            for name, at in _output_instants(entry.get("output")):
+                add(at - t0, name, {"activity": (activity or {}).get("name"), "phase": "point"})
+    if not [e for e in events if e["kind"] != "other"] and t0:
         for entry in journal.get("run") or []:
             activity = entry.get("activity") if isinstance(entry, dict) else None
             if not isinstance(activity, dict) or activity.get("type") != "action":
                 continue
             start = _iso_to_unix(entry.get("start"))
             if start is not None:
-                add(start - t0, str(activity.get("name", "action")), activity.get("name"))
+                add(start - t0, str(activity.get("name", "action")),
+                    {"activity": activity.get("name"), "phase": "start", "type": "action"})
     events.sort(key=lambda e: e["t"])
     return events
+
+
+# Instants an action reports in its output (unix times), as events: key -> event name.
+OUTPUT_INSTANTS = {
+    "sigterm_sent": "SIGTERM sent",
+    "delete_sent_at": "delete sent (SIGTERM)",
+    "sigkill_sent": "SIGKILL sent",
+    "gone": "gone",
+}
+
+
+def _is_unix(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 1e8
+
+
+def _output_instants(output: Any) -> list[tuple[str, float]]:
+    """(event name, unix time) found in an activity's output, one level of nesting deep."""
+    found: list[tuple[str, float]] = []
+    items: list[Any] = [output]
+    if isinstance(output, dict):
+        items += [v for v in output.values() if isinstance(v, dict)]
+        for value in output.values():
+            if isinstance(value, list):
+                items += [v for v in value if isinstance(v, dict)]
+    elif isinstance(output, list):
+        items += [v for v in output if isinstance(v, dict)]
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        for key, name in OUTPUT_INSTANTS.items():
+            if _is_unix(item.get(key)):
+                found.append((name, float(item[key])))
+    return found
 
 
 def _count(value: Any) -> Any:
@@ -452,20 +559,52 @@ def _count(value: Any) -> Any:
 
 def _lookup(source: dict[str, Any], keys: tuple[str, ...]) -> tuple[bool, Any]:
     for key in keys:
-        if key in source:
-            return True, _count(source[key])
+        if key in source and not isinstance(source[key], dict):
+            value = source[key]
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                continue  # a probe's list of records (below), not a count
+            return True, _count(value)
     return False, None
 
 
-def _metrics(
-    section: dict[str, Any],
-    journal: dict[str, Any],
-    timeline: dict[str, Any] | None,
-    events: list[dict[str, Any]],
-) -> dict[str, Metric]:
-    measurements = section.get("measurements")
-    measurements = measurements if isinstance(measurements, dict) else {}
-    outputs = []  # (activity name, output, at or after the fault)
+# The timeline probes record `measurements[<probe>] = [record, ...]`: figure <- (probe, field).
+PROBE_RECORDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "residual_mib": (("residual_gpu_memory", "residual_mib"),),
+    "release_s": (("memory_release_time", "seconds"),
+                  ("termination_timings", "memory_released_after_s")),
+    "gib_seconds": (("gb_seconds_held", "gib_s"),),
+    "deletion_s": (("termination_timings", "all_dead_after_s"),),
+}
+
+# Activities whose output is a bare value: provider func -> figure (lists count their items).
+FUNC_OUTPUTS: dict[str, str] = {
+    "zombies": "zombies_after_kill",
+    "zombies_in_scope": "zombies_after_kill",
+    "orphans": "orphans",
+    "orphans_in_scope": "orphans",
+    "memory_release_time": "release_s",
+    "gb_seconds_held": "gib_seconds",
+    "residual_gpu_memory": "residual_mib",
+    "hung_jobs": "hang_detected",
+}
+
+
+def _probe_record(measurements: dict[str, Any], metric: str) -> tuple[bool, Any, str]:
+    """First record with a value, e.g. the release time measured after the fault (a second
+    measurement after the rollback is not the fault's)."""
+    for probe, key in PROBE_RECORDS.get(metric, ()):
+        records = measurements.get(probe)
+        if not isinstance(records, list):
+            continue
+        for record in records:
+            if isinstance(record, dict) and record.get(key) is not None:
+                return True, record[key], f"chaosgpu.measurements.{probe}"
+    return False, None, ""
+
+
+def _activity_outputs(journal: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
+    """(activity name, provider func, output, at or after the fault) of run[] then rollbacks[]."""
+    outputs = []
     after_fault = False
     for entry in (journal.get("run") or []) + (journal.get("rollbacks") or []):
         if not isinstance(entry, dict):
@@ -477,12 +616,25 @@ def _metrics(
         provider: dict[str, Any] = activity.get("provider") or {}
         if not isinstance(provider, dict):
             provider = {}
+        func = str(provider.get("func") or "")
         if activity.get("type") == "action" and (
-            classify_event(name) != "other" or classify_event(str(provider.get("func"))) != "other"
+            classify_event(name) != "other" or classify_event(func) != "other"
         ):
             after_fault = True
-        if isinstance(entry.get("output"), dict):
-            outputs.append((name, entry["output"], after_fault))
+        if "output" in entry and entry["output"] is not None:
+            outputs.append((name, func, entry["output"], after_fault))
+    return outputs
+
+
+def _metrics(
+    section: dict[str, Any],
+    journal: dict[str, Any],
+    timeline: dict[str, Any] | None,
+    events: list[dict[str, Any]],
+) -> dict[str, Metric]:
+    measurements = section.get("measurements")
+    measurements = measurements if isinstance(measurements, dict) else {}
+    outputs = _activity_outputs(journal)
     derived = _derive(timeline, events)
     result: dict[str, Metric] = {}
     for metric, (_, _, keys) in METRICS.items():
@@ -490,16 +642,37 @@ def _metrics(
         if found:
             result[metric] = Metric(value, "chaosgpu.measurements")
             continue
-        for name, output, after in reversed(outputs):
+        found, value, source = _probe_record(measurements, metric)
+        if found:
+            result[metric] = Metric(value, source)
+            continue
+        counted = metric in ("orphans", "zombies_after_kill")
+        best: Metric | None = None
+        for name, func, output, after in reversed(outputs):
             if metric == "zombies_after_kill" and not after:
                 continue  # zombies counted before the fault are not "after kill"
-            found, value = _lookup(output, keys)
-            if found:
-                result[metric] = Metric(value, f"output of '{name}'")
+            if isinstance(output, dict):
+                found, value = _lookup(output, keys)
+                if not found and metric == "deletion_s" and _is_unix(output.get("gone")) \
+                        and _is_unix(output.get("sigterm_sent")):
+                    found, value = True, round(output["gone"] - output["sigterm_sent"], 3)
+            else:
+                found = FUNC_OUTPUTS.get(func) == metric
+                value = _count(output) if found else None
+                if found and metric == "hang_detected" and isinstance(value, int) \
+                        and not isinstance(value, bool):
+                    value = value > 0
+            if not found:
+                continue
+            if not counted:
+                best = Metric(value, f"output of '{name}'")
                 break
-        if found:
-            continue
-        if metric in derived:
+            # counts: the most seen by any such activity
+            if best is None or (isinstance(value, int) and value > (best.value or 0)):
+                best = Metric(value, f"output of '{name}' (most seen)")
+        if best is not None:
+            result[metric] = best
+        elif metric in derived:
             result[metric] = derived[metric]
         else:
             result[metric] = Metric(None, "not in the journal")
@@ -557,52 +730,62 @@ def _integral_gib_s(times: list[float], values: list[float], start: float, end: 
 def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> dict[str, Metric]:
     """Figures computed from the timeline when no probe measured them.
 
-    held = peak of the processes' summed MiB (else device used peak minus its lowest value);
-    fault = the first event of kind fault/SIGTERM/SIGKILL; release = the first 'release' event
-    after the fault, else the first sample after the fault where the processes' sum falls to
-    <= 1 % of held (at least 1 MiB); time to release = release - fault; GiB x s = integral of the
-    processes' sum from fault to release; residual = device used at the end minus its lowest value
-    (not a baseline taken by a probe: the probe's figure wins when there is one)."""
+    The memory series is, in order of preference: the sampler's total (`t`/`total_mib`) above
+    its recorded baseline (what the timeline probes use); else the processes' summed MiB; else
+    the devices' used MiB above their lowest value. held = the series' peak; residual = its last
+    value (>= 0). fault = the first event of kind fault/SIGTERM/SIGKILL; release = the first
+    'release' event after the fault, else the first sample after it where the series is within
+    min(64 MiB, 5 % of held) (at least 1 MiB) of zero; time to release = release - fault;
+    GiB x s = the series' integral from fault to release (to the end when never released).
+    Zombies after kill = processes whose recorded state was Z at or after the fault."""
     if timeline is None:
         return {}
     out: dict[str, Metric] = {}
     source = "computed from the timeline"
-    times, totals = total_process_series(timeline)
-    dev_t, dev_used = _device_total(timeline)
-    held = max(totals) if totals else None
-    if held is None and dev_used:
-        held = max(dev_used) - min(dev_used)
-    if held is not None:
-        out["memory_held_mib"] = Metric(round(held, 1), source)
-    if dev_used:
-        out["residual_mib"] = Metric(round(max(0.0, dev_used[-1] - min(dev_used)), 1), source)
+    total, baseline = timeline.get("total"), timeline.get("baseline_mib")
+    if total and total["t"] and baseline is not None:
+        series_t, series_v = total["t"], [v - baseline for v in total["mib"]]
+        what = "sampler total above its baseline"
+    elif timeline["processes"]:
+        series_t, series_v = total_process_series(timeline)
+        what = "sum of the processes"
+    else:
+        dev_t, dev_used = _device_total(timeline)
+        if not dev_t:
+            return out
+        series_t, series_v = dev_t, [v - min(dev_used) for v in dev_used]
+        what = "device used above its lowest value"
+    source = f"{source} ({what})"
+    if not series_v:
+        return out
+    held = max(series_v)
+    out["memory_held_mib"] = Metric(round(held, 1), source)
+    out["residual_mib"] = Metric(round(max(0.0, series_v[-1]), 1), source)
     faults = [e for e in events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
-    if not faults or held is None:
+    if not faults:
         return out
     fault_t = faults[0]["t"]
+    states = [p.get("states") or [] for p in timeline["processes"].values()]
+    if any(states):
+        zombies = sum(1 for st in states if any(t >= fault_t and s == "Z" for t, s in st))
+        out["zombies_after_kill"] = Metric(zombies, source.split(" (")[0] + " (process states)")
     release_t = None
     for event in events:
         if event["kind"] == "release" and event["t"] >= fault_t:
             release_t = event["t"]
             break
-    if totals:
-        series_t, series_v = times, totals
-    else:
-        series_t, series_v = dev_t, [v - min(dev_used) for v in dev_used]
     if release_t is None:
-        threshold = max(1.0, 0.01 * held)
+        threshold = max(1.0, min(64.0, 0.05 * held))
         for t, v in zip(series_t, series_v, strict=True):
             if t >= fault_t and v <= threshold:
                 release_t = t
                 break
     if release_t is None:
         out["release_s"] = Metric(None, "memory not released before the timeline ends")
-        if series_t:
-            end = series_t[-1]
-            waste = _integral_gib_s(series_t, series_v, fault_t, end)
-            out["gib_seconds"] = Metric(round(waste, 3), source + " (until its end: not released)")
+        waste = _integral_gib_s(series_t, [max(0.0, v) for v in series_v], fault_t, series_t[-1])
+        out["gib_seconds"] = Metric(round(waste, 3), source + ", until its end: not released")
         return out
     out["release_s"] = Metric(round(release_t - fault_t, 3), source)
-    waste = _integral_gib_s(series_t, series_v, fault_t, release_t)
+    waste = _integral_gib_s(series_t, [max(0.0, v) for v in series_v], fault_t, release_t)
     out["gib_seconds"] = Metric(round(waste, 3), source)
     return out

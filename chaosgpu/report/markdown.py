@@ -5,11 +5,13 @@ This module owns Markdown only. It must not read or write files: `build_report` 
 and passes their relative paths.
 """
 
+from typing import Any
+
 from chaosgpu.report import Report
 from chaosgpu.report.journal import RunView
 from chaosgpu.report.tables import comparison_table, pair_table, summary_table
 
-__all__ = ["UNITS_NOTE", "render", "run_facts", "sources_of"]
+__all__ = ["UNITS_NOTE", "render", "run_facts", "shown_events", "sources_of"]
 
 UNITS_NOTE = (
     "Units: MiB = 2^20 bytes; s = seconds; GiB x s = GPU memory held (MiB / 1024) times seconds, "
@@ -33,6 +35,8 @@ def run_facts(run: RunView) -> list[tuple[str, str]]:
         facts.append(("scenario", run.scenario))
     if run.backend:
         facts.append(("backend", run.backend))
+    if run.node:
+        facts.append(("node", run.node))
     if run.start:
         facts.append(("started", run.start + (f", {run.duration_s:.1f} s" if run.duration_s
                                               is not None else "")))
@@ -48,6 +52,13 @@ def run_facts(run: RunView) -> list[tuple[str, str]]:
     if run.tags:
         facts.append(("tags", ", ".join(run.tags)))
     return facts
+
+
+def shown_events(run: RunView) -> list[dict[str, Any]]:
+    """The events worth a line in a table: faults and instants, and every activity's start."""
+    return [e for e in run.events
+            if e["kind"] != "other" or e.get("phase") in (None, "start", "point")
+            and e["name"] != "experiment"]
 
 
 def sources_of(run: RunView) -> str:
@@ -114,8 +125,9 @@ def render(report: Report, images: dict[str, str]) -> str:
             out += [f"![GPU memory over time, {run.name}]({images[key]})", ""]
         elif run.timeline is None:
             out += ["No timeline in this journal: no plot.", ""]
-        if run.events:
+        events = shown_events(run)
+        if events:
             rows = [[f"{e['t']:.3f}", e["kind"], e["name"], str(e.get("activity") or "")]
-                    for e in run.events]
+                    for e in events]
             out += [_table(["t (s)", "kind", "event", "activity"], rows)]
     return "\n".join(out) + "\n"

@@ -51,6 +51,8 @@ def _png(fig: Any, plt: Any) -> bytes:
 def _mark_events(ax: Any, events: list[dict[str, Any]], label: bool) -> None:
     used: set[str] = set()
     names_at: dict[float, list[str]] = {}
+    # Faults and instants reported by actions; activity starts/ends stay in the table.
+    events = [e for e in events if e["kind"] != "other" or e.get("phase") == "point"]
     for event in events:
         color, style = EVENT_STYLE.get(event["kind"], EVENT_STYLE["other"])
         text = event["kind"] if event["kind"] != "other" else "event"
@@ -78,7 +80,14 @@ def run_plot(run: RunView) -> bytes | None:
     ax = axes[0][0]
     for device in timeline["devices"]:
         ax.plot(device["t"], device["used_mib"], linewidth=1.2, label=f"GPU {device['index']} used")
-    ax.set_ylabel("device memory used (MiB)")
+    total = timeline.get("total")
+    if total and (len(timeline["devices"]) > 1 or not timeline["devices"]):
+        what = "all GPUs" if timeline["devices"] else "tracked processes' RSS (no NVML)"
+        ax.plot(total["t"], total["mib"], color="black", linewidth=1.2, label=what)
+    if timeline.get("baseline_mib") is not None and len(timeline["devices"]) <= 1:
+        ax.axhline(timeline["baseline_mib"], color="#999999", linewidth=0.8, linestyle="--",
+                   label="baseline")
+    ax.set_ylabel("memory used (MiB)" if timeline["devices"] else "host memory (MiB)")
     source = timeline.get("source") or "?"
     rate = timeline.get("rate_hz")
     ax.set_title(f"{run.title}\n{run.name}: GPU memory per device "

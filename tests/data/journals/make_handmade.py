@@ -37,13 +37,15 @@ def worker_mib(t: float, start: float, held: float, gone: float) -> float | None
     return round(held * min(1.0, (t - start) / 0.3), 1)
 
 
-def timeline(workers, end, device_extra=None, events=(), rng=None):
-    """workers: list of (pid, device, start, held_mib, gone, tag, rank)."""
+def timeline(workers, end, device_extra=None, events=(), rng=None, zombies=()):
+    """workers: list of (pid, device, start, held_mib, gone, tag, rank); events: list of
+    (t, name, phase, type) as the timeline control marks them; zombies: {pid: t it became Z}."""
     rng = rng or random.Random(7)
+    zombies = dict(zombies)
     devices = sorted({w[1] for w in workers} | {0})
+    ts = frange(0.0, end, DEVICE_RATE)
     dev = []
     for index in devices:
-        ts = frange(0.0, end, DEVICE_RATE)
         used = []
         for t in ts:
             total = IDLE_MIB + sum(
@@ -55,22 +57,57 @@ def timeline(workers, end, device_extra=None, events=(), rng=None):
         dev.append({"index": index, "t": ts, "used_mib": used})
     procs = {}
     for pid, _device, start, held, gone, tag, rank in workers:
-        ts, mib = [], []
+        pts, mib = [], []
         for t in frange(0.0, end, PROCESS_RATE):
             value = worker_mib(t, start, held, gone)
             if value is not None:
-                ts.append(t)
+                pts.append(t)
                 mib.append(value)
-        procs[str(pid)] = {"t": ts, "mib": mib, "tag": tag, "rank": rank}
+        states = [[start, "S"]]
+        if pid in zombies:
+            states.append([zombies[pid], "Z"])
+        if gone < end:
+            states.append([round(gone + 0.05, 3), "gone"])
+        procs[str(pid)] = {"t": pts, "mib": mib, "tag": tag, "rank": rank,
+                           "comm": "python3", "states": states}
+    total = [round(sum(d["used_mib"][i] for d in dev), 1) for i in range(len(ts))]
     return {
         "t0": T0,
         "rate_hz": DEVICE_RATE,
         "overhead_cpu_pct": 1.2,
         "source": "nvml",
+        "unit": "MiB",
+        "t": ts,
+        "total_mib": total,
         "devices": dev,
         "processes": procs,
-        "events": [{"t": t, "name": n, "activity": a} for t, n, a in events],
+        "events": [{"t": t, "name": n, "phase": ph, "type": ty} for t, n, ph, ty in events],
+        "baseline": {"source": "nvml", "total_mib": IDLE_MIB * len(devices),
+                     "devices": [{"index": i, "used_mib": IDLE_MIB} for i in devices],
+                     "taken_at": T0 + 0.1, "samples": 10},
     }
+
+
+def marks(activities, end):
+    """The control's marks: experiment/method/rollbacks and each activity's start and end.
+    activities: (start, end, name, type, phase group 'method'|'rollbacks')."""
+    out = [(0.0, "experiment", "start", None)]
+    method = [a for a in activities if a[4] == "method"]
+    rollbacks = [a for a in activities if a[4] == "rollbacks"]
+    if method:
+        out.append((method[0][0] - 0.01, "method", "start", None))
+    for a in method:
+        out += [(a[0], a[2], "start", a[3]), (a[1], a[2], "end", a[3])]
+    if method:
+        out.append((method[-1][1] + 0.01, "method", "end", None))
+    if rollbacks:
+        out.append((rollbacks[0][0] - 0.01, "rollbacks", "start", None))
+    for a in rollbacks:
+        out += [(a[0], a[2], "start", a[3]), (a[1], a[2], "end", a[3])]
+    if rollbacks:
+        out.append((rollbacks[-1][1] + 0.01, "rollbacks", "end", None))
+    out.append((end, "experiment", "end", None))
+    return sorted(out)
 
 
 def activity(kind, name, func, module, arguments, output, start, end, status="succeeded"):
@@ -137,46 +174,93 @@ def method_action(name, func, module, arguments):
                          "arguments": arguments}}
 
 
+def probe_figures(tl, fault_t, until_t):
+    """What the timeline probes would record: release time (64 MiB above the baseline) and the
+    trapezoid integral of (total - baseline) from the fault to `until_t`, in GiB x s."""
+    base = tl["baseline"]["total_mib"]
+    t, total = tl["t"], tl["total_mib"]
+    release = next((ti - fault_t for ti, v in zip(t, total, strict=True)
+                    if ti >= fault_t and v <= base + 64), None)
+    area = 0.0
+    for i in range(1, len(t)):
+        a, b = max(t[i - 1], fault_t), min(t[i], until_t)
+        if b > a:
+            area += (max(0, total[i - 1] - base) + max(0, total[i] - base)) / 2 * (b - a)
+    return (None if release is None else round(release, 4)), round(area / 1024, 4)
+
+
+def section_of(tl, measurements):
+    return {"timeline": tl, "timeline_file": None, "events": tl["events"],
+            "measurements": measurements,
+            "summary": {"source": "nvml", "samples": len(tl["t"]), "rate_hz": DEVICE_RATE,
+                        "overhead_cpu_pct": tl["overhead_cpu_pct"]},
+            "backend": {"gpu": {"available": True, "reason": None, "driver": "580.159",
+                                "devices": ["NVIDIA H200"]}, "python": "3.12.3"},
+            "gating": {"before_met": True}}
+
+
 def pod_delete(n_workers, handler, name):
+    """The report's step 3-B in a local pod (PID 1 sleep, workers exec'd and backgrounded)."""
     per = 2470.0 if n_workers > 1 else 2466.0
     fault_t = 3.0
     if handler:
-        gone = fault_t + 0.15
-        kill_t = None
+        gone, kill_t = fault_t + 0.15, None
     else:
         kill_t = fault_t + 30.0
         gone = kill_t + 0.14
     end = gone + 2.0
     workers = [(41000 + i, 0, 0.5 + 0.02 * i, per, gone + 0.01 * i, f"{name}-w{i}", None)
                for i in range(n_workers)]
-    events = [(fault_t, "fault", "terminate-pod"), (fault_t, "sigterm", "terminate-pod")]
-    if kill_t is not None:
-        events.append((kill_t, "sigkill", "terminate-pod"))
-    release_at = gone + 0.01 * (n_workers - 1)
-    events.append((round(release_at, 3), "released", None))
-    tl = timeline(workers, end, events=events, rng=random.Random(n_workers))
-    deletion = round((kill_t if kill_t else gone) - fault_t + 0.2, 2)
-    terminate_out = {"sigterm_sent": T0 + fault_t, "sigkill_sent": T0 + kill_t if kill_t else None,
-                     "gone": T0 + gone + 0.05, "deletion_s": deletion, "grace_s": 30}
+    terminate_end = round(gone + 0.01 * (n_workers - 1) + 0.06, 3)
+    activities = [(0.3, 1.2, "start-workers", "action", "method"),
+                  (1.5, 1.6, "orphans", "probe", "method"),
+                  (fault_t, terminate_end, "terminate-pod", "action", "method"),
+                  (terminate_end + 0.05, terminate_end + 0.4, "memory-release-time", "probe",
+                   "method")]
+    tl = timeline(workers, end, events=marks(activities, end), rng=random.Random(n_workers))
+    terminate_out = {
+        "name": name, "grace_period_s": 30, "sigterm_sent": T0 + fault_t,
+        "namespace_empty_or_grace_end": T0 + (kill_t or gone),
+        "sigkill_sent": T0 + kill_t if kill_t else None, "gone": T0 + terminate_end,
+        "exited_on_sigterm": bool(handler),
+        "namespace_empty_or_grace_end_s": round((kill_t or gone) - fault_t, 6),
+        "sigkill_sent_s": 30.0 if kill_t else None,
+        "gone_after_sigkill_s": round(terminate_end - kill_t, 6) if kill_t else None}
+    release, waste = probe_figures(tl, fault_t, terminate_end)
+    orphans_out = [{"pid": w[0] - 40000, "host_pid": w[0], "comm": "python3"} for w in workers]
     runs = [
-        activity("action", "start-workers", "start_hold_workers", "chaosgpu.workloads.actions",
-                 {"count": n_workers, "mib": per, "sigterm": "handle" if handler else "ignore"},
+        activity("action", "start-workers", "exec_in_sandbox", "chaosgpu.sandbox.actions",
+                 {"name": name, "detach": True, "count": n_workers, "mib": per,
+                  "sigterm": "cleanup" if handler else "ignore"},
                  {"pids": [w[0] for w in workers]}, 0.3, 1.2),
-        activity("probe", "orphans-and-zombies", "zombies_and_orphans",
-                 "chaosgpu.process.probes", {"scope": {"sandbox": name}},
-                 {"zombies": [], "orphans": [w[0] for w in workers]}, 1.5, 1.6),
+        activity("probe", "orphans", "orphans_in_scope", "chaosgpu.process.probes",
+                 {"scope": {"sandbox": name}}, orphans_out, 1.5, 1.6),
         activity("action", "terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
-                 {"name": name, "grace_period": 30}, terminate_out, fault_t, fault_t + deletion),
+                 {"name": name, "grace_period": 30}, terminate_out, fault_t, terminate_end),
+        activity("probe", "memory-release-time", "memory_release_time", "chaosgpu.timeline.probes",
+                 {"after_event": "terminate-pod"}, release, terminate_end + 0.05,
+                 terminate_end + 0.4),
     ]
-    held = round(per * n_workers, 1)
-    measurements = {"orphans": n_workers, "zombies_after_kill": 0, "deletion_s": deletion,
-                    "residual_mib": 0.0}
-    if n_workers > 1:  # give the 10-worker run every figure as a probe would
-        waste = held * (release_at - fault_t) / 1024.0
-        measurements.update({"memory_held_mib": held, "release_s": round(release_at - fault_t, 3),
-                             "gib_seconds": round(waste, 1)})
-    section = {"timeline": tl, "timeline_file": None, "events": [], "measurements": measurements,
-               "backend": "sandbox", "scenario": f"pod-delete-{n_workers}"}
+    if n_workers > 1 and not handler:
+        # The flat form (figure -> value) is accepted too: this fixture uses it.
+        measurements = {"memory_held_mib": round(per * n_workers, 1), "orphans": n_workers,
+                        "zombies_after_kill": 0, "deletion_s": round(terminate_end - fault_t, 3),
+                        "release_s": release, "gib_seconds": round(waste, 1),
+                        "residual_mib": 0.0}
+    elif not handler:
+        measurements = {
+            "baseline_memory": [tl["baseline"]],
+            "memory_release_time": [{"after_event": "terminate-pod", "phase": "start",
+                                     "seconds": release, "threshold_mib": 64.0,
+                                     "source": "nvml"}],
+            "gb_seconds_held": [{"from_event": "terminate-pod", "to_event": "terminate-pod",
+                                 "gib_s": waste, "seconds": round(terminate_end - fault_t, 4),
+                                 "unit": "GiB x s (GiB = 1024 MiB)", "source": "nvml"}],
+            "residual_gpu_memory": [{"residual_mib": 0.3, "baseline_mib": IDLE_MIB,
+                                     "source": "nvml", "tolerance_mib": 64.0}]}
+    else:
+        measurements = {"memory_release_time": [{"after_event": "terminate-pod",
+                                                 "phase": "start", "seconds": release}]}
     tags = ["chaosgpu", "gpu", f"scenario:pod-delete-{n_workers}",
             "fault:pod deletion, grace 30 s (workers ignore SIGTERM)" if not handler
             else "fault:pod deletion, grace 30 s"]
@@ -187,11 +271,12 @@ def pod_delete(n_workers, handler, name):
              if not handler else f"Pod deletion, {n_workers} worker(s) with a SIGTERM handler")
     method = [method_action("terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
                             {"name": name, "grace_period": 30})]
-    return journal(title, tags, {"grace_period": 30, "workers": n_workers}, method, runs, section,
-                   deviated=not handler, duration=end)
+    return journal(title, tags, {"grace_period": 30, "workers": n_workers}, method, runs,
+                   section_of(tl, measurements), deviated=not handler, duration=end)
 
 
 def nccl_rank_kill():
+    """The report's variant 5: rank 0 killed, survivors hang holding memory until the cleanup."""
     fault_t, detect_t, cleanup_t = 3.0, 3.8, 12.0
     kill_survivors_t, gone = cleanup_t + 2.0, cleanup_t + 2.2
     end = gone + 1.5
@@ -204,11 +289,14 @@ def nccl_rank_kill():
     def residue(index, t):  # the survivors' peer contexts on the dead rank's GPU
         return 148.0 if index == 0 and 0.9 <= t < gone else 0.0
 
-    events = [(fault_t, "fault", "kill-rank-0"), (fault_t, "sigkill", "kill-rank-0"),
-              (detect_t, "hang detected", "detect-hang"), (cleanup_t, "sigterm", "cleanup-hang"),
-              (kill_survivors_t, "sigkill", "cleanup-hang"), (round(gone + 0.03, 3), "released",
-                                                              None)]
-    tl = timeline(workers, end, device_extra=residue, events=events, rng=random.Random(3))
+    activities = [(0.2, 1.0, "start-ring", "action", "method"),
+                  (fault_t, fault_t + 0.01, "kill-rank-0", "action", "method"),
+                  (fault_t + 0.01, detect_t, "detect-hang", "probe", "method"),
+                  (detect_t, detect_t + 0.05, "zombies", "probe", "method"),
+                  (detect_t + 0.1, detect_t + 0.2, "residual-after-kill", "probe", "method"),
+                  (cleanup_t, gone + 0.1, "cleanup-hang", "action", "rollbacks")]
+    tl = timeline(workers, end, device_extra=residue, events=marks(activities, end),
+                  rng=random.Random(3), zombies={52000: fault_t + 0.01})
     runs = [
         activity("action", "start-ring", "start_ring", "chaosgpu.workloads.actions",
                  {"world_size": 3, "backend": "auto"}, {"job": "ring-1", "backend": "gloo"},
@@ -221,40 +309,41 @@ def nccl_rank_kill():
                                                    "survivors": [1, 2],
                                                    "detected_after_s": 0.8}, fault_t + 0.01,
                  detect_t),
-        activity("probe", "zombies", "zombies_and_orphans", "chaosgpu.process.probes",
-                 {"scope": {"job": "ring-1"}}, {"zombies": [52000], "orphans": [52000, 52001,
-                                                                                52002]},
+        activity("probe", "zombies", "zombies_in_scope", "chaosgpu.process.probes",
+                 {"scope": {"job": "ring-1"}}, [{"pid": 52000, "host_pid": 52000}],
                  detect_t, detect_t + 0.05),
     ]
     rollbacks = [activity("action", "cleanup-hang", "cleanup_hang", "chaosgpu.job.actions",
                           {"job": "ring-1", "grace_period": 2},
                           {"hang_cleaned": True, "killed": [1, 2],
+                           "sigterm_sent": T0 + cleanup_t, "sigkill_sent": T0 + kill_survivors_t,
                            "memory_back_after_cleanup_s": 2.2},
                           cleanup_t, gone + 0.1)]
-    section = {"timeline": tl, "timeline_file": None, "events": [],
-               "measurements": {"memory_held_mib": 5691.0, "residual_mib": 148.0,
-                                "hang_detected": True},
-               "backend": "gloo", "scenario": "nccl-rank-kill"}
+    measurements = {"residual_gpu_memory": [
+        {"residual_mib": 3942.0, "baseline_mib": 3 * IDLE_MIB, "source": "nvml",
+         "tolerance_mib": 64.0}]}
     tags = ["chaosgpu", "gpu", "nccl", "scenario:nccl-rank-kill", "fault:SIGKILL of rank 0"]
     method = [method_action("kill-rank-0", "kill_rank", "chaosgpu.job.actions",
                             {"job": "ring-1", "rank": 0})]
-    return journal("NCCL rank kill: survivors hang holding GPU memory", tags, {}, method, runs,
-                   section, deviated=True, duration=end, rollbacks=rollbacks)
+    j = journal("NCCL rank kill: survivors hang holding GPU memory", tags, {}, method, runs,
+                section_of(tl, measurements), deviated=True, duration=end,
+                rollbacks=rollbacks)
+    j["experiment"]["runtime"] = {"rollbacks": {"strategy": "always"}}
+    return j
 
 
 def interrupted():
     """A run interrupted 6 s into the grace period: timeline stops, no measurements."""
     fault_t, end = 3.0, 9.0
     workers = [(43000, 0, 0.5, 2466.0, 1e9, "pod-int-w0", None)]
-    tl = timeline(workers, end, events=[(fault_t, "sigterm", "terminate-pod")])
+    activities = [(fault_t, end, "terminate-pod", "action", "method")]
+    tl = timeline(workers, end, events=marks(activities, end)[:-2])
     runs = [activity("action", "terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
                      {"name": "pod-int", "grace_period": 30}, None, fault_t, end, "failed")]
-    section = {"timeline": tl, "timeline_file": None, "events": [], "measurements": {},
-               "backend": "sandbox"}
     method = [method_action("terminate-pod", "terminate_sandbox", "chaosgpu.sandbox.actions",
                             {"name": "pod-int", "grace_period": 30})]
     j = journal("Pod deletion interrupted by the operator (SIGINT)", ["chaosgpu",
-                "scenario:pod-delete-interrupted"], {}, method, runs, section,
+                "scenario:pod-delete-interrupted"], {}, method, runs, section_of(tl, {}),
                 status="interrupted", deviated=False, duration=end)
     j["steady_states"]["after"] = None
     return j
