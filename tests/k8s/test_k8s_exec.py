@@ -89,8 +89,8 @@ def test_failing_program_is_a_clear_error(core: client.CoreV1Api) -> None:
 def test_crashing_program_gives_its_traceback(core: client.CoreV1Api,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kexec.intarget, "source", lambda kind, name: "print(1/0)\n")
-    with pytest.raises(ExecError, match=r"(?s)exited 1 without one JSON document on stdout; stderr: "
-                       r"Traceback.*ZeroDivisionError") as crashed:
+    with pytest.raises(ExecError, match=r"(?s)exited 1 without one JSON document on stdout; "
+                       r"stderr: Traceback.*ZeroDivisionError") as crashed:
         run_program(core, "p", "default", "probes", "crash", timeout=20)
     assert "chaosgpu-probes-crash.py" in crashed.value.stderr
 
