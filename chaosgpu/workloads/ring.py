@@ -4,7 +4,8 @@ This module owns the launcher (bare ranks started directly with RANK/WORLD_SIZE/
 like the report's exec'd ranks, or the real `torchrun`) and the rank program itself (backend
 nccl with one GPU per rank, or gloo on CPU, optionally holding GPU or host memory; a process-group
 timeout; TORCH_NCCL_ASYNC_ERROR_HANDLING; an optional SIGTERM handler that destroys the process
-group). Each rank writes `<ready-dir>/rank<R>.json` once its first all_reduce succeeded. It must
+group). Each rank writes `<ready-dir>/rank<R>.json` once its first all_reduce succeeded, and
+`<ready-dir>/rank<R>.progress` ({"iteration", "t"}) every 0.25 s while it makes progress. It must
 not signal processes it did not start and must not read /proc.
 
 A rank whose all_reduce fails (a peer died, the timeout elapsed) prints the error and exits 1. A
@@ -42,6 +43,7 @@ __all__ = [
 
 MIB = 1024 * 1024
 OWN_TIMEOUT_MARGIN_S = 2.0
+PROGRESS_EVERY_S = 0.25
 # Environment every rank gets: NVLink multicast off (see the project notes), quiet threads.
 RANK_ENV_DEFAULTS = {
     "NCCL_NVLS_ENABLE": "0",
@@ -404,6 +406,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     period = 1.0 / args.iters_per_s
     own_limit = args.timeout_s + OWN_TIMEOUT_MARGIN_S if args.timeout_s > 0 else None
     iteration = 0
+    last_progress = 0.0
     while True:
         started = time.monotonic()
         try:
@@ -443,6 +446,12 @@ def rank_main(argv: list[str] | None = None) -> int:
                 },
             )
         iteration += 1
+        if args.ready_dir and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+            last_progress = time.monotonic()
+            write_ready(
+                os.path.join(args.ready_dir, f"rank{rank}.progress"),
+                {"iteration": iteration, "t": time.time(), "pid": os.getpid()},
+            )
         rest = period - (time.monotonic() - started)
         if rest > 0:
             time.sleep(rest)
