@@ -156,15 +156,31 @@ def gb_seconds_held(from_event: str = "", to_event: str | None = None,
 
 
 def termination_timings(after_event: str = "", phase: str = "start",
-                        threshold_mib: float = 64.0,
+                        threshold_mib: float = 64.0, timeout_s: float = 5.0,
                         configuration: dict[str, Any] | None = None,
                         secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """How long after an event (an activity's start by default) each tracked process died
     (first seen zombie or gone) and memory came back within `threshold_mib` of the baseline:
     {"after_event", "processes": {pid: {"dead_after_s", "gone_after_s", "tag", "rank"}},
-    "all_dead_after_s", "memory_released_after_s"}. Reads what was sampled; does not wait."""
+    "all_dead_after_s", "memory_released_after_s"}. Waits up to `timeout_s` for the sampler to
+    see every process that was alive at the event die (states are sampled at rate_hz /
+    process_every, see "state_sampling_hz")."""
     if not after_event:
         raise ValueError("after_event must name an activity on the timeline")
+    if timeout_s < 0:
+        raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = _termination(after_event, phase, threshold_mib)
+        done = result["all_dead_after_s"] is not None or not result["processes"]
+        if done or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    _record(_sampler(), "termination_timings", result)
+    return result
+
+
+def _termination(after_event: str, phase: str, threshold_mib: float) -> dict[str, Any]:
     sampler = _sampler()
     assert sampler.baseline is not None
     t_event = _event_t(sampler, after_event, phase)
@@ -194,7 +210,6 @@ def termination_timings(after_event: str = "", phase: str = "start",
         "memory_released_after_s": None if released is None else round(released - t_event, 4),
         "state_sampling_hz": round(sampler.rate_hz / sampler.process_every, 2),
         "source": sampler.source}
-    _record(sampler, "termination_timings", result)
     return result
 
 

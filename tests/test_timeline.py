@@ -1,0 +1,181 @@
+"""The timeline sampler and its measurement probes: real processes on the host-rss source, a
+scripted NVML (the only fake) for exact figures, errors, and a real GPU run (marked gpu)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import chaosgpu.node as node
+from chaosgpu.timeline import probes
+from chaosgpu.timeline.sampler import Sampler, current, install, uninstall
+
+HOLD_64 = "import time; x = bytearray(64 * 2**20); x[::4096] = b'x' * len(x[::4096]); " \
+          "time.sleep(60)"
+
+
+@pytest.fixture
+def sampler_cleanup() -> Iterator[list[Sampler]]:
+    made: list[Sampler] = []
+    yield made
+    for sampler in made:
+        sampler.stop()
+        uninstall(sampler)
+
+
+def _start(tag: str, code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, CHAOSGPU_TAG=tag),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_host_rss_timeline_tracks_memory_release_and_states(
+        sampler_cleanup: list[Sampler]) -> None:
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(rate_hz=200, scope={"tag": tag}, source="host-rss", rescan_s=0.05)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    install(sampler)
+    base = sampler.take_baseline()
+    assert base["total_mib"] == 0.0 and base["source"] == "host-rss"
+    sampler.mark("start-hold", "start")
+    proc = _start(tag, HOLD_64)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not sampler.total or sampler.total[-1] < 64):
+            time.sleep(0.02)
+        assert sampler.total[-1] >= 64
+        sampler.mark("start-hold", "end")
+        time.sleep(0.5)
+        sampler.mark("kill", "start")
+        os.kill(proc.pid, signal.SIGKILL)
+        sampler.mark("kill", "end")
+        release = probes.memory_release_time(after_event="kill", threshold_mib=4, timeout_s=5)
+        assert release is not None and release < 0.5
+        held = probes.gb_seconds_held(from_event="start-hold", to_event="kill")
+        assert 0.5 * 64 / 1024 * 0.5 < held < 64 / 1024 * 30
+        proc.wait()
+        timings = probes.termination_timings(after_event="kill", timeout_s=5)
+        entry = timings["processes"][str(proc.pid)]
+        assert entry["dead_after_s"] is not None and entry["dead_after_s"] < 1.0
+        assert probes.residual_gpu_memory(tolerance_mib=4, timeout_s=2) <= 4
+        assert probes.gpu_memory_at_baseline(tolerance_mib=4, timeout_s=2) is True
+    finally:
+        proc.kill()
+        proc.wait()
+    sampler.stop()
+    summary = sampler.summary()
+    assert summary["rate_hz"] > 100  # asked 200
+    assert summary["overhead_cpu_pct"] is not None
+    assert set(sampler.measurements) >= {"memory_release_time", "gb_seconds_held",
+                                         "termination_timings", "residual_gpu_memory"}
+    document = sampler.to_dict()
+    assert document["source"] == "host-rss" and str(proc.pid) in document["processes"]
+
+
+class ScriptedNvml:
+    """NVML replaced by a script: 615 MiB idle, +2048 MiB between two instants."""
+
+    def __init__(self) -> None:
+        self.held_from: float | None = None
+        self.held_until: float | None = None
+
+    def used(self) -> float:
+        now = time.monotonic()
+        if self.held_from is not None and now >= self.held_from and (
+                self.held_until is None or now < self.held_until):
+            return 615.0 + 2048.0
+        return 615.0
+
+    def device_memory(self) -> list[dict[str, Any]]:
+        return [{"index": 0, "used_mib": self.used(), "total_mib": 143771.0}]
+
+    def gpu_processes(self) -> list[dict[str, Any]]:
+        return [{"gpu_index": 0, "pid": 4242, "used_mib": self.used() - 615.0}]
+
+
+def test_scripted_nvml_gives_exact_figures(monkeypatch: pytest.MonkeyPatch,
+                                           sampler_cleanup: list[Sampler]) -> None:
+    nvml = ScriptedNvml()
+    monkeypatch.setattr(node, "nvml_device_memory", nvml.device_memory)
+    monkeypatch.setattr(node, "nvml_gpu_processes", nvml.gpu_processes)
+    sampler = Sampler(rate_hz=200, process_every=5)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    install(sampler)
+    assert sampler.source == "nvml"
+    assert probes.baseline_memory()["total_mib"] == 615.0
+    sampler.mark("alloc", "start")
+    nvml.held_from = time.monotonic()
+    time.sleep(1.0)
+    sampler.mark("delete", "start")
+    time.sleep(0.3)
+    nvml.held_until = time.monotonic()
+    sampler.mark("delete", "end")
+    release = probes.memory_release_time(after_event="delete", threshold_mib=64, timeout_s=2)
+    assert release is not None and abs(release - 0.3) < 0.05
+    held = probes.gb_seconds_held(from_event="alloc", to_event="delete")
+    assert abs(held - 2.0 * 1.3) < 2.0 * 0.06  # 2 GiB for 1.3 s, sampled every 5 ms
+    assert probes.residual_gpu_memory(tolerance_mib=1, timeout_s=1) == 0.0
+    sampler.stop()
+    document = sampler.to_dict()
+    assert document["devices"][0]["index"] == 0
+    assert "4242" in document["processes"]
+    assert max(document["processes"]["4242"]["mib"]) == 2048.0
+
+
+def test_probes_need_the_control_and_valid_input(sampler_cleanup: list[Sampler]) -> None:
+    previous = current()
+    if previous is not None:
+        uninstall(previous)
+    with pytest.raises(RuntimeError, match="chaosgpu.timeline.control"):
+        probes.baseline_memory()
+    with pytest.raises(ValueError, match="rate_hz"):
+        Sampler(rate_hz=0)
+    with pytest.raises(ValueError, match="source"):
+        Sampler(source="magic")
+    with pytest.raises(ValueError, match="declare a scope"):
+        Sampler(scope={})
+    sampler = Sampler(rate_hz=100, source="host-rss")
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    install(sampler)
+    with pytest.raises(ValueError, match="no event 'nope'"):
+        probes.memory_release_time(after_event="nope")
+    with pytest.raises(ValueError, match="from_event"):
+        probes.gb_seconds_held()
+    with pytest.raises(ValueError, match="phase"):
+        probes.termination_timings(after_event="x", phase="middle")
+
+
+@pytest.mark.gpu
+def test_gpu_release_after_kill_on_a_real_gpu(sampler_cleanup: list[Sampler]) -> None:
+    from chaosgpu.workloads.actions import start_holders, stop_workload
+
+    tag = f"tl-gpu-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(rate_hz=200, scope={"tag": tag})
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    install(sampler)
+    assert sampler.source == "nvml"
+    sampler.take_baseline()
+    try:
+        sampler.mark("start", "start")
+        started = start_holders(count=1, mib=1024, via="auto", tag=tag, timeout_s=120)
+        sampler.mark("start", "end")
+        time.sleep(0.5)
+        sampler.mark("kill", "start")
+        for pid in started["pids"]:
+            os.kill(pid, signal.SIGKILL)
+        release = probes.memory_release_time(after_event="kill", threshold_mib=64, timeout_s=10)
+        assert release is not None and release < 2.0
+        assert probes.gb_seconds_held(from_event="start", to_event="kill") > 0.4
+        assert probes.residual_gpu_memory(tolerance_mib=64, timeout_s=5) <= 64
+    finally:
+        stop_workload(tag, grace_s=0)
