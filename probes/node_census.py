@@ -9,7 +9,7 @@ optionally, NVIDIA's `pynvml` (nvidia-ml-py); the syntax stays Python 3.8 compat
 containers run it. It must not change anything on the node: it only reads.
 
 Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [--pid N]
-[--proc-root DIR] [--gpu-snapshot FILE]`` prints one JSON document (schema ``chaosgpu.census/1``,
+[--proc-root DIR] [--gpu-snapshot FILE|-]`` prints one JSON document (schema ``chaosgpu.census/1``,
 described in docs/census.md) and exits 0; bad arguments print ``{"error": ...}`` and exit 2.
 
 Definitions (also in docs/census.md):
@@ -44,9 +44,12 @@ import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 SCHEMA = "chaosgpu.census/1"
+#: The initial ("host") PID namespace: its inode number is fixed by the kernel (0xEFFFFFFC).
+INIT_PID_NS = "pid:[4026531836]"
 
 __all__ = [
     "SCHEMA",
+    "INIT_PID_NS",
     "ENV_KEYS",
     "list_pids",
     "process_starttime",
@@ -502,15 +505,18 @@ def _observer(proc_root: str) -> Dict[str, Any]:
     except OSError:
         pass
     try:
-        _, nspid = _status_fields(_read_bytes("/proc/self/status"))
+        status = proc_root + "/self/status"
+        if not os.path.exists(status):  # a fake proc root (tests): take the real one
+            status = "/proc/self/status"
+        _, nspid = _status_fields(_read_bytes(status))
         observer["nspid"] = nspid
     except OSError:
         pass
     # Host PIDs (what NVML reports) are what this /proc shows only when the observer sits in the
-    # initial PID namespace. A namespace's PID 1 has no parent inside it; the initial one is
-    # the only namespace whose PID 1 has ppid 0 *and* NSpid of one field from every view, so
-    # we go by the observer's own NSpid.
-    observer["host_view"] = observer["nspid"] is not None and len(observer["nspid"]) == 1
+    # initial PID namespace, whose inode is a kernel constant (PROC_PID_INIT_INO, since 3.8),
+    # and this /proc is mounted from it (then our own NSpid there has a single field).
+    observer["host_view"] = (observer["pid_ns"] == INIT_PID_NS and observer["nspid"] is not None
+                             and len(observer["nspid"]) == 1)
     return observer
 
 
@@ -856,8 +862,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 indent = int(value)
             else:
                 try:
-                    with open(value) as handle:
-                        snapshot = json.load(handle)
+                    if value == "-":
+                        snapshot = json.load(sys.stdin)
+                    else:
+                        with open(value) as handle:
+                            snapshot = json.load(handle)
                 except (OSError, ValueError) as error:
                     return _usage_error("--gpu-snapshot %r: %s" % (value, error))
                 if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:

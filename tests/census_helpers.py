@@ -78,11 +78,12 @@ def exec_in_pod(pid1: int, *command: str, timeout: float = 60.0,
                           text=True, timeout=timeout, check=False)
 
 
-def run_program(*args: str, user: tuple[int, int] | None = None,
-                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+def run_program(*args: str, user: tuple[int, int] | None = None, timeout: float = 60.0,
+                stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run the in-target census program as a separate process (optionally as another user)."""
     prefix: list[str] = []
     if user is not None:
         prefix = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"]
     return subprocess.run(prefix + [sys.executable, str(PROGRAM), *args], env=dict(os.environ),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          input=stdin)

@@ -1,0 +1,149 @@
+"""The census across PID namespaces, on real "pods" (unshare --pid --fork --mount-proc sleep):
+orphans from a backgrounded exec'd shell, host <-> namespace PIDs, the view from inside the pod,
+GPU attribution of a recorded NVML snapshot (host PIDs), and a non-root observer."""
+
+import copy
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from census_helpers import PROGRAM, REPO, children, exec_in_pod, pod, run_program, wait_for
+
+from chaosgpu import node
+
+RECORDED = json.loads((REPO / "tests" / "data" / "nvml_h200_recorded.json").read_text())
+NOBODY = (65534, 65534)
+
+
+def _orphan_in(pid1: int) -> int:
+    """Start `sleep 1000` in the pod the way the field report did (an exec'd shell that
+    backgrounds the worker and exits); return the worker's host PID."""
+    result = exec_in_pod(pid1, "sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 & exit")
+    assert result.returncode == 0, result.stderr
+    return wait_for(lambda: [p for p in children(pid1) if node.process_state(p)],
+                    what="the orphan to be reparented to the pod's PID 1")[0]
+
+
+def _by_pid(census: dict) -> dict[int, dict]:
+    return {p["pid"]: p for p in census["processes"]}
+
+
+def test_orphan_in_a_pod_host_view() -> None:
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        census = node.take_census(gpu=False)
+        procs = _by_pid(census)
+        init, worker = procs[pid1], procs[orphan]
+        assert init["ns_init"] and init["nspid"] == [pid1, 1] and not init["orphan"]
+        assert pid1 not in census["orphans"]
+        assert worker["ppid"] == pid1
+        assert worker["nspid"][0] == orphan and worker["nspid"][-1] > 1
+        assert worker["pid_ns"] == init["pid_ns"] != census["observer"]["pid_ns"]
+        assert worker["orphan"] and orphan in census["orphans"]
+        assert "init of its PID namespace" in worker["orphan_reason"]
+        # our own children (not reparented) are not orphans, nor are the host's daemons
+        assert os.getpid() not in census["orphans"]
+        # kill -9 the worker: with `sleep` as PID 1 nobody reaps it -> a zombie, still orphaned
+        os.kill(orphan, signal.SIGKILL)
+        wait_for(lambda: node.process_state(orphan) == "Z", what="the orphan to be a zombie")
+        census = node.take_census(gpu=False)
+        assert orphan in census["zombies"] and orphan in census["orphans"]
+
+
+def test_pod_view_from_inside_sees_namespace_pids() -> None:
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        ns_pid = node.read_process(orphan)["nspid"][-1]
+        result = exec_in_pod(pid1, "python3", str(PROGRAM), "--no-gpu")
+        assert result.returncode == 0, result.stderr
+        inside = json.loads(result.stdout)
+        assert inside["observer"]["host_view"] is False
+        procs = _by_pid(inside)
+        assert procs[1]["comm"] == "sleep" and procs[1]["ns_init"]
+        assert procs[ns_pid]["orphan"] and ns_pid in inside["orphans"]
+        assert procs[ns_pid]["nspid"] == [ns_pid]  # the pod's /proc shows no host PID
+        assert orphan not in procs or procs[orphan]["comm"] != "sleep" or orphan == ns_pid
+
+
+def _recorded_with(host_pids: list[int]) -> dict:
+    """The real H200 recording with its worker's host PID replaced by live host PIDs here."""
+    snapshot = copy.deepcopy(RECORDED["held"])
+    template = snapshot["devices"][0]["processes"][0]
+    snapshot["devices"][0]["processes"] = [dict(template, pid=pid) for pid in host_pids]
+    return snapshot
+
+
+def test_recorded_nvml_attributed_to_namespace_pid_from_the_host() -> None:
+    assert RECORDED["nspid"] == {"457": [457, 1]}  # what the real driver said: host PID 457
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        gone = 4_194_000  # above pid_max's default: certainly not a process here
+        census = node.take_census(gpu_snapshot=_recorded_with([pid1, orphan, gone]))
+        gpu = {g["host_pid"]: g for g in census["gpu_processes"]}
+        assert gpu[pid1]["visible"] and gpu[pid1]["pid"] == pid1 and gpu[pid1]["ns_pid"] == 1
+        worker = gpu[orphan]
+        assert worker["visible"] and worker["pid"] == orphan and worker["note"] is None
+        assert worker["ns_pid"] == node.read_process(orphan)["nspid"][-1]
+        assert worker["used_mib"] == 2658.0 and worker["gpu_index"] == 0
+        assert worker["comm"] == "sleep" and worker["state"] == "S"
+        assert gpu[gone]["visible"] is False and gpu[gone]["note"] == "not visible here"
+        assert census["gpu"]["devices"][0]["memory_total_mib"] == 143771.0
+
+
+def test_recorded_nvml_from_inside_the_pod_is_not_visible_not_orphaned(tmp_path: Path) -> None:
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        snapshot = tmp_path / "nvml.json"
+        snapshot.write_text(json.dumps(_recorded_with([orphan])))
+        result = exec_in_pod(pid1, "python3", str(PROGRAM), "--gpu-snapshot", str(snapshot))
+        assert result.returncode == 0, result.stderr
+        inside = json.loads(result.stdout)
+        [entry] = inside["gpu_processes"]
+        assert entry["host_pid"] == orphan and entry["visible"] is False
+        assert entry["pid"] is None and "not visible here" in entry["note"]
+        assert "nested PID namespace" in entry["note"]
+
+
+def _ensure_nobody_can_run_the_program() -> None:
+    result = run_program("--no-gpu", "--pid", "1", user=NOBODY)
+    if result.returncode != 0:
+        pytest.skip(f"cannot run the census as nobody here: {result.stderr[-300:]}")
+
+
+def test_non_root_observer_marks_what_it_cannot_read() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start root-owned processes and switch to nobody")
+    _ensure_nobody_can_run_the_program()
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        result = run_program("--no-gpu", user=NOBODY)
+        assert result.returncode == 0, result.stderr
+        census = json.loads(result.stdout)
+        assert census["observer"]["uid"] == 65534 and census["observer"]["root"] is False
+        procs = _by_pid(census)
+        worker = procs[orphan]  # root-owned, inside a pod: still listed, never "absent"
+        assert worker["uid"] == 0 and worker["state"] == "S"
+        assert worker["nspid"][0] == orphan  # status is world-readable
+        for field in ("env", "nvidia_fds", "pid_ns"):
+            assert field in worker["unreadable"], field
+            assert worker["errors"][field] == "EACCES"
+            assert worker[field] is None
+        assert worker["orphan"]  # the orphan rule needs only stat + status
+        me = procs[next(p for p in procs if procs[p]["uid"] == 65534
+                        and "node_census.py" in " ".join(procs[p]["cmdline"] or []))]
+        assert me["unreadable"] == [] and me["env"] is not None
+
+
+def test_non_root_observer_gpu_attribution_still_works() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    _ensure_nobody_can_run_the_program()
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        result = run_program("--gpu-snapshot", "-", user=NOBODY,
+                             stdin=json.dumps(_recorded_with([orphan])))
+        assert result.returncode == 0, result.stderr
+        [entry] = json.loads(result.stdout)["gpu_processes"]
+        assert entry["visible"] and entry["pid"] == orphan and entry["ns_pid"] > 1
