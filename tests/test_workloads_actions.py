@@ -1,0 +1,103 @@
+"""Chaos Toolkit actions that start and stop the reference workloads, for real."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from chaosgpu import state
+from chaosgpu.sandbox import runtime
+from chaosgpu.workloads import actions
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def test_start_and_stop_holders_on_the_host() -> None:
+    started = actions.start_holders(count=3, mib=8, via="host", on_sigterm="cleanup", tag="h-host")
+    try:
+        assert started["tag"] == "h-host" and started["backend"] == "host"
+        assert len(started["pids"]) == 3 and all(_alive(p) for p in started["pids"])
+        assert started["ns_pids"] == started["pids"]
+        for pid in started["pids"]:
+            assert os.getsid(pid) == pid  # own session, detached from the runner
+            assert b"CHAOSGPU_TAG=h-host" in Path(f"/proc/{pid}/environ").read_bytes()
+        record = state.read_record("workloads", "h-host")
+        assert record and [p["pid"] for p in record["processes"]] == started["pids"]
+        assert all(p["starttime"] for p in record["processes"])
+    finally:
+        result = actions.stop_workload("h-host", grace_s=5)
+    assert set(result["processes"].values()) == {"exited on SIGTERM"}
+    assert not any(_alive(p) for p in started["pids"])
+    assert state.read_record("workloads", "h-host") is None
+    assert actions.stop_workload("h-host") == {
+        "tag": "h-host", "stopped": False, "note": "no such workload"
+    }  # fmt: skip
+
+
+def test_stop_kills_workers_that_ignore_sigterm() -> None:
+    started = actions.start_holders(count=2, mib=4, via="host", on_sigterm="ignore")
+    t0 = time.monotonic()
+    result = actions.stop_workload(started["tag"], grace_s=0.5)
+    assert set(result["processes"].values()) == {"killed"}
+    assert 0.4 < time.monotonic() - t0 < 5.0
+    assert not any(_alive(p) for p in started["pids"])
+
+
+def test_holders_in_a_sandbox_are_orphans_of_its_pid1() -> None:
+    runtime.create("wl-box", grace_s=1)
+    try:
+        started = actions.start_holders(count=2, mib=4, via="host", sandbox="wl-box")
+        listed = {p["pid"]: p for p in runtime.processes("wl-box")}
+        for pid, ns_pid in zip(started["pids"], started["ns_pids"], strict=True):
+            assert listed[pid]["ns_ppid"] == 1 and listed[pid]["ns_pid"] == ns_pid > 1
+        assert {d["sandbox"] for d in started["ready"]} == {"wl-box"}
+        result = actions.stop_workload(started["tag"], grace_s=0.2)
+        assert set(result["processes"].values()) == {"killed"}
+    finally:
+        runtime.remove("wl-box")
+
+
+def test_a_worker_that_cannot_start_leaves_nothing() -> None:
+    from chaosgpu.workloads.cuda_driver import gpu_count
+
+    if gpu_count() > 0:
+        pytest.skip("a GPU is usable here")
+    with pytest.raises(RuntimeError, match="did not get ready.*no GPU|did not get ready.*libcuda"):
+        actions.start_holders(count=2, mib=4, via="driver", tag="h-fail", timeout_s=60)
+    assert state.read_record("workloads", "h-fail") is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"count": 0}, "count"), ({"mib": -1}, "mib"), ({"via": "magic"}, "via"),
+     ({"on_sigterm": "pray"}, "on_sigterm"), ({"tag": "no spaces"}, "invalid tag"),
+     ({"sandbox": "no-such-box"}, "no sandbox"), ({"timeout_s": 0}, "timeout")],
+)  # fmt: skip
+def test_start_holders_bad_input(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=message):
+        actions.start_holders(**kwargs)
+    assert actions.list_workloads() == []
+
+
+def test_tag_in_use_is_refused() -> None:
+    started = actions.start_holders(count=1, mib=1, via="host", tag="h-dup")
+    try:
+        with pytest.raises(ValueError, match="already in use"):
+            actions.start_holders(count=1, mib=1, via="host", tag="h-dup")
+    finally:
+        actions.stop_workload("h-dup", grace_s=0)
+    assert not _alive(started["pids"][0])
+
+
+def test_discoverable() -> None:
+    from chaoslib.discovery.discover import discover_actions
+
+    names = {a["name"] for a in discover_actions("chaosgpu.workloads.actions")}
+    assert {"start_holders", "start_ring", "stop_workload"} <= names
