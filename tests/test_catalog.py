@@ -1,0 +1,137 @@
+"""Every experiment of the catalog, run through the real `chaos` CLI on this machine.
+
+Each experiment's tags say what it must end as (`expect:deviated` -> exit 1, deviated;
+`expect:completed` -> exit 0). The configuration is scaled for a noisy 2-core machine with
+`--var` (short grace periods and timeouts, small memory), never the experiment's logic. After
+each run nothing it started may be alive (the autouse fixture checks every process that carries
+this test's id) and no sandbox or workload record may be left in the state directory.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosgpu import state
+
+REPO = Path(__file__).resolve().parent.parent
+EXPERIMENTS = sorted((REPO / "experiments").glob("*.json"))
+CHAOS = str(Path(sys.executable).with_name("chaos"))
+
+# Scaled for CI: what each experiment gets through --var.
+POD_DELETE = {"grace_s": 3.0, "mib": 64}
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "pod-delete-ignore-sigterm": POD_DELETE,
+    "pod-delete-ignore-sigterm-10": {"grace_s": 3.0, "mib": 32},
+    "pod-delete-sigterm-handler": POD_DELETE,
+    "pod-delete-sigterm-handler-10": {"grace_s": 3.0, "mib": 32},
+    "pod-delete-handler-exec": POD_DELETE,
+    "non-root-pod-delete": POD_DELETE,
+    "driver-api-worker": POD_DELETE,
+    "zombies-sleep-pid1": {"mib": 16},
+    "zombies-init-pid1": {"mib": 16},
+    "nccl-rank-kill": {},
+    "rank-freeze": {},
+    "nccl-timeout-remediation": {"pg_timeout_s": 5.0, "settle_timeout_s": 40.0},
+}
+
+
+def run_experiment(path: Path, tmp_path: Path, overrides: dict[str, Any]) -> tuple[int, dict]:
+    """Run `chaos run` on `path` and return its exit code and journal."""
+    journal = tmp_path / "journal.json"
+    var_file = tmp_path / "vars.json"
+    var_file.write_text(json.dumps(overrides))
+    command = [CHAOS, "--no-version-check", "--log-file", str(tmp_path / "chaostoolkit.log"),
+               "run", "--journal-path", str(journal), "--var-file", str(var_file), str(path)]
+    done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ), capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert journal.exists(), f"no journal; stderr:\n{done.stderr[-3000:]}"
+    return done.returncode, json.loads(journal.read_text())
+
+
+def outputs(journal: dict) -> dict[str, Any]:
+    """Map each method activity's name to its run entry."""
+    return {entry["activity"]["name"]: entry for entry in journal.get("run", [])}
+
+
+def expectation(experiment: dict) -> str:
+    tags = [t for t in experiment.get("tags", []) if t.startswith("expect:")]
+    assert len(tags) == 1, "every catalog experiment states its expected outcome in a tag"
+    return tags[0].split(":", 1)[1]
+
+
+def test_catalog_is_complete() -> None:
+    """The catalog covers every scenario and remediation of the field report."""
+    names = {p.stem for p in EXPERIMENTS}
+    assert names == set(OVERRIDES), "add the new experiment to OVERRIDES (and to the README)"
+    for path in EXPERIMENTS:
+        experiment = json.loads(path.read_text())
+        assert expectation(experiment) in ("deviated", "completed")
+        assert experiment["runtime"]["rollbacks"]["strategy"] == "always"
+        assert experiment["description"]
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_chaos_validate(path: Path, tmp_path: Path) -> None:
+    """`chaos validate` accepts every experiment of the catalog."""
+    done = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
+                           "validate", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_catalog_experiment(path: Path, tmp_path: Path) -> None:
+    """Run the experiment for real; check outcome, measurements and that nothing is left."""
+    experiment = json.loads(path.read_text())
+    expected = expectation(experiment)
+    code, journal = run_experiment(path, tmp_path, OVERRIDES[path.stem])
+    log = (tmp_path / "chaostoolkit.log").read_text()[-4000:]
+
+    assert journal["status"] == "completed", log
+    assert journal["deviated"] is (expected == "deviated"), log
+    assert code == (1 if expected == "deviated" else 0), log
+    for entry in journal["run"]:
+        assert entry["status"] == "succeeded", (entry["activity"]["name"], entry.get("exception"))
+    for entry in journal.get("rollbacks", []):
+        assert entry["status"] == "succeeded", (entry["activity"]["name"], entry.get("exception"))
+    assert journal.get("chaosgpu", {}).get("summary"), "the timeline control wrote no summary"
+
+    check_measurements(path.stem, experiment, outputs(journal), OVERRIDES[path.stem])
+    assert not state.list_records("sandboxes"), "a sandbox record was left behind"
+    assert not state.list_records("workloads"), "a workload record was left behind"
+
+
+def check_measurements(name: str, experiment: dict, out: dict[str, Any],
+                       overrides: dict[str, Any]) -> None:
+    """Assert the figures each scenario exists to measure, with bounds for a noisy machine."""
+    config = {**experiment["configuration"], **overrides}
+    if name.startswith(("pod-delete", "non-root", "driver-api")):
+        grace = float(config["grace_s"])
+        release = out["release-time-after-delete"]["output"]
+        held = out["gb-seconds-held-during-delete"]["output"]
+        orphans = out["orphans-after-start"]["output"] if "orphans-after-start" in out else None
+        if "expect:deviated" in experiment["tags"]:
+            assert release is not None and grace * 0.8 <= release <= grace + 3.0, release
+            assert held > 0
+            assert orphans == config["workers"]
+        else:
+            assert release is not None and release < 1.0, release
+    elif name.startswith("zombies"):
+        zombies = out["zombies-after-kill"]["output"]
+        assert out["orphans-after-start"]["output"] == config["workers"]
+        if config["init"] == "sleep":
+            assert len(zombies) == config["workers"]
+        else:
+            assert zombies == []
+    else:
+        hang = out["detect-hang"]["output"]
+        assert hang["hung"] is True, hang
+        assert hang["detected_after_fault_s"] <= 2.0, hang
+        if name == "nccl-timeout-remediation":
+            settle = out["survivors-exit"]["output"]
+            assert settle["survivors_left"] == [], settle
