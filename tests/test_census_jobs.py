@@ -1,0 +1,113 @@
+"""The census finds a real 2-rank gloo job started by torchrun: job id, launcher, ranks, states;
+a SIGSTOPped rank is reported stopped and the job hang-suspected."""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from census_helpers import wait_for
+
+from chaosgpu import node
+from chaosgpu.node import probes
+
+pytest.importorskip("torch")
+
+WORKER = Path(__file__).with_name("census_ring_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def torchrun_job(run_id: str) -> Iterator[subprocess.Popen[bytes]]:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    port = _free_port()
+    launcher = subprocess.Popen(
+        [str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
+         str(WORKER), "--seconds", "90"],
+        env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield launcher
+    finally:
+        # torchrun may put workers in their own process groups: kill them by job, then the agent
+        with contextlib.suppress(OSError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        for _ in range(100):
+            job = _job(run_id)
+            pids = [r["pid"] for r in (job or {}).get("ranks", []) if r["pid"]]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        launcher.wait(timeout=30)
+
+
+def _job(run_id: str) -> dict | None:
+    return next((j for j in node.take_census(gpu=False)["jobs"] if j["id"] == run_id), None)
+
+
+def _running(run_id: str) -> dict | None:
+    job = _job(run_id)
+    if job and len(job["ranks"]) == 2 and job["survivors"] == [0, 1]:
+        return job
+    return None
+
+
+@pytest.mark.slow
+def test_torchrun_gloo_job_ranks_and_a_stopped_rank() -> None:
+    run_id = f"census-{os.environ['CHAOSGPU_TEST_ID']}"
+    with torchrun_job(run_id) as launcher:
+        job = wait_for(lambda: _running(run_id), timeout=120, what="both ranks to run")
+        assert job["launcher"] == "torchrun" and job["launcher_pid"] == launcher.pid
+        assert job["world_size"] == 2 and job["expected_ranks"] == [0, 1]
+        assert job["master"] is not None
+        assert [r["rank"] for r in job["ranks"]] == [0, 1]
+        assert [r["local_rank"] for r in job["ranks"]] == [0, 1]
+        pids = [r["pid"] for r in job["ranks"]]
+        census = node.take_census(gpu=False)
+        by_pid = {p["pid"]: p for p in census["processes"]}
+        for pid in pids:
+            assert by_pid[pid]["ppid"] == launcher.pid
+            assert by_pid[pid]["env"]["TORCHELASTIC_RUN_ID"] == run_id
+            assert not by_pid[pid]["orphan"]
+        assert launcher.pid not in pids  # the agent is the launcher, not a rank
+        assert not job["hang_suspected"] and job["dead"] == [] and job["frozen"] == []
+        assert probes.hung_jobs() == [] or run_id not in probes.hung_jobs()
+        # freeze rank 1: rank 0 blocks in all_reduce -> a hang in the making
+        os.kill(pids[1], signal.SIGSTOP)
+        job = wait_for(lambda: (j := _job(run_id)) and j["hang_suspected"] and j,
+                       timeout=10, what="the stopped rank to be seen")
+        states = {r["rank"]: r["state"] for r in job["ranks"]}
+        assert states == {0: "alive", 1: "stopped"}
+        assert job["survivors"] == [0] and job["frozen"] == [1] and job["stopped"] == [1]
+        assert run_id in probes.hung_jobs()
+        ranks = probes.job_ranks(job=run_id)
+        assert [r["state"] for r in ranks] == ["alive", "stopped"]
+        # kill rank 0: a zombie until torchrun reaps it, then torchrun tears down the job
+        os.kill(pids[1], signal.SIGCONT)
+        os.kill(pids[0], signal.SIGKILL)
+        wait_for(lambda: (j := _job(run_id)) is None or 0 in j["dead"] or None,
+                 timeout=30, what="rank 0 to be seen dead or the job to end")
+    assert _job(run_id) is None
+
+
+def test_job_ranks_unknown_job_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no job 'nope-nope' on this node"):
+        probes.job_ranks(job="nope-nope")
+    with pytest.raises(ValueError, match="needs the job id"):
+        probes.job_ranks()
