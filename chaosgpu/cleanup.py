@@ -6,7 +6,8 @@ every workload recorded in the state dir (chaosgpu.workloads.actions.stop_worklo
 SIGTERM, grace, SIGKILL, by recorded PID + start time), then remove every recorded sandbox
 (chaosgpu.sandbox.actions.remove_sandbox), then, for each `--tag`, every live process carrying
 that tag (chaosgpu.job.hang.cleanup). It reports what it removed and, honestly, what it could not;
-exit status 0 when nothing is left, 1 otherwise, 2 on bad usage.
+exit status 0 when nothing is left alive (zombies whose parent has not reaped them yet are listed,
+they hold no memory), 1 otherwise, 2 on bad usage.
 
 This module owns the order and the report. It signals nothing itself (the workload, sandbox
 and job modules do, through pidfds) and must not remove anything it has no record or tag of.
@@ -38,6 +39,7 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
     started = time.monotonic()
     removed: list[dict[str, Any]] = []
     not_removed: list[dict[str, Any]] = []
+    zombies: list[dict[str, Any]] = []
     thawed, error = _safe("thaw freezer cgroups", _thaw_freezer_groups, None)
     if error:
         not_removed.append({"kind": "freezer", "reason": error})
@@ -77,9 +79,12 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
             continue
         for item in result.get("not_removed") or []:
             not_removed.append({"kind": "process", "name": tag, **item})
+        for item in result.get("zombies") or []:
+            zombies.append({"kind": "process", "name": tag, **item})
         if result.get("removed"):
             removed.append({"kind": "tag", "name": tag, "pids": result["removed"]})
-    return {"removed": removed, "not_removed": not_removed, "thawed_cgroups": thawed or [],
+    return {"removed": removed, "not_removed": not_removed, "zombies": zombies,
+            "thawed_cgroups": thawed or [],
             "state_dir": str(state.state_dir()), "took_s": round(time.monotonic() - started, 3)}
 
 
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"removed {item['kind']} {item.get('name')}")
         for group in report["thawed_cgroups"]:
             print(f"thawed freezer cgroup {group['cgroup']}")
+        for item in report["zombies"]:
+            print(f"dead, not yet reaped by its parent: PID {item['pid']} ({item['name']})")
         for item in report["not_removed"]:
             print(f"NOT removed {item['kind']} {item.get('name', '')}: {item.get('reason')}")
         print(f"took {report['took_s']} s")

@@ -264,7 +264,7 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
     report: dict[str, Any] = {"job": found.get("id") if found else job, "tag": tag,
                               "found": len(processes), "steps": []}
     if not processes:
-        report.update(removed=[], not_removed=[], gpu_memory_released=None,
+        report.update(removed=[], not_removed=[], zombies=[], gpu_memory_released=None,
                       note="nothing to clean up: no process of this job is left",
                       took_s=round(time.monotonic() - started, 4))
         return report
@@ -310,22 +310,26 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
 
     not_removed = []
     removed = []
+    zombies = []
     for target in targets:
         pid = target["pid"]
         if is_alive(pid, target["starttime"]):
             not_removed.append({"pid": pid, "reason": "still alive at the deadline"})
         elif process_state(pid) in ("Z", "X") and not _reused(pid, target["starttime"]):
             removed.append(pid)
-            not_removed.append({"pid": pid, "reason": "dead but not reaped by its parent "
-                                "(a zombie: holds no memory, holds a PID)"})
+            zombies.append({"pid": pid, "note": "dead but not reaped by its parent yet (a "
+                            "zombie: holds no memory, holds a PID)"})
         else:
             removed.append(pid)
+    report["zombies"] = zombies
     for item in refused:
         not_removed.append({"pid": item["pid"], "reason": f"refused: {item['reason']}"})
     report.update(removed=removed, not_removed=not_removed, gpu_memory_released=gpu_released,
                   took_s=round(time.monotonic() - started, 4))
     if not_removed:
         logger.warning("chaosgpu: hang cleanup could not remove everything: %s", not_removed)
+    if zombies:
+        logger.info("chaosgpu: dead, awaiting their parent's reap: %s", [z["pid"] for z in zombies])
     return report
 
 

@@ -1,0 +1,90 @@
+"""`chaosgpu cleanup` after a runner that crashed mid-experiment: every recorded workload and
+sandbox goes, frozen processes included; a second run finds nothing; bad usage is refused."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from chaosgpu import state
+from chaosgpu.scope import resolve_scope
+
+CRASHING_RUNNER = """
+import os, signal, sys
+from chaosgpu.workloads.actions import start_holders
+from chaosgpu.sandbox.actions import create_sandbox, exec_in_sandbox
+from chaosgpu.process.actions import freeze_processes
+tag, name, method = sys.argv[1], sys.argv[2], sys.argv[3]
+start_holders(count=2, mib=8, via="host", tag=tag, timeout_s=60)
+create_sandbox(name=name, init="sleep", grace_s=30)
+start_holders(count=1, mib=8, via="host", tag=tag + "-pod", sandbox=name, timeout_s=60)
+freeze_processes({"tag": tag}, method=method)
+print("ready", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the runner crashes: no rollback runs
+"""
+
+
+def _alive(tag: str) -> list[int]:
+    return [p["pid"] for p in resolve_scope({"tag": tag}, observe=True) if not p.get("zombie")]
+
+
+def _cleanup(*args: str) -> tuple[int, str]:
+    out = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "cleanup", *args],
+                         env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("method", ["sigstop", "freezer"])
+def test_cleanup_after_a_crashed_runner_leaves_nothing(method: str) -> None:
+    if method == "freezer" and (os.geteuid() != 0 or
+                                not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs")):
+        pytest.skip("needs root and the cgroup v1 freezer")
+    tag, name = f"cl-{uuid.uuid4().hex[:8]}", f"cl-{uuid.uuid4().hex[:6]}"
+    runner = subprocess.run([sys.executable, "-c", CRASHING_RUNNER, tag, name, method],
+                            env=dict(os.environ), capture_output=True, text=True, timeout=180)
+    assert runner.returncode == -signal.SIGKILL and "ready" in runner.stdout, runner.stderr
+    assert len(_alive(tag)) == 2 and len(_alive(tag + "-pod")) == 1
+    assert name in state.list_records("sandboxes")
+    code, output = _cleanup("--json", "--grace-s", "0.5")
+    report = json.loads(output[output.index("{"):])
+    assert code == 0, output
+    kinds = {(item["kind"], item["name"]) for item in report["removed"]}
+    assert {("workload", tag), ("workload", tag + "-pod"), ("sandbox", name)} <= kinds
+    deadline = time.monotonic() + 10
+    while (_alive(tag) or _alive(tag + "-pod")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(tag) and not _alive(tag + "-pod")
+    assert not state.list_records("workloads") and not state.list_records("sandboxes")
+    if method == "freezer":
+        assert report["thawed_cgroups"]
+    code, output = _cleanup()
+    assert code == 0 and "nothing to clean up" in output
+
+
+def test_cleanup_by_tag_removes_unrecorded_processes() -> None:
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    procs = [subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=tag),
+                              start_new_session=True, stdin=subprocess.DEVNULL)
+             for _ in range(2)]
+    try:
+        time.sleep(0.1)
+        code, output = _cleanup("--tag", tag, "--grace-s", "0.2")
+        assert code == 0, output
+        for proc in procs:
+            assert proc.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_cleanup_bad_usage() -> None:
+    assert _cleanup("--grace-s", "-1")[0] == 2
+    assert _cleanup("--bogus")[0] == 2
+    code, output = _cleanup("--help")
+    assert code == 0 and "chaosgpu cleanup" in output
