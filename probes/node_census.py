@@ -323,12 +323,19 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
             failed("pid_ns", error)
     if record["kthread"]:
         return record
-    try:
-        raw = _read_bytes(base + "/cmdline")
-        record["cmdline"] = [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] \
-            if raw else []
-    except OSError as error:
-        failed("cmdline", error)
+    zombie = state in ("Z", "X")
+    if zombie:  # its memory is gone: cmdline and environ read empty, which would be a lie
+        for field in ("cmdline", "env"):
+            unreadable.append(field)
+            errors[field] = "zombie: memory already released"
+        record["nvidia_fds"] = []  # the kernel closed its files when it exited
+    else:
+        try:
+            raw = _read_bytes(base + "/cmdline")
+            record["cmdline"] = [a.decode("utf-8", "replace")
+                                 for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+        except OSError as error:
+            failed("cmdline", error)
     try:
         main_path, freezer, v2 = _pick_cgroup(_read_bytes(base + "/cgroup"))
         record["cgroup"] = main_path
@@ -339,7 +346,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
             record["_cgroup_v2"] = v2
     except OSError as error:
         failed("cgroup", error)
-    if env:
+    if env and not zombie:
         try:
             record["env"] = _read_env(_read_bytes(base + "/environ"))
             record["tag"] = record["env"].get("CHAOSGPU_TAG")
@@ -348,7 +355,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
                 record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
         except OSError as error:
             failed("env", error)
-    if fds and state != "Z":
+    if fds and not zombie:
         try:
             record["nvidia_fds"] = _nvidia_fds(base + "/fd")
         except OSError as error:
@@ -663,7 +670,20 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
                 and job["master"].rsplit(":", 1)[0] in local_masters:
             expected = list(range(job["world_size"]))
         job["expected_ranks"] = expected
-        for missing in sorted(set(expected or []) - set(present)):
+        missing_ranks = sorted(set(expected or []) - set(present))
+        if len(missing_ranks) == 1 and job["launcher_pid"] is not None:
+            # a dead rank's environment is gone with its memory: a lone zombie child of the
+            # launcher is that rank (with more than one, which is which cannot be told)
+            ghosts = [p for p in processes.values() if p["zombie"]
+                      and p["ppid"] == job["launcher_pid"] and p["env"] is None]
+            if len(ghosts) == 1:
+                ghost = ghosts[0]
+                job["ranks"].append({
+                    "rank": missing_ranks.pop(), "local_rank": None, "pid": ghost["pid"],
+                    "host_pid": ghost["nspid"][0] if ghost.get("nspid") else None,
+                    "ns_pid": ghost["nspid"][-1] if ghost.get("nspid") else None,
+                    "state": "zombie", "gpu_mib": None, "inferred": True})
+        for missing in missing_ranks:
             job["ranks"].append({"rank": missing, "local_rank": None, "pid": None,
                                  "host_pid": None, "ns_pid": None, "state": "missing",
                                  "gpu_mib": None})
