@@ -6,15 +6,20 @@ selection.py, the deletion record in deletion.py, the exec transport in exec.py 
 programs' combination in inpod.py; credentials come from client.py and never appear in a result.
 """
 
+import json
 import logging
+import time
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s.client import core_api, describe
 
-__all__ = ["delete_gpu_pods", "kill_rank_in_pod", "freeze_rank_in_pod", "thaw_rank_in_pod"]
+__all__ = ["create_gpu_pod", "delete_gpu_pods", "kill_rank_in_pod", "freeze_rank_in_pod",
+           "thaw_rank_in_pod"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -25,10 +30,67 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
+def create_gpu_pod(spec_path: str = "", ns: str = "default", wait_running: bool = True,
+                   timeout: float = 300.0, poll_interval: float = 1.0,
+                   configuration: dict[str, Any] | None = None,
+                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Create the pod described by the YAML or JSON manifest at spec_path (one Pod; a relative
+    path is read from the directory chaos runs in) in namespace `ns` and, with wait_running,
+    wait at most `timeout` seconds until it is Running with every container started; returns
+    the pod's summary (name, uid, node, GPUs, grace period) and how long it took."""
+    selection.check_namespace(ns)
+    timeout = _positive("timeout", timeout)
+    poll_interval = _positive("poll_interval", poll_interval)
+    path = Path(spec_path)
+    if not spec_path or not path.is_file():
+        raise ValueError(f"spec_path {spec_path!r} is not a manifest file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        manifest = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ValueError(f"{spec_path}: not valid YAML/JSON: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("kind") != "Pod":
+        raise ValueError(f"{spec_path}: expected one manifest of kind Pod")
+    _quantities_as_strings(manifest)
+    core = core_api(secrets)
+    started = time.monotonic()
+    created = core.api_client.sanitize_for_serialization(
+        core.create_namespaced_pod(ns, manifest))  # type: ignore[arg-type]
+    name = created["metadata"]["name"]
+    pod = created
+    while wait_running:
+        phase = (pod.get("status") or {}).get("phase")
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if phase == "Running" and statuses and all(
+                (s.get("state") or {}).get("running") for s in statuses):
+            break
+        if phase in ("Failed", "Succeeded"):
+            raise RuntimeError(f"pod {ns}/{name} ended ({phase}) before running")
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"pod {ns}/{name} not running after {timeout:g} s "
+                               f"(phase {phase})")
+        time.sleep(poll_interval)
+        pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
+    return {**selection.summarize(pod), "spec_path": spec_path,
+            "running_after_s": round(time.monotonic() - started, 3) if wait_running else None}
+
+
+def _quantities_as_strings(manifest: dict[str, Any]) -> None:
+    # kubectl takes `nvidia.com/gpu: 1`; the typed client (kubernetes >= 35) wants "1".
+    spec = manifest.get("spec") or {}
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        for kind in ("requests", "limits"):
+            values = resources.get(kind)
+            if isinstance(values, dict):
+                resources[kind] = {k: str(v) for k, v in values.items()}
+
+
 def delete_gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
                     ns: str = "default", grace_period: int = -1, qty: int | None = None,
                     rand: bool = False, gpu_only: bool = True, wait: bool = True,
                     timeout: float = 120.0, poll_interval: float = 0.2,
+                    missing_ok: bool = False,
                     configuration: dict[str, Any] | None = None,
                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """Delete the GPU pods matched by label_selector and/or name_pattern (a whole-name regular
@@ -37,7 +99,8 @@ def delete_gpu_pods(label_selector: str | None = None, name_pattern: str | None 
     sent in the DELETE body; `qty` limits how many (first by name, or random with `rand`). With
     `wait`, follows each pod until it is gone or `timeout` seconds pass, and reports per pod when
     the DELETE was sent, when deletionTimestamp was seen, when the containers were terminated
-    (exit codes) and when the pod was gone; the record is kept for `pod_deletion_timings`."""
+    (exit codes) and when the pod was gone; the record is kept for `pod_deletion_timings`.
+    Matching nothing is an error unless missing_ok (for rollbacks: safe to run twice)."""
     if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
         raise ValueError(f"grace_period must be an integer >= 0, or -1 for the pod's own, "
                          f"not {grace_period!r}")
@@ -46,6 +109,10 @@ def delete_gpu_pods(label_selector: str | None = None, name_pattern: str | None 
     selection.validate(ns, label_selector, name_pattern)
     core = core_api(secrets)
     pods = selection.select_pods(core, ns, label_selector, name_pattern, gpu_only=gpu_only)
+    if not pods and missing_ok:
+        return {"namespace": ns, "label_selector": label_selector, "name_pattern": name_pattern,
+                "gpu_only": gpu_only, "grace_period": grace_period, "waited": wait, "pods": [],
+                "all_gone": True, "max_gone_s": None, "api": describe(core.api_client)}
     if not pods:
         raise selection.SelectionError(
             f"no {'GPU ' if gpu_only else ''}pod in namespace {ns!r} matches "

@@ -14,7 +14,8 @@ from chaosgpu import state
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s.client import core_api
 
-__all__ = ["gpu_pods", "gpu_pod_count", "pod_deletion_timings", "pod_census"]
+__all__ = ["gpu_pods", "gpu_pod_count", "gpu_pods_terminating", "pod_deletion_timings",
+           "pod_census"]
 
 
 def gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
@@ -37,6 +38,17 @@ def gpu_pod_count(label_selector: str | None = None, name_pattern: str | None = 
     """Count the pods gpu_pods would list (same selection rules), e.g. for a steady state that
     expects the training pods to be there, or gone."""
     return len(gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets))
+
+
+def gpu_pods_terminating(label_selector: str | None = None, name_pattern: str | None = None,
+                         ns: str = "default", gpu_only: bool = True,
+                         configuration: dict[str, Any] | None = None,
+                         secrets: dict[str, Any] | None = None) -> int:
+    """Count the selected GPU pods that are being deleted (deletionTimestamp set) but still
+    exist: a steady state of 0 holds before a deletion and after a clean one, and catches a pod
+    stuck in Terminating with its GPU."""
+    pods = gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets)
+    return sum(1 for pod in pods if pod["deletion_timestamp"])
 
 
 def pod_deletion_timings(label_selector: str | None = None, name_pattern: str | None = None,

@@ -1,0 +1,115 @@
+"""The Kubernetes catalog: every experiment validates with the real `chaos` CLI, and the shipped
+experiments run end to end with `chaos run` against the emulator (kubeconfig -> loopback),
+chaosk8s's exec_in_pods and chaosgpu's activities included."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Cluster
+
+from chaosgpu.k8s import actions
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted((REPO / "experiments" / "k8s").glob("*.json"))
+CHAOS = shutil.which("chaos") or str(Path(sys.executable).parent / "chaos")
+
+
+def _chaos(*args: str, cwd: Path, env: dict[str, str] | None = None,
+           timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHAOS, "--no-version-check", "--log-file", os.devnull, *args],
+                          cwd=cwd, env=env or dict(os.environ), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_there_is_a_catalog() -> None:
+    names = {p.name for p in EXPERIMENTS}
+    assert {"k8s-delete-report-pod.json", "k8s-delete-init-pod.json",
+            "k8s-delete-prestop-pod.json", "k8s-delete-sigterm-handler-pod.json",
+            "k8s-kill-rank-report-pod.json"} <= names
+    manifests = REPO / "experiments" / "k8s" / "manifests"
+    for experiment in EXPERIMENTS:
+        for activity in json.loads(experiment.read_text())["method"]:
+            spec = activity["provider"].get("arguments", {}).get("spec_path")
+            if spec:
+                assert (REPO / spec).is_file() and (REPO / spec).parent == manifests
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.name)
+def test_experiment_validates(path: Path, tmp_path: Path) -> None:
+    done = _chaos("validate", str(path), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _journal(tmp_path: Path, experiment: Path, cluster: Cluster) -> dict[str, Any]:
+    journal = tmp_path / "journal.json"
+    env = dict(os.environ, CHAOSGPU_WARMUP_S="0")
+    done = _chaos("run", "--journal-path", str(journal), str(experiment), cwd=REPO, env=env)
+    assert journal.exists(), done.stdout + done.stderr
+    text = journal.read_text()
+    assert "emulator-token" not in text  # the kubeconfig's credential stays out of the journal
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def _output(journal: dict[str, Any], name: str) -> Any:
+    entry = next(r for r in journal["run"] if r["activity"]["name"] == name)
+    assert entry["status"] == "succeeded", entry.get("exception")
+    return entry.get("output")
+
+
+def test_report_pod_experiment_runs_against_the_emulator(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.emulator.time_scale = 0.03  # the pod's 30 s grace -> 0.9 s
+    journal = _journal(tmp_path, REPO / "experiments/k8s/k8s-delete-report-pod.json", cluster)
+    assert journal["status"] == "completed" and not journal["deviated"], [
+        (r["activity"]["name"], r["status"], r.get("exception")) for r in journal["run"]]
+    created = _output(journal, "create-the-pod")
+    assert created["name"] == "gpu-report" and created["gpus"] == 1
+    assert created["termination_grace_period_seconds"] == 30
+    started = _output(journal, "start-a-worker-with-exec")
+    assert started[0]["exit_code"] == 0  # chaosk8s's exec_in_pods through the exec protocol
+    census = _output(journal, "census-inside-the-pod-before")
+    assert census["schema"] == "chaosgpu.census/1"
+    deleted = _output(journal, "delete-the-gpu-pod")
+    assert deleted["all_gone"] and deleted["pods"][0]["grace_period_seconds"] == 30
+    assert deleted["pods"][0]["containers"][0]["exit_code"] == 137  # SIGKILL at grace's end
+    timings = _output(journal, "deletion-timings")
+    assert timings["all_gone"] and timings["max_gone_s"] >= 0.8
+    assert journal["rollbacks"][0]["output"]["pods"] == []  # nothing left: missing_ok
+    deletes = cluster.requests("DELETE")
+    assert [d.data["gracePeriodSeconds"] for d in deletes] == [30]
+    assert deletes[0].url.path == "/api/v1/namespaces/default/pods/gpu-report"
+    lists = [r.params.get("labelSelector") for r in cluster.requests("GET")
+             if r.url.path.endswith("/pods")]
+    # chaosgpu always lists with the selector; the one listing without is chaosk8s's
+    # exec_in_pods (name_pattern only: it lists the whole namespace, then filters).
+    assert set(lists) == {"app=chaosgpu-k8s,variant=report", None} and lists.count(None) == 1
+    assert [e["command"][:2] for e in cluster.exec.log] == [["sh", "-c"], ["python3", "-c"]]
+
+
+def test_sigterm_handler_experiment_runs_against_the_emulator(cluster: Cluster,
+                                                              tmp_path: Path) -> None:
+    cluster.emulator.exit_after[("default", "gpu-sigterm")] = 0.2  # the worker exits on SIGTERM
+    journal = _journal(tmp_path, REPO / "experiments/k8s/k8s-delete-sigterm-handler-pod.json",
+                       cluster)
+    assert journal["status"] == "completed" and not journal["deviated"]
+    pod = _output(journal, "delete-the-gpu-pod")["pods"][0]
+    assert pod["gone"] and pod["gone_s"] < 3 and pod["containers"][0]["exit_code"] == 0
+
+
+def test_create_gpu_pod_refuses_bad_manifests(cluster: Cluster, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Deployment\nmetadata: {name: x}\n")
+    with pytest.raises(ValueError, match="expected one manifest of kind Pod"):
+        actions.create_gpu_pod(spec_path=str(bad), secrets=cluster.secrets)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: [Pod\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        actions.create_gpu_pod(spec_path=str(broken), secrets=cluster.secrets)
+    with pytest.raises(ValueError, match="is not a manifest file"):
+        actions.create_gpu_pod(spec_path=str(tmp_path / "missing.yaml"), secrets=cluster.secrets)
+    assert cluster.requests("POST") == []
