@@ -1,0 +1,537 @@
+"""Tests of `chaosgpu agent` over real HTTP on loopback: authentication, snapshot and timeline
+content, malformed parameters, Prometheus metrics, the probes, and the command's bind/token rules.
+
+Real processes (a zombie, a tagged process holding memory, a process placed in a kubelet-style
+pod cgroup) and a real server; only NVML is replaced, by a recorded H200 snapshot
+(tests/data/nvml_h200_recorded.json), where a test needs GPU processes on this GPU-less machine.
+"""
+
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from chaosgpu.agent import probes
+from chaosgpu.agent.metrics import escape_label, render
+from chaosgpu.agent.server import (
+    AgentConfig,
+    AgentServer,
+    CensusCache,
+    TimelineWindow,
+    is_loopback,
+    parse_listen,
+)
+
+HERE = Path(__file__).resolve().parent
+TOKEN = "test-token-" + uuid.uuid4().hex
+RECORDED = json.loads((HERE / "data" / "nvml_h200_recorded.json").read_text())
+CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
+
+
+class Agent:
+    def __init__(self, server: AgentServer, timeline: TimelineWindow | None) -> None:
+        self.server = server
+        self.timeline = timeline
+        self.url = server.url
+
+    def get(self, path: str, token: str | None = TOKEN, **params: Any) -> requests.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return requests.get(self.url + path, params=params, headers=headers, timeout=30)
+
+
+def _start(census_kwargs: dict[str, Any] | None = None, rate_hz: float = 100.0,
+           ttl: float = 0.2) -> Agent:
+    census = CensusCache(ttl_s=ttl, census_kwargs=census_kwargs)
+    timeline = TimelineWindow(rate_hz=rate_hz, process_every=2, retention_s=60,
+                              housekeeping_s=0.05) if rate_hz else None
+    if timeline is not None:
+        census.listeners.append(timeline.remember)
+    server = AgentServer("127.0.0.1", 0, AgentConfig(TOKEN, census, timeline))
+    if timeline is not None:
+        timeline.start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    return Agent(server, timeline)
+
+
+def _stop(agent: Agent) -> None:
+    agent.server.shutdown()
+    agent.server.server_close()
+    if agent.timeline is not None:
+        agent.timeline.stop()
+
+
+@pytest.fixture
+def agent() -> Iterator[Agent]:
+    running = _start()
+    try:
+        yield running
+    finally:
+        _stop(running)
+
+
+def _hold(mib: int, tag: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A real process holding `mib` MiB of resident memory, tagged for the timeline."""
+    code = ("import sys, time\n"
+            f"x = bytearray({mib} * 1024 * 1024)\n"
+            "for i in range(0, len(x), 4096): x[i] = 1\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(120)\n")
+    env = dict(os.environ, CHAOSGPU_TAG=tag, **(extra_env or {}))
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == b"ready"
+    return process
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+# -- addresses ---------------------------------------------------------------------------------
+
+def test_listen_addresses_are_parsed_and_loopback_is_recognised() -> None:
+    assert parse_listen("127.0.0.1:9464") == ("127.0.0.1", 9464)
+    assert parse_listen("[::1]:80") == ("::1", 80)
+    for bad in ("9464", ":9464", "host:port", "1.2.3.4:70000", "[::1]9464"):
+        with pytest.raises(ValueError):
+            parse_listen(bad)
+    assert is_loopback("127.0.0.1") and is_loopback("127.9.9.9") and is_loopback("::1")
+    assert is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")
+    assert not is_loopback("example.com")
+
+
+# -- authentication ----------------------------------------------------------------------------
+
+def test_healthz_needs_no_token(agent: Agent) -> None:
+    response = agent.get("/healthz", token=None)
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("path", ["/v1/snapshot", "/v1/timeline", "/metrics"])
+def test_missing_or_wrong_token_is_refused(agent: Agent, path: str) -> None:
+    for token in (None, "wrong", TOKEN + "x", ""):
+        response = agent.get(path, token=token)
+        assert response.status_code == 401, token
+        assert "bearer token" in response.json()["error"]
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    basic = requests.get(agent.url + path, headers={"Authorization": f"Basic {TOKEN}"},
+                         timeout=10)
+    assert basic.status_code == 401
+    assert agent.get(path).status_code == 200
+
+
+def test_unknown_path_is_404_and_writes_are_405(agent: Agent) -> None:
+    response = agent.get("/v1/nothing")
+    assert response.status_code == 404
+    assert "/v1/snapshot" in response.json()["error"]
+    post = requests.post(agent.url + "/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"},
+                         timeout=10)
+    assert post.status_code == 405
+
+
+# -- snapshot ----------------------------------------------------------------------------------
+
+def test_snapshot_is_the_census_and_shows_a_real_zombie(agent: Agent) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"], env=dict(os.environ))
+    try:
+        _wait(lambda: open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] == "Z", 10,
+              "the child to be a zombie")
+        response = agent.get("/v1/snapshot", fresh=1)
+        assert response.status_code == 200
+        census = response.json()
+        assert census["schema"] == "chaosgpu.census/1"
+        assert child.pid in census["zombies"]
+        assert any(p["pid"] == os.getpid() for p in census["processes"])
+        assert census["age_s"] < 5
+        slim = agent.get("/v1/snapshot", processes=0).json()
+        assert "processes" not in slim and "zombies" in slim
+    finally:
+        child.wait(timeout=10)
+
+
+def test_snapshot_is_cached_for_its_ttl(agent: Agent) -> None:
+    first = agent.get("/v1/snapshot").json()
+    second = agent.get("/v1/snapshot").json()
+    assert second["taken_at"] == first["taken_at"]  # within the 0.2 s TTL: the same census
+    time.sleep(0.3)
+    agent.get("/v1/snapshot")  # older than the TTL: answered, and a refresh starts
+    _wait(lambda: agent.get("/v1/snapshot").json()["taken_at"] > first["taken_at"], 10,
+          "a refreshed census")
+    fresh = agent.get("/v1/snapshot", fresh=1).json()
+    assert fresh["taken_at"] > first["taken_at"]
+
+
+@pytest.mark.parametrize(
+    "params, parameter",
+    [
+        ({"gpu": "x"}, "gpu"),
+        ({"gpu": "-1"}, "gpu"),
+        ({"gpu": "7"}, "gpu"),  # no such GPU
+        ({"processes": "maybe"}, "processes"),
+        ({"fresh": "2"}, "fresh"),
+        ({"bogus": "1"}, "bogus"),
+    ],
+)
+def test_snapshot_rejects_malformed_parameters(agent: Agent, params: dict[str, str],
+                                               parameter: str) -> None:
+    response = agent.get("/v1/snapshot", **params)
+    assert response.status_code == 400
+    assert response.json()["parameter"] == parameter
+    assert parameter in response.json()["error"]
+
+
+def test_repeated_parameter_is_rejected(agent: Agent) -> None:
+    response = requests.get(agent.url + "/v1/snapshot?gpu=0&gpu=1",
+                            headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert response.status_code == 400
+    assert response.json()["parameter"] == "gpu"
+
+
+# -- timeline ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "params, parameter",
+    [
+        ({"since": "abc"}, "since"),
+        ({"until": "yesterday"}, "until"),
+        ({"since": "nan"}, "since"),
+        ({"since": "inf"}, "since"),
+        ({"since": "200", "until": "100"}, "until"),
+        ({"since": "0", "until": "100000"}, "since"),  # window longer than the maximum
+        ({"pid": "-3"}, "pid"),
+        ({"pid": "one"}, "pid"),
+        ({"pod_uid": " "}, "pod_uid"),
+        ({"gpu": "0"}, "gpu"),
+    ],
+)
+def test_timeline_rejects_malformed_parameters(agent: Agent, params: dict[str, str],
+                                               parameter: str) -> None:
+    response = agent.get("/v1/timeline", **params)
+    assert response.status_code == 400, response.text
+    assert response.json()["parameter"] == parameter
+
+
+def test_timeline_holds_a_tagged_process_memory_and_its_end(agent: Agent) -> None:
+    since = time.time()
+    worker = _hold(64, "agent-test")
+    try:
+        def seen() -> dict[str, Any] | None:
+            window = agent.get("/v1/timeline", since=since).json()
+            entry = window["processes"].get(str(worker.pid))
+            return window if entry and entry["mib"] and max(entry["mib"]) >= 60 else None
+
+        window = _wait(seen, 20, "the worker's memory in the timeline")
+        assert window["schema"] == "chaosgpu.agent.timeline/1"
+        assert window["source"] in ("host-rss", "nvml")
+        entry = window["processes"][str(worker.pid)]
+        assert entry["tag"] == "agent-test"
+        assert all(since - window["t0"] - 1e-6 <= t for t in window["t"])
+        assert len(window["t"]) == len(window["total_mib"])
+        if window["source"] == "host-rss":
+            assert window["rate_hz"] is None or window["rate_hz"] > 50
+        killed_at = time.time()
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+
+        def ended() -> dict[str, Any] | None:
+            window = agent.get("/v1/timeline", since=since).json()
+            states = window["processes"][str(worker.pid)]["states"]
+            return window if states and states[-1][1] == "gone" else None
+
+        window = _wait(ended, 20, "the worker's end in the timeline")
+        entry = window["processes"][str(worker.pid)]
+        assert entry["t"][-1] + window["t0"] <= killed_at + 0.5
+        # a window that ends before the worker started holds none of it
+        early = agent.get("/v1/timeline", since=since - 5, until=since - 4).json()
+        assert str(worker.pid) not in early["processes"]
+        only = agent.get("/v1/timeline", since=since, pid=worker.pid).json()
+        assert list(only["processes"]) == [str(worker.pid)]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=10)
+
+
+def test_timeline_retention_trims_old_samples() -> None:
+    running = _start()
+    try:
+        timeline = running.timeline
+        assert timeline is not None
+        timeline.retention_s = 0.5
+        _wait(lambda: timeline.sampler.now() > 3.0, 10, "3 s of samples")
+        time.sleep(0.3)
+        window = running.get("/v1/timeline", since=time.time() - 30).json()
+        assert window["truncated"] is True
+        assert window["retained_since"] > time.time() - 2.0
+        assert len(timeline.sampler.t) < 2.0 * 100 * 1.2
+    finally:
+        _stop(running)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+SAMPLE = re.compile(r'^[a-z_:][a-z0-9_:]*(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? \S+$')
+
+
+def _parse(text: str) -> dict[str, list[tuple[str, float]]]:
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert line.startswith(("# HELP ", "# TYPE ")), line
+            continue
+        assert SAMPLE.match(line), line
+        name_labels, value = line.rsplit(" ", 1)
+        name = name_labels.split("{", 1)[0]
+        out.setdefault(name, []).append((name_labels, float(value)))
+    return out
+
+
+def test_metrics_are_prometheus_text_with_zombies(agent: Agent) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"], env=dict(os.environ))
+    try:
+        _wait(lambda: open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] == "Z", 10,
+              "a zombie")
+        agent.get("/v1/snapshot", fresh=1)
+        response = agent.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        metrics = _parse(response.text)
+        assert metrics["chaosgpu_zombie_processes"][0][1] >= 1
+        for name in ("chaosgpu_gpu_available", "chaosgpu_orphan_processes", "chaosgpu_hung_jobs",
+                     "chaosgpu_processes", "chaosgpu_timeline_rate_hz",
+                     "chaosgpu_agent_requests_total"):
+            assert name in metrics, name
+        assert agent.get("/metrics", extra="1").status_code == 400
+    finally:
+        child.wait(timeout=10)
+
+
+def test_metric_labels_are_escaped() -> None:
+    assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+    census = {"gpu": {"available": True, "devices": [
+        {"index": 0, "uuid": "GPU-1", "name": 'odd "name"\n', "memory_used_mib": 1.5,
+         "memory_total_mib": 2.0}]},
+        "gpu_processes": [], "processes": [], "zombies": [], "orphans": [], "jobs": [
+            {"id": 'job"1', "hang_suspected": True}]}
+    metrics = _parse(render(census))
+    assert metrics["chaosgpu_hung_jobs"][0][1] == 1
+    assert metrics["chaosgpu_gpu_memory_used_mib"][0][1] == 1.5
+
+
+# -- a pod on this machine: a process in a kubelet-style cgroup ------------------------------
+
+@pytest.fixture
+def pod_process() -> Iterator[tuple[subprocess.Popen, str, str]]:
+    """A real process holding memory inside /kubepods/besteffort/pod<uid>/<container id>
+    (cgroup v1 pids hierarchy), as the kubelet's cgroupfs driver lays pods out."""
+    if not (CGROUP_PIDS.is_dir() and os.access(CGROUP_PIDS, os.W_OK)):
+        pytest.skip("needs a writable cgroup v1 pids hierarchy (root, cgroup v1)")
+    pod_uid = str(uuid.uuid4())
+    container_id = uuid.uuid4().hex + uuid.uuid4().hex
+    folders = [CGROUP_PIDS / "kubepods", CGROUP_PIDS / "kubepods" / "besteffort",
+               CGROUP_PIDS / "kubepods" / "besteffort" / f"pod{pod_uid}",
+               CGROUP_PIDS / "kubepods" / "besteffort" / f"pod{pod_uid}" / container_id]
+    made = []
+    for folder in folders:
+        if not folder.exists():
+            folder.mkdir()
+            made.append(folder)
+    worker = _hold(48, "agent-pod")
+    try:
+        (folders[-1] / "cgroup.procs").write_text(str(worker.pid))
+        yield worker, pod_uid, container_id
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.wait(timeout=10)
+        for folder in reversed(made):
+            for _ in range(50):
+                try:
+                    folder.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+
+
+def test_pod_processes_are_attributed_in_snapshot_metrics_and_timeline(
+        pod_process: tuple[subprocess.Popen, str, str]) -> None:
+    worker, pod_uid, container_id = pod_process
+    # Replace NVML by the recorded H200 snapshot, its worker's PID by ours.
+    gpu = copy.deepcopy(RECORDED["held"])
+    gpu["devices"][0]["processes"][0]["pid"] = worker.pid
+    running = _start(census_kwargs={"gpu_snapshot": gpu})
+    try:
+        census = running.get("/v1/snapshot", gpu=0).json()
+        (entry,) = census["gpu_processes"]
+        assert entry["host_pid"] == worker.pid
+        assert entry["container"]["pod_uid"] == pod_uid
+        assert entry["container"]["id"] == container_id
+        assert running.get("/v1/snapshot", gpu=1).status_code == 400
+        metrics = _parse(running.get("/metrics").text)
+        (line, value), = metrics["chaosgpu_gpu_process_memory_mib"]
+        assert f'pod_uid="{pod_uid}"' in line and f'pid="{worker.pid}"' in line
+        assert f'container_id="{container_id}"' in line
+        assert value == 2658.0
+        assert metrics["chaosgpu_pod_gpu_memory_mib"] == [
+            (f'chaosgpu_pod_gpu_memory_mib{{pod_uid="{pod_uid}"}}', 2658.0)]
+        assert metrics["chaosgpu_gpu_memory_used_mib"][0][1] == 3281.875
+        secrets = {"agent_token": TOKEN}
+        assert probes.pod_gpu_memory(running.url, pod_uid, secrets=secrets) == 2658.0
+        assert probes.pod_gpu_memory(running.url, "other", secrets=secrets) == 0.0
+        # The timeline (host RSS here: NVML is only replaced in the census) carries the pod.
+        _wait(lambda: running.get("/v1/timeline", pod_uid=pod_uid).json()["processes"], 20,
+              "the pod's process in the timeline")
+        window = running.get("/v1/timeline", pod_uid=pod_uid).json()
+        assert list(window["processes"]) == [str(worker.pid)]
+        assert window["processes"][str(worker.pid)]["container_id"] == container_id
+        assert running.get("/v1/timeline", pod_uid="no-such-pod").json()["processes"] == {}
+    finally:
+        _stop(running)
+
+
+def test_probes_measure_a_pod_release_and_its_gib_seconds(
+        pod_process: tuple[subprocess.Popen, str, str], agent: Agent) -> None:
+    worker, pod_uid, _ = pod_process
+    secrets = {"agent_token": TOKEN}
+    _wait(lambda: agent.get("/v1/timeline", pod_uid=pod_uid).json()["processes"], 20,
+          "the pod in the timeline")
+    time.sleep(0.5)
+    since = time.time()
+    time.sleep(1.0)
+    os.kill(worker.pid, signal.SIGKILL)
+    killed = time.time()
+    worker.wait(timeout=10)
+    release = probes.pod_release_time(agent.url, pod_uid=pod_uid, since=since, threshold_mib=8,
+                                      timeout_s=20, secrets=secrets)
+    assert release is not None
+    # released after the kill, well within a second of it (sampling at 100 Hz, listing at 50)
+    assert killed - since - 0.05 <= release <= killed - since + 1.0, (release, killed - since)
+    waste = probes.pod_gb_seconds(agent.url, pod_uid=pod_uid, since=since, until=killed + 1,
+                                  secrets=secrets)
+    held_gib = 48 / 1024
+    assert held_gib * (killed - since) * 0.8 <= waste <= held_gib * (killed - since + 1) * 1.3
+    with pytest.raises(ValueError, match="agent token"):
+        probes.pod_gb_seconds(agent.url, pod_uid=pod_uid, since=since, secrets={})
+    with pytest.raises(RuntimeError, match="401"):
+        probes.agent_snapshot(agent.url, secrets={"agent_token": "wrong"})
+    with pytest.raises(ValueError, match="url"):
+        probes.agent_snapshot("", secrets=secrets)
+    with pytest.raises(RuntimeError, match="400"):
+        probes.agent_snapshot(agent.url, gpu=5, secrets=secrets)
+    assert probes.agent_snapshot(agent.url, configuration={"chaosgpu_agent_url": agent.url},
+                                 secrets=secrets)["schema"] == "chaosgpu.census/1"
+
+
+def test_release_time_gives_up_at_its_deadline(agent: Agent) -> None:
+    worker = _hold(16, "agent-alive")
+    try:
+        started = time.monotonic()
+        value = probes.pod_release_time(agent.url, pod_uid="no-such-pod", since=time.time(),
+                                        timeout_s=1.0, secrets={"agent_token": TOKEN})
+        assert value is None
+        assert time.monotonic() - started < 5
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def _agent_cli(args: list[str], env: dict[str, str] | None = None,
+               timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "chaosgpu.cli", "agent", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=env if env is not None else dict(os.environ))
+
+
+def test_cli_refuses_remote_binds_and_bad_arguments(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CHAOSGPU_AGENT_TOKEN"}
+    result = _agent_cli(["--listen", "0.0.0.0:0"], env)
+    assert result.returncode == 2 and "--allow-remote" in result.stderr
+    result = _agent_cli(["--listen", "0.0.0.0:0", "--allow-remote"], env)
+    assert result.returncode == 2 and "needs a token" in result.stderr
+    result = _agent_cli(["--listen", "localhost"], env)
+    assert result.returncode == 2 and "HOST:PORT" in result.stderr
+    result = _agent_cli(["--token-file", str(tmp_path / "missing")], env)
+    assert result.returncode == 2 and "missing" in result.stderr
+    (tmp_path / "empty").write_text("\n")
+    result = _agent_cli(["--token-file", str(tmp_path / "empty")], env)
+    assert result.returncode == 2 and "empty" in result.stderr
+    result = _agent_cli(["--rate-hz", "-5"], env)
+    assert result.returncode == 2 and "--rate-hz" in result.stderr
+
+
+def test_cli_serves_with_a_generated_token_and_stops_on_sigterm(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CHAOSGPU_AGENT_TOKEN"}
+    env["CHAOSGPU_STATE_DIR"] = str(tmp_path / "state")
+    ready = tmp_path / "ready.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "chaosgpu.cli", "agent", "--listen", "127.0.0.1:0",
+         "--max-seconds", "60", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait(lambda: ready.exists() and ready.read_text(), 30, "the agent to listen")
+        info = json.loads(ready.read_text())
+        token_file = Path(info["token_file"])
+        assert token_file.parent == tmp_path / "state" / "agent"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        url = info["url"]
+        assert requests.get(url + "/v1/snapshot", timeout=10).status_code == 401
+        ok = requests.get(url + "/v1/snapshot", headers={"Authorization": f"Bearer {token}"},
+                          timeout=30)
+        assert ok.status_code == 200
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+        assert process.returncode == 0, err
+        assert "listening on http://127.0.0.1:" in out and "stopped" in out
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_cli_takes_the_token_from_the_environment(tmp_path: Path) -> None:
+    env = dict(os.environ, CHAOSGPU_AGENT_TOKEN="from-env-token")
+    ready = tmp_path / "ready.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "chaosgpu.cli", "agent", "--listen", "127.0.0.1:0",
+         "--rate-hz", "0", "--max-seconds", "2", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait(lambda: ready.exists() and ready.read_text(), 30, "the agent to listen")
+        info = json.loads(ready.read_text())
+        assert info["token_file"] is None
+        headers = {"Authorization": "Bearer from-env-token"}
+        assert requests.get(info["url"] + "/metrics", headers=headers, timeout=30).ok
+        timeline = requests.get(info["url"] + "/v1/timeline", headers=headers, timeout=10)
+        assert timeline.status_code == 503
+        process.communicate(timeout=20)  # --max-seconds ends it
+        assert process.returncode == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
