@@ -22,6 +22,7 @@ at the sampling rate.
 
 import logging
 import os
+import select
 import statistics
 import threading
 import time
@@ -90,7 +91,7 @@ class Sampler:
 
     def __init__(self, rate_hz: float = 200.0, process_every: int = 10,
                  scope: dict[str, Any] | None = None, source: str = "auto",
-                 rescan_s: float = 0.25, max_samples: int = 2_000_000) -> None:
+                 rescan_s: float = 0.5, max_samples: int = 2_000_000) -> None:
         if not isinstance(rate_hz, (int, float)) or not 1 <= rate_hz <= 5000:
             raise ValueError(f"rate_hz must be a number between 1 and 5000, got {rate_hz!r}")
         if not isinstance(process_every, int) or process_every < 1:
@@ -120,6 +121,7 @@ class Sampler:
         self.cpu_s = 0.0
         self.wall_s = 0.0
         self._fds: dict[int, int] = {}  # pid -> open /proc/PID/statm (host-rss source)
+        self._pidfds: dict[int, int] = {}  # pid -> pidfd of a tracked process (identity, exit)
         self._known: dict[int, int | None] = {}  # pid -> starttime of examined PIDs
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
@@ -212,6 +214,10 @@ class Sampler:
                 continue
             self._known[pid] = record.get("starttime")
             if pid != os.getpid() and self._matches(record):
+                pidfd = self._open_pidfd(pid, record.get("starttime"))
+                if pidfd is None:
+                    continue
+                self._pidfds[pid] = pidfd
                 self._tracked[pid] = record.get("starttime")
                 with self._data_lock:
                     entry = self.processes.setdefault(pid, {
@@ -260,9 +266,11 @@ class Sampler:
         finally:
             self.cpu_s = time.thread_time() - cpu0
             self.wall_s = time.monotonic() - wall0
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *self._pidfds.values()]:
                 os.close(fd)
             self._fds.clear()
+            self._pidfds.clear()
+            self._tracked.clear()
 
     def _sample(self, tick: int) -> None:
         node = self._node
@@ -311,13 +319,33 @@ class Sampler:
         if with_processes:
             self._sample_states(t)
 
+    def _open_pidfd(self, pid: int, starttime: int | None) -> int | None:
+        """A pidfd for a tracked process, opened then checked against its start time: it then
+        tells the process's exit without any PID-reuse doubt."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        if starttime is not None and self._node.process_starttime(pid) != starttime:
+            os.close(pidfd)
+            return None
+        return pidfd
+
     def _sample_states(self, t: float) -> None:
-        node = _node()
-        for pid, starttime in list(self._tracked.items()):
+        node = self._node
+        if not self._tracked:
+            return
+        poller = select.poll()
+        for pidfd in self._pidfds.values():
+            poller.register(pidfd, select.POLLIN)
+        exited = {fd for fd, _ in poller.poll(0)}
+        for pid in list(self._tracked):
+            pidfd = self._pidfds[pid]
+            # Not exited: the PID is still this process's, its state is safe to read.
+            # Exited: zombie until reaped, then gone (its PID may already be someone else's).
             state = node.process_state(pid)
-            if state is not None and starttime is not None \
-                    and node.process_starttime(pid) != starttime:
-                state = None  # reused PID: the tracked process is gone
+            if pidfd in exited and state not in ("Z", "X"):
+                state = None
             label = state or "gone"
             entry = self.processes.get(pid)
             if entry is None:
@@ -328,6 +356,7 @@ class Sampler:
                     states.append([t, label])
             if label == "gone":
                 del self._tracked[pid]
+                os.close(self._pidfds.pop(pid))
                 if pid in self._fds:
                     os.close(self._fds.pop(pid))
 
