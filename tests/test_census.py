@@ -271,3 +271,27 @@ def test_census_is_fast_here() -> None:
     census = node.take_census(gpu=False)
     elapsed = time.monotonic() - started
     assert elapsed < 2.0, f"census of {len(census['processes'])} processes took {elapsed:.3f}s"
+
+
+def test_cache_keeps_what_a_zombie_had_while_alive() -> None:
+    census_module._CACHE.clear()
+    env = dict(os.environ, CHAOSGPU_TAG="cached-tag", RANK="5")
+    child = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        wait_for(lambda: (node.read_process(child.pid) or {}).get("tag"), what="exec")
+        time.sleep(2.2)  # only processes older than 2 s are cached (fork/exec races)
+        first = node.take_census(gpu=False, cache=True)
+        assert any(k[1] == child.pid for k in census_module._CACHE)
+        assert next(p for p in first["processes"] if p["pid"] == child.pid)["tag"] == "cached-tag"
+        child.kill()
+        wait_for(lambda: node.process_state(child.pid) == "Z", what="zombie")
+        warm = node.take_census(gpu=False, cache=True)
+        zombie = next(p for p in warm["processes"] if p["pid"] == child.pid)
+        assert zombie["zombie"] and zombie["tag"] == "cached-tag"
+        assert zombie["env"]["RANK"] == "5" and zombie["nvidia_fds"] == []
+        cold = node.take_census(gpu=False)
+        assert next(p for p in cold["processes"] if p["pid"] == child.pid)["env"] is None
+    finally:
+        child.wait()
+    node.take_census(gpu=False, cache=True)
+    assert not any(k[1] == child.pid for k in census_module._CACHE)  # pruned once gone

@@ -1,0 +1,107 @@
+"""On a GPU machine: a torch worker holding 2 GiB inside a PID namespace is attributed by the
+census to its host PID, its namespace PID and its memory, seen from the host; seen from inside
+the namespace it is "not visible here" (NVML gives host PIDs), never an orphan or gone (the
+field report's false ORPHANED). Also records a real NVML snapshot for tests/data when
+$CHAOSGPU_RECORD_DIR is set. Skipped cleanly without NVML."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from census_helpers import PROGRAM, children, comm, wait_for
+
+from chaosgpu import node
+
+pytestmark = pytest.mark.gpu
+
+WORKER = (
+    "import sys, time, torch\n"
+    "x = torch.empty(2048 * 1024 * 1024, dtype=torch.uint8, device='cuda')\n"
+    "x.fill_(1); torch.cuda.synchronize()\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+@pytest.fixture
+def namespaced_worker():  # type: ignore[no-untyped-def]
+    """A torch worker as PID 1 of its own PID namespace, holding 2 GiB; yields (unshare
+    Popen, worker host PID)."""
+    runner = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", WORKER],
+        env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True)
+    try:
+        assert runner.stdout is not None
+        assert runner.stdout.readline().strip() == "ready"
+        worker = wait_for(lambda: [p for p in children(runner.pid)
+                                   if comm(p).startswith(("python", "pt_main"))],
+                          what="the worker's host PID")[0]
+        wait_for(lambda: any(p["pid"] == worker for p in node.nvml_gpu_processes()),
+                 timeout=20, what="NVML to list the worker")
+        yield runner, worker
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait(timeout=30)
+
+
+def test_namespaced_worker_attributed_from_the_host(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
+    _, worker = namespaced_worker
+    census = node.take_census()
+    assert census["observer"]["host_view"] is True
+    [entry] = [g for g in census["gpu_processes"] if g["host_pid"] == worker]
+    assert entry["visible"] and entry["pid"] == worker
+    assert entry["ns_pid"] == 1  # the worker is PID 1 of its namespace
+    assert entry["used_mib"] is not None and entry["used_mib"] >= 2048
+    assert entry["note"] is None
+    record = next(p for p in census["processes"] if p["pid"] == worker)
+    assert record["nspid"] == [worker, 1] and not record["orphan"]
+    assert any(path.startswith("/dev/nvidia") for path in record["nvidia_fds"])
+    total = census["gpu"]["devices"][0]["memory_total_mib"]
+    assert total > 10000
+
+
+def test_namespaced_worker_from_inside_is_not_visible_not_orphaned(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
+    _, worker = namespaced_worker
+    result = subprocess.run(["nsenter", "-t", str(worker), "-p", "-m", sys.executable,
+                             str(PROGRAM)], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    inside = json.loads(result.stdout)
+    assert inside["observer"]["host_view"] is False
+    assert inside["gpu"]["available"] is True
+    [entry] = [g for g in inside["gpu_processes"] if g["host_pid"] == worker]
+    assert entry["visible"] is False and "not visible here" in entry["note"]
+    procs = {p["pid"]: p for p in inside["processes"]}
+    assert procs[1]["ns_init"] and not procs[1]["orphan"]  # the worker itself, PID 1 inside
+    assert inside["orphans"] == []
+    assert procs[1]["nvidia_fds"]  # it holds the device: the in-pod view can say which process
+
+
+def test_fast_paths_and_record_a_snapshot(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
+    runner, worker = namespaced_worker
+    memory = node.nvml_device_memory()
+    assert memory and memory[0]["used_mib"] > 2048
+    started = time.perf_counter()
+    for _ in range(1000):
+        node.nvml_device_memory()
+    per_call_us = (time.perf_counter() - started) * 1000
+    assert per_call_us < 1000, f"nvml_device_memory took {per_call_us:.0f} us"
+    processes = node.nvml_gpu_processes()
+    assert any(p["pid"] == worker and p["used_mib"] >= 2048 for p in processes)
+    record_dir = os.environ.get("CHAOSGPU_RECORD_DIR")
+    if record_dir:
+        snapshot = node.nvml_snapshot()
+        nspid = {str(p["pid"]): (node.read_process(p["pid"]) or {}).get("nspid")
+                 for d in snapshot["devices"] for p in d["processes"]}
+        path = Path(record_dir) / "nvml_census_recorded.json"
+        path.write_text(json.dumps({"recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                 time.gmtime()),
+                                    "worker_mib": 2048, "unshare_pid": runner.pid,
+                                    "held": snapshot, "nspid": nspid,
+                                    "nvml_device_memory_us": per_call_us}, indent=2))
