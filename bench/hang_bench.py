@@ -70,6 +70,7 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=3)
     parser.add_argument("--poll-s", type=float, default=0.1)
     parser.add_argument("--grace-s", type=float, default=2.0)
+    parser.add_argument("--name", default="hang", help="results file name prefix")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     lines = [f"gloo ring, world size {args.world_size}, rank 1 frozen by SIGSTOP; detect_hang "
@@ -96,7 +97,7 @@ def main() -> int:
               f"{statistics.median(r['detect_with_stacks_s'] for r in rows):.3f} s"]
     print("\n".join(lines[-4:]))
     if not args.no_write:
-        print(f"written: {write('hang', chr(10).join(lines) + chr(10))}")
+        print(f"written: {write(args.name, chr(10).join(lines) + chr(10))}")
     ok = len(dets) == len(rows) and max(dets) <= 1.0 and max(cleans) <= 5.0
     return 0 if ok else 1
 

@@ -27,6 +27,8 @@ from chaosgpu.timeline.sampler import Sampler  # noqa: E402
 
 HOLD = "import time; x = bytearray({mib} * 2**20); x[::4096] = b'x' * len(x[::4096]); " \
        "time.sleep(3600)"
+HOLD_GPU = "import time, torch; x = torch.ones({mib} * 2**20, dtype=torch.uint8, device='cuda'); " \
+           "torch.cuda.synchronize(); time.sleep(3600)"
 
 
 def main() -> int:
@@ -37,19 +39,31 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--source", choices=("auto", "nvml", "host-rss"), default="auto")
     parser.add_argument("--process-every", type=int, default=10)
+    parser.add_argument("--gpu", action="store_true",
+                        help="the tagged processes hold GPU memory through torch (NVML lists them)")
+    parser.add_argument("--name", default="timeline", help="results file name prefix")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     tag = f"tl-bench-{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, CHAOSGPU_TAG=tag)
-    procs = [subprocess.Popen([sys.executable, "-c", HOLD.format(mib=args.mib)], env=env,
+    code = (HOLD_GPU if args.gpu else HOLD).format(mib=args.mib)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env,
                               stdin=subprocess.DEVNULL, start_new_session=True)
              for _ in range(args.processes)]
-    lines = [f"{args.processes} tagged processes holding {args.mib} MiB each; "
+    lines = [f"{args.processes} tagged processes holding {args.mib} MiB each "
+             f"({'GPU, torch' if args.gpu else 'host memory'}); "
              f"{args.seconds} s per rate; process list / states every {args.process_every} "
              "samples", ""]
     ok = True
     try:
         time.sleep(1.0)
+        if args.gpu:
+            from chaosgpu.node import nvml_gpu_processes
+
+            deadline = time.monotonic() + 300
+            while len(nvml_gpu_processes()) < args.processes and time.monotonic() < deadline:
+                time.sleep(0.5)
+            lines.append(f"GPU processes listed by NVML: {len(nvml_gpu_processes())}")
         for rate in args.rates:
             sampler = Sampler(rate_hz=rate, process_every=args.process_every,
                               scope={"tag": tag}, source=args.source)
@@ -73,7 +87,7 @@ def main() -> int:
     lines += ["", "goal: >= 100 Hz at < 2 % of one core; dcgm-exporter samples every 30 s "
               "(3000x coarser than 100 Hz)"]
     if not args.no_write:
-        print(f"written: {write('timeline', chr(10).join(lines) + chr(10))}")
+        print(f"written: {write(args.name, chr(10).join(lines) + chr(10))}")
     return 0 if ok else 1
 
 

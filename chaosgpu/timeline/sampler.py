@@ -35,6 +35,7 @@ logger = logging.getLogger("chaostoolkit")
 MIB = 1024 * 1024
 GIB_PER_MIB = 1.0 / 1024.0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+REEXAMINE_S = 2.0
 _current: "Sampler | None" = None
 _lock = threading.Lock()
 
@@ -122,7 +123,7 @@ class Sampler:
         self.wall_s = 0.0
         self._fds: dict[int, int] = {}  # pid -> open /proc/PID/statm (host-rss source)
         self._pidfds: dict[int, int] = {}  # pid -> pidfd of a tracked process (identity, exit)
-        self._known: dict[int, int | None] = {}  # pid -> starttime of examined PIDs
+        self._known: dict[int, float] = {}  # pid -> when first examined (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
         self._sandbox_ns: str | None = None
@@ -206,13 +207,18 @@ class Sampler:
     def _rescan(self) -> None:
         node = _node()
         pids = node.list_pids()
+        now = time.monotonic()
         for pid in pids:
-            if pid in self._known:
+            # A process caught between fork and exec still has its parent's environment:
+            # PIDs first seen less than REEXAMINE_S ago are looked at again.
+            seen = self._known.get(pid)
+            if pid in self._tracked or (seen is not None and now - seen > REEXAMINE_S):
                 continue
             record = node.read_process(pid, env=True, fds=False)
             if record is None:
                 continue
-            self._known[pid] = record.get("starttime")
+            if seen is None:
+                self._known[pid] = now
             if pid != os.getpid() and self._matches(record):
                 pidfd = self._open_pidfd(pid, record.get("starttime"))
                 if pidfd is None:
