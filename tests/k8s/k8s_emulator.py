@@ -181,9 +181,14 @@ class PodEmulator(kmock.KubernetesEmulator):
             if obj is None:
                 return None  # kmock answers 404
             metadata = obj.get("metadata") or {}
-            if metadata.get("deletionTimestamp"):
-                return aiohttp.web.json_response(obj.raw)
             grace = self._grace(request, obj)
+            if metadata.get("deletionTimestamp"):
+                if grace > 0:  # already terminating: a longer or equal grace changes nothing
+                    return aiohttp.web.json_response(obj.raw)
+                raw = obj.raw  # grace 0 on a terminating pod: force, remove now
+                obj.delete()
+                await self._publish(key[0], "DELETED", raw)
+                return aiohttp.web.json_response(raw)
             if grace <= 0:
                 return None  # immediate removal: kmock's own delete
             obj.patch({"metadata": {"deletionTimestamp": _now(),
@@ -271,6 +276,8 @@ class ServerThread:
             self.url = f"http://{server.host}:{server.port}"
             self._ready.set()
             await self._stop.wait()
+            for task in list(getattr(handler, "_tasks", ())):
+                task.cancel()
 
     def call(self, coroutine_function: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Run a coroutine function on the server's loop and return its result."""

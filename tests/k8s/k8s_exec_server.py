@@ -18,7 +18,8 @@ from typing import Any
 
 import aiohttp
 import aiohttp.web
-from k8s_emulator import ServerThread
+
+from k8s.k8s_emulator import ServerThread
 
 PROTOCOL = "v4.channel.k8s.io"
 

@@ -8,12 +8,12 @@ import sys
 import time
 
 import pytest
-from conftest import Cluster
-from k8s_exec_server import ExecServer
 from kubernetes import client
 
 from chaosgpu.k8s import exec as kexec
 from chaosgpu.k8s.exec import ExecError, ExecTimeout, run_in_pod, run_program
+from k8s.cluster import Cluster
+from k8s.k8s_exec_server import ExecServer
 
 
 @pytest.fixture()

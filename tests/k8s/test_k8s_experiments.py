@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Cluster
 
 from chaosgpu.k8s import actions
+from k8s.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((REPO / "experiments" / "k8s").glob("*.json"))
@@ -113,3 +113,18 @@ def test_create_gpu_pod_refuses_bad_manifests(cluster: Cluster, tmp_path: Path) 
     with pytest.raises(ValueError, match="is not a manifest file"):
         actions.create_gpu_pod(spec_path=str(tmp_path / "missing.yaml"), secrets=cluster.secrets)
     assert cluster.requests("POST") == []
+
+
+@pytest.mark.parametrize("manifest", ["report-pod.yaml", "init-pod.yaml", "prestop-pod.yaml",
+                                      "sigterm-handler-pod.yaml"])
+def test_manifests_create_gpu_pods(cluster: Cluster, manifest: str) -> None:
+    path = REPO / "experiments" / "k8s" / "manifests" / manifest
+    pod = actions.create_gpu_pod(spec_path=str(path), secrets=cluster.secrets, timeout=10)
+    assert pod["gpus"] == 1 and pod["termination_grace_period_seconds"] == 30
+    assert pod["labels"]["app"] == "chaosgpu-k8s" and pod["containers"] == ["main"]
+    body = cluster.requests("POST")[-1].data
+    command = body["spec"]["containers"][0]["command"]
+    pid1 = {"report-pod.yaml": "sleep", "init-pod.yaml": "/usr/bin/tini",
+            "prestop-pod.yaml": "sleep", "sigterm-handler-pod.yaml": "python3"}[manifest]
+    assert command[0] == pid1
+    assert body["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}

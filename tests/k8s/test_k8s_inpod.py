@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Cluster
 
 from chaosgpu.k8s import actions, probes
 from chaosgpu.k8s.exec import ExecError
+from k8s.cluster import Cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("nsenter") is None
                                 or os.geteuid() != 0, reason="needs root, unshare and nsenter")

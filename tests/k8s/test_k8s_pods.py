@@ -10,13 +10,13 @@ import chaosk8s
 import kmock
 import pytest
 from chaosk8s.pod.actions import terminate_pods
-from conftest import Cluster
-from k8s_emulator import ServerThread, field_matches, label_matches
 from kubernetes import client
 
 from chaosgpu.k8s import actions, probes
 from chaosgpu.k8s.client import NoCredentialsError, api_client, describe
 from chaosgpu.k8s.selection import SelectionError
+from k8s.cluster import Cluster
+from k8s.k8s_emulator import ServerThread, field_matches, label_matches
 
 
 def _seed(cluster: Cluster) -> None:
@@ -253,3 +253,20 @@ def test_kmock_gaps_are_still_there() -> None:
         assert names == ["b"]  # grace period ignored: gone at once
     finally:
         thread.stop()
+
+
+def test_a_pod_recreated_under_the_same_name_counts_as_gone(cluster: Cluster) -> None:
+    """A controller may recreate the pod at once: the deleted pod is gone when its uid is."""
+    old = cluster.add_pod("stateful-0", gpus=1, grace=30)
+    cluster.emulator.time_scale = 1.0
+    actions.delete_gpu_pods(name_pattern="stateful-0", wait=False, secrets=cluster.secrets)
+    cluster.core.delete_namespaced_pod("stateful-0", "default",
+                                       body=client.V1DeleteOptions(grace_period_seconds=0))
+    new = cluster.add_pod("stateful-0", gpus=1, grace=30)
+    timings = probes.pod_deletion_timings(name_pattern="stateful-0", timeout=10,
+                                          secrets=cluster.secrets)
+    pod = timings["pods"][0]
+    assert pod["gone"] and pod["uid"] == old["metadata"]["uid"]
+    assert pod["replaced_by_uid"] == new["metadata"]["uid"] != pod["uid"]
+    # the rollback's missing_ok covers "nothing left"; the new pod is still there
+    assert probes.gpu_pod_count(name_pattern="stateful-0", secrets=cluster.secrets) == 1
