@@ -22,6 +22,7 @@ import aiohttp.web
 from k8s.k8s_emulator import ServerThread
 
 PROTOCOL = "v4.channel.k8s.io"
+V5_PROTOCOL = "v5.channel.k8s.io"  # v4 framing plus a close-channel message (255) on stdin
 
 
 class _App:
@@ -69,6 +70,9 @@ class ExecHandler:
         self.log: list[dict[str, Any]] = []
         self.pids: list[int] = []
         self.pods: dict[tuple[str, str], int] = {}
+        # v4 only by default; add V5_PROTOCOL to answer like API servers >= 1.30 (the client
+        # offers both and takes the first the server accepts).
+        self.protocols: tuple[str, ...] = (PROTOCOL,)
 
     async def _route(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         return await self.handle(request, request.match_info["ns"], request.match_info["name"])
@@ -87,7 +91,7 @@ class ExecHandler:
                  "authorization": request.headers.get("Authorization"),
                  "protocol": None, "exit_code": None, "killed": False}
         self.log.append(entry)
-        ws = aiohttp.web.WebSocketResponse(protocols=(PROTOCOL,))
+        ws = aiohttp.web.WebSocketResponse(protocols=self.protocols)
         await ws.prepare(request)
         entry["protocol"] = ws.ws_protocol
         try:
@@ -116,7 +120,9 @@ class ExecHandler:
                 if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
                     continue
                 data = message.data if isinstance(message.data, bytes) else message.data.encode()
-                if data[:1] == b"\x00" and proc.stdin is not None:
+                if data[:2] == b"\xff\x00" and proc.stdin is not None:  # v5: close stdin
+                    proc.stdin.close()
+                elif data[:1] == b"\x00" and proc.stdin is not None:
                     try:
                         proc.stdin.write(data[1:])
                         await proc.stdin.drain()

@@ -25,15 +25,18 @@ def core(exec_server: ExecServer) -> client.CoreV1Api:
     return client.CoreV1Api(client.ApiClient(configuration))
 
 
-def test_success_stdout_is_one_json_document(core: client.CoreV1Api,
-                                             exec_server: ExecServer) -> None:
+@pytest.mark.parametrize("protocols", [("v4.channel.k8s.io",),
+                                       ("v5.channel.k8s.io", "v4.channel.k8s.io")])
+def test_success_stdout_is_one_json_document(core: client.CoreV1Api, exec_server: ExecServer,
+                                             protocols: tuple[str, ...]) -> None:
+    exec_server.protocols = protocols
     code = "import json,sys; print(json.dumps({'ok': True, 'argv': sys.argv[1:]}))"
     result = run_in_pod(core, "trainer-0", "ml", ["python3", "-c", code, "a b", "c"],
                         container="worker", timeout=20)
     assert result["exit_code"] == 0 and result["stderr"] == ""
     assert json.loads(result["stdout"]) == {"ok": True, "argv": ["a b", "c"]}
     entry = exec_server.log[-1]
-    assert entry["protocol"] == "v4.channel.k8s.io"
+    assert entry["protocol"] == protocols[0]
     assert (entry["namespace"], entry["pod"], entry["container"]) == ("ml", "trainer-0", "worker")
     assert entry["command"][:2] == ["python3", "-c"] and not entry["stdin"] and not entry["tty"]
     assert entry["authorization"] == "Bearer exec-token"
@@ -48,8 +51,11 @@ def test_large_output_and_stdin_round_trip(core: client.CoreV1Api) -> None:
     assert result["stdout"].startswith("200000") and len(result["stdout"]) == 300006
 
 
-def test_in_target_program_streamed_in_on_stdin(core: client.CoreV1Api,
-                                                exec_server: ExecServer) -> None:
+@pytest.mark.parametrize("protocols", [("v4.channel.k8s.io",),
+                                       ("v5.channel.k8s.io", "v4.channel.k8s.io")])
+def test_in_target_program_streamed_in_on_stdin(core: client.CoreV1Api, exec_server: ExecServer,
+                                                protocols: tuple[str, ...]) -> None:
+    exec_server.protocols = protocols
     document = run_program(core, "p", "default", "probes", "node_census",
                            args=["--no-fds", "--no-gpu"], timeout=60)
     assert document["schema"] == "chaosgpu.census/1"
