@@ -236,7 +236,7 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
         _loud("after_experiment_control")
 
 
-def cleanup_control(**kwargs: Any) -> None:
+def cleanup_control(control: Any = None, **kwargs: Any) -> None:
     """Stop the sampler if it still runs (an interrupted run) and forget it."""
     sampler = sampler_mod.current()
     if sampler is not None:
