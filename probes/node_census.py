@@ -28,11 +28,13 @@ Definitions (also in docs/census.md):
   double-forks on purpose (fork, setsid, fork) keeps a session id of a dead leader and looks
   like an orphan; a process that called setsid after being orphaned looks like an intended
   child; a subreaper that is not in the known list is not recognised.
-* GPU attribution: NVML reports PIDs of the initial (host) PID namespace. An observer in the
-  host namespace finds them directly and translates to the PID seen inside the container with
-  the last field of ``NSpid``. An observer inside a container cannot see host PIDs at all
-  (its /proc shows namespace PIDs only): such a GPU process is reported with its host PID and
-  ``"not visible here"``, never as an orphan or as gone.
+* GPU attribution: NVML reports PIDs of the caller's PID namespace when the driver can
+  translate them, else PIDs of the initial (host) namespace. An observer in the host namespace
+  finds them directly and translates to the PID seen inside the container with the last field
+  of ``NSpid``. A nested observer trusts an NVML PID only when the process of that PID in its
+  own /proc holds /dev/nvidia* fds; otherwise (an untranslated host PID: its /proc shows no
+  host PID at all) the GPU process is reported with NVML's PID and ``"not visible here"``,
+  never as an orphan or as gone.
 """
 
 import json
@@ -783,25 +785,37 @@ def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool) -> None
 def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                observer: Dict[str, Any], job_of: Dict[int, Tuple[str, Optional[int]]]
                ) -> List[Dict[str, Any]]:
-    # NVML's PIDs are the initial namespace's: they index this /proc only for a host observer.
-    # A nested observer's /proc shows no host PID at all (NSpid starts at its own namespace).
-    by_host = processes if observer.get("host_view") else {}
+    """Join NVML's processes to census records. A host observer reads NVML's PIDs as host
+    PIDs (they are: the caller is in the initial namespace). A nested observer gets from the
+    driver either a PID translated into its own namespace (driver 580 does so when the process
+    is visible from the caller's namespace: seen on an H200, NVML said 1 for a namespace's
+    PID 1) or an untranslated host PID (the field report's containers); a PID of this /proc is
+    trusted only if that process holds /dev/nvidia* fds (or its fds could not be checked, then
+    said so in the note), else the entry is "not visible here"."""
+    host_view = bool(observer.get("host_view"))
     result = []
-    proc = None  # type: Optional[Dict[str, Any]]
     for device in gpu.get("devices") or []:
         for entry in device.get("processes") or []:
-            host_pid = entry.get("pid")
-            proc = by_host.get(host_pid) if host_pid is not None else None
-            item = {"gpu_index": device.get("index"), "host_pid": host_pid,
+            nvml_pid = entry.get("pid")
+            proc = processes.get(nvml_pid) if nvml_pid is not None else None
+            note = None
+            if proc is not None and not host_view:
+                if proc.get("nvidia_fds") is None:
+                    note = ("matched by PID in this namespace (driver-translated); its fds "
+                            "could not be checked")
+                elif not proc["nvidia_fds"]:
+                    proc = None  # same number, but this process holds no GPU device
+            item = {"gpu_index": device.get("index"), "nvml_pid": nvml_pid,
+                    "host_pid": nvml_pid if host_view or proc is None else None,
                     "used_mib": entry.get("used_mib"), "visible": proc is not None,
                     "pid": None, "ns_pid": None, "state": None, "uid": None, "comm": None,
                     "container": None, "job": None, "rank": None, "tag": None,
-                    "note": None}  # type: Dict[str, Any]
+                    "note": note}  # type: Dict[str, Any]
             if proc is None:
                 item["note"] = "not visible here"
-                if not observer.get("host_view"):
-                    item["note"] = ("not visible here: NVML gives host PIDs and this observer "
-                                    "is in a nested PID namespace")
+                if not host_view:
+                    item["note"] = ("not visible here: NVML's PID is not a GPU process of this "
+                                    "PID namespace (an untranslated host PID)")
             else:
                 nspid = proc.get("nspid") or [proc["pid"]]
                 item.update({"pid": proc["pid"], "ns_pid": nspid[-1], "state": proc["state"],
@@ -867,20 +881,20 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
             del _CACHE[key]
     _mark_orphans(processes, bool(observer.get("host_view")))
+    gpu_processes = _attribute(gpu_section, processes, observer, {})
     gpu_by_pid = {}  # type: Dict[int, float]
-    if observer.get("host_view"):
-        for device in gpu_section.get("devices") or []:
-            for entry in device.get("processes") or []:
-                if entry.get("pid") in processes and entry.get("used_mib") is not None:
-                    gpu_by_pid[entry["pid"]] = gpu_by_pid.get(entry["pid"], 0.0) \
-                        + entry["used_mib"]
+    for item in gpu_processes:
+        if item["visible"] and item["used_mib"] is not None:
+            gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
     jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"])
     job_of = {}  # type: Dict[int, Tuple[str, Optional[int]]]
     for job in jobs:
         for rank in job["ranks"]:
             if rank["pid"] is not None:
                 job_of[rank["pid"]] = (job["id"], rank["rank"])
-    gpu_processes = _attribute(gpu_section, processes, observer, job_of)
+    for item in gpu_processes:
+        if item["pid"] in job_of:
+            item["job"], item["rank"] = job_of[item["pid"]]
     for record in processes.values():
         record.pop("_freezer_v1", None)
         record.pop("_cgroup_v2", None)

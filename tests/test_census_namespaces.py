@@ -103,7 +103,7 @@ def test_recorded_nvml_from_inside_the_pod_is_not_visible_not_orphaned(tmp_path:
         [entry] = inside["gpu_processes"]
         assert entry["host_pid"] == orphan and entry["visible"] is False
         assert entry["pid"] is None and "not visible here" in entry["note"]
-        assert "nested PID namespace" in entry["note"]
+        assert "untranslated host PID" in entry["note"]
 
 
 def _ensure_nobody_can_run_the_program() -> None:
@@ -147,3 +147,31 @@ def test_non_root_observer_gpu_attribution_still_works() -> None:
         assert result.returncode == 0, result.stderr
         [entry] = json.loads(result.stdout)["gpu_processes"]
         assert entry["visible"] and entry["pid"] == orphan and entry["ns_pid"] > 1
+
+
+INSIDE = json.loads((REPO / "tests" / "data" / "nvml_h200_inside_namespace.json").read_text())
+_attribute = node.census_module()._attribute
+
+
+def _record(pid: int, nvidia_fds: list[str] | None) -> dict:
+    return {"pid": pid, "nspid": [pid], "state": "S", "uid": 0, "comm": "python3",
+            "container": None, "tag": None, "nvidia_fds": nvidia_fds}
+
+
+def test_driver_translated_pid_seen_from_inside_is_attributed() -> None:
+    """Real H200 recording: inside the namespace NVML said PID 1 (driver 580 translates)."""
+    nested = {"host_view": False}
+    [entry] = _attribute(INSIDE["inside"], {1: _record(1, ["/dev/nvidia0", "/dev/nvidiactl"])},
+                         nested, {})
+    assert entry["visible"] and entry["pid"] == 1 and entry["ns_pid"] == 1
+    assert entry["nvml_pid"] == 1 and entry["host_pid"] is None and entry["used_mib"] == 2658.0
+    # the same number held by a process without a GPU fd is a coincidence, not the worker
+    [entry] = _attribute(INSIDE["inside"], {1: _record(1, [])}, nested, {})
+    assert not entry["visible"] and entry["host_pid"] == 1
+    assert "not visible here" in entry["note"]
+    # fds unreadable (non-root): matched, and the note says it was not checked
+    [entry] = _attribute(INSIDE["inside"], {1: _record(1, None)}, nested, {})
+    assert entry["visible"] and "could not be checked" in entry["note"]
+    # a host observer takes NVML's PIDs as host PIDs
+    [entry] = _attribute(INSIDE["inside"], {1: _record(1, [])}, {"host_view": True}, {})
+    assert entry["visible"] and entry["host_pid"] == 1

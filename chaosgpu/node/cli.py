@@ -66,13 +66,14 @@ def render(census: dict[str, Any]) -> str:
     gprocs = census.get("gpu_processes") or []
     out.append(f"GPU processes: {len(gprocs)}")
     if gprocs:
-        rows = [[str(g["gpu_index"]), str(g["host_pid"]),
+        rows = [[str(g["gpu_index"]), "?" if g.get("host_pid") is None else str(g["host_pid"]),
+                 str(g.get("nvml_pid")),
                  "-" if g["pid"] is None else str(g["pid"]),
                  "-" if g["ns_pid"] is None else str(g["ns_pid"]), str(g.get("state") or "-"),
                  _container(g.get("container")), str(g.get("job") or "-"),
                  "-" if g.get("rank") is None else str(g["rank"]), _fmt_mib(g.get("used_mib")),
                  g.get("note") or (g.get("comm") or "")] for g in gprocs]
-        out.extend(_table(["GPU", "HOST PID", "PID", "NS PID", "STATE", "CONTAINER", "JOB",
+        out.extend(_table(["GPU", "HOST PID", "NVML PID", "PID", "NS PID", "STATE", "CONTAINER", "JOB",
                            "RANK", "MiB", "NOTE"], rows))
     by_pid = {p["pid"]: p for p in census["processes"]}
     for title, pids in (("Zombies", census["zombies"]), ("Orphans", census["orphans"])):
