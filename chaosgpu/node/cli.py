@@ -73,8 +73,8 @@ def render(census: dict[str, Any]) -> str:
                  _container(g.get("container")), str(g.get("job") or "-"),
                  "-" if g.get("rank") is None else str(g["rank"]), _fmt_mib(g.get("used_mib")),
                  g.get("note") or (g.get("comm") or "")] for g in gprocs]
-        out.extend(_table(["GPU", "HOST PID", "NVML PID", "PID", "NS PID", "STATE", "CONTAINER", "JOB",
-                           "RANK", "MiB", "NOTE"], rows))
+        out.extend(_table(["GPU", "HOST PID", "NVML PID", "PID", "NS PID", "STATE",
+                           "CONTAINER", "JOB", "RANK", "MiB", "NOTE"], rows))
     by_pid = {p["pid"]: p for p in census["processes"]}
     for title, pids in (("Zombies", census["zombies"]), ("Orphans", census["orphans"])):
         out.append("")
