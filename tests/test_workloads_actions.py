@@ -101,3 +101,12 @@ def test_discoverable() -> None:
 
     names = {a["name"] for a in discover_actions("chaosgpu.workloads.actions")}
     assert {"start_holders", "start_ring", "stop_workload"} <= names
+
+
+def test_stop_all_workloads() -> None:
+    first = actions.start_holders(count=1, mib=1, via="host")
+    second = actions.start_holders(count=2, mib=1, via="host")
+    done = actions.stop_all_workloads()
+    assert {d["tag"] for d in done} >= {first["tag"], second["tag"]}
+    assert not any(_alive(p) for p in first["pids"] + second["pids"])
+    assert actions.list_workloads() == []

@@ -7,10 +7,11 @@ A sandbox is a new PID namespace plus a mount namespace with /proc remounted
 stalls) and described by a state record `<state>/sandboxes/<name>.json` so that any later process
 can find, terminate or remove it.
 
-This module owns the sandbox lifecycle and the few /proc and pidfd helpers it needs (starttime,
-NSpid, pid namespace, children); it signals only a sandbox's PID 1 and the processes it started,
-always through a pidfd opened after checking the starttime recorded. It must not decide *which*
-workload processes to fault: that is the process/job part's business.
+This module owns the sandbox lifecycle and its pidfd helpers; process facts come from the census
+(chaosgpu.node), plus two tiny readings it lacks (children, pid-namespace inode). It signals only
+a sandbox's PID 1 and the processes it started, always through a pidfd opened after checking the
+starttime recorded. It must not decide *which* workload processes to fault: that is the
+process/job part's business.
 """
 
 import json
@@ -27,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from chaosgpu import state
+from chaosgpu import node, state
 
 __all__ = [
     "INITS",
@@ -63,32 +64,23 @@ class SandboxError(RuntimeError):
     """A sandbox operation could not be done (the message says what and why)."""
 
 
-# ------------------------------------------------------------------ tiny /proc and pidfd helpers
-# (The census in probes/node_census.py is the node's full reading of /proc; these are the four
-# facts the sandbox lifecycle needs about processes it started itself.)
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode(errors="replace")
-    except OSError:
-        return None
-    return raw[raw.rindex(")") + 2 :].split()
+# ------------------------------------------------------------------ process facts and pidfds
+# Process facts come from the census (chaosgpu.node, the one reading of /proc). Two small
+# readings it does not offer are kept here: a process's direct children (/proc/PID/task/*/children)
+# and its pid-namespace inode (a stat of /proc/PID/ns/pid, cheap enough to scan every PID).
 
 
 def process_starttime(pid: int) -> int | None:
-    """Return the process's start time in clock ticks (field 22 of /proc/PID/stat), or None."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields else None
+    """Return the process's start time in clock ticks, or None when it is gone."""
+    return node.process_starttime(pid)
 
 
 def process_state(pid: int, starttime: int | None = None) -> str | None:
     """Return the state letter of `pid` (R, S, Z, ...), or None when gone or a reused PID."""
-    fields = _stat_fields(pid)
-    if not fields or (starttime is not None and int(fields[19]) != starttime):
+    letter = node.process_state(pid)
+    if letter is None or (starttime is not None and node.process_starttime(pid) != starttime):
         return None
-    return fields[0]
+    return letter
 
 
 def _alive(pid: int, starttime: int | None) -> bool:
@@ -98,12 +90,8 @@ def _alive(pid: int, starttime: int | None) -> bool:
 
 def read_cmdline(pid: int) -> list[str] | None:
     """Return the argv of `pid`, or None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return None
-    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
+    record = node.read_process(pid, env=False, fds=False)
+    return record.get("cmdline") if record else None
 
 
 def children_of(pid: int) -> list[int]:
@@ -123,14 +111,8 @@ def children_of(pid: int) -> list[int]:
 
 
 def _nspid(pid: int) -> list[int] | None:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("NSpid:"):
-                    return [int(part) for part in line.split()[1:]]
-    except OSError:
-        return None
-    return None
+    record = node.read_process(pid, env=False, fds=False)
+    return record.get("nspid") if record else None
 
 
 def _pid_ns_inode(pid: int) -> int | None:
@@ -596,11 +578,11 @@ def processes(name: str) -> list[dict[str, Any]]:
     """Describe each process of sandbox `name`: host pid, namespace pid and ppid, state."""
     described = []
     for pid in host_pids(name):
-        fields = _stat_fields(pid)
-        nspid = _nspid(pid)
-        if not fields:
+        record = node.read_process(pid, env=False, fds=False)
+        if not record:
             continue
-        ppid_host = int(fields[1])
+        nspid = record.get("nspid")
+        ppid_host = int(record.get("ppid") or 0)
         ppid_nspid = _nspid(ppid_host) if ppid_host else None
         described.append(
             {
@@ -608,10 +590,11 @@ def processes(name: str) -> list[dict[str, Any]]:
                 "ns_pid": nspid[-1] if nspid else None,
                 "ppid": ppid_host,
                 "ns_ppid": ppid_nspid[-1] if ppid_nspid and len(ppid_nspid) > 1 else 0,
-                "state": fields[0],
-                "zombie": fields[0] == "Z",
-                "cmdline": read_cmdline(pid),
-                "starttime": int(fields[19]),
+                "state": record.get("state"),
+                "zombie": bool(record.get("zombie")),
+                "uid": record.get("uid"),
+                "cmdline": record.get("cmdline"),
+                "starttime": record.get("starttime"),
             }
         )
     return described

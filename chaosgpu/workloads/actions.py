@@ -26,7 +26,7 @@ from typing import Any
 from chaosgpu import state
 from chaosgpu.workloads.readiness import wait_all_ready
 
-__all__ = ["start_holders", "start_ring", "stop_workload", "list_workloads"]
+__all__ = ["start_holders", "start_ring", "stop_workload", "stop_all_workloads", "list_workloads"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -385,6 +385,20 @@ def stop_workload(
         shutil.rmtree(record["workdir"], ignore_errors=True)
     state.remove_record(KIND, tag)
     return {"tag": tag, "stopped": True, "processes": outcome}
+
+
+def stop_all_workloads(
+    grace_s: float = 0.0,
+    deadline_s: float = 10.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Stop every recorded workload (a rollback of last resort, and `chaosgpu cleanup`): each as
+    `stop_workload` does, with `grace_s` (default 0: SIGKILL at once)."""
+    return [
+        stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s)
+        for tag in state.list_records(KIND)
+    ]
 
 
 def _wait_fds(fds: dict[int, int], timeout_s: float) -> set[int]:

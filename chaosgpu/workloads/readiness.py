@@ -37,12 +37,9 @@ def read_ready(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+    from chaosgpu.node import process_state
+
+    return process_state(pid) not in (None, "Z", "X")
 
 
 def wait_ready(
