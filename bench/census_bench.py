@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             "census warm cache (stat+cgroup+fd scan; stable fields cached)":
                 (census.census(gpu=False, cache=True) and None)
                 or timed(lambda: census.census(gpu=False, cache=True), args.repeat),
+            "census lite (stat+status all; details for candidates only)":
+                timed(lambda: census.census(gpu=False, detail="lite"), args.repeat),
+            "census lite, warm cache":
+                timed(lambda: census.census(gpu=False, detail="lite", cache=True), args.repeat),
             "census without fd scan": timed(lambda: census.census(gpu=False, fds=False),
                                             args.repeat),
             "census without environ and fd scan":
@@ -138,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{name:60s} {fmt(samples)}")
         fuser = statistics.median(results[f"fuser {scratch.name}"])
         say(f"ratio fuser / census full: {fuser / full:.2f}x  (goal >= 5x)")
+        lite = statistics.median(
+            results["census lite (stat+status all; details for candidates only)"])
+        say(f"ratio fuser / census lite: {fuser / lite:.2f}x;  census lite per 10,000 processes: "
+            f"{lite * 10000 / total * 1000:.1f} ms")
         if f"lsof -t {scratch.name}" in results:
             lsof = statistics.median(results[f"lsof -t {scratch.name}"])
             say(f"ratio lsof / census full:  {lsof / full:.2f}x")

@@ -277,7 +277,8 @@ def _nvidia_fds(fd_dir: str) -> List[str]:
 def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool = True,
                  proc_ns: Optional[str] = None,
                  cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]] = None,
-                 cache_before: Optional[int] = None) -> Optional[Dict[str, Any]]:
+                 cache_before: Optional[int] = None,
+                 details: bool = True) -> Optional[Dict[str, Any]]:
     """Read one process from ``proc_root`` and return its census record, or None when it does
     not exist (or vanished while being read). Fields: pid, ppid, pgid, sid, state, zombie,
     kthread, uid, comm, cmdline, starttime (clock ticks, stat field 22), nspid (NSpid: the
@@ -294,7 +295,9 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     before is then read with stat, cgroup and fd scan only, and a zombie keeps the cmdline and
     env it had while alive. Only processes started before ``cache_before`` (clock ticks since
     boot) are stored: right after fork the child still shows its parent's cmdline and env,
-    and right after exec the kernel shows an empty env for a moment."""
+    and right after exec the kernel shows an empty env for a moment. ``details=False`` reads
+    only stat, status and the ns link (the fields the orphan and zombie rules need) and lists
+    cmdline, cgroup, env and nvidia_fds in ``not_read`` (skipped on purpose, not unreadable)."""
     base = "%s/%d" % (proc_root, pid)
     try:
         stat = _read_bytes(base + "/stat")
@@ -346,6 +349,9 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
         except OSError as error:
             failed("pid_ns", error)
     if record["kthread"]:
+        return record
+    if not details:
+        record["not_read"] = ["cmdline", "cgroup", "env", "nvidia_fds"]
         return record
     zombie = state in ("Z", "X")
     if zombie:  # its memory is gone: cmdline and environ read empty, which would be a lie
@@ -782,6 +788,26 @@ def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool) -> None
             kind, parent["pid"], parent["comm"], sid if sid else "outside this namespace")
 
 
+_WORKER_NAMES = re.compile(r"^(python|pt_|torchrun|ray::)")
+
+
+def _lite_candidates(processes: Dict[int, Dict[str, Any]], gpu: Dict[str, Any]) -> List[int]:
+    """PIDs that lite mode reads in full (see ``census``)."""
+    wanted = set()
+    for device in gpu.get("devices") or []:
+        for entry in device.get("processes") or []:
+            if entry.get("pid") in processes:
+                wanted.add(entry["pid"])
+    inits = {pid for pid, p in processes.items() if p["ns_init"] or pid == 1
+             or p["comm"] in KNOWN_SUBREAPERS}
+    for pid, proc in processes.items():
+        if proc["kthread"]:
+            continue
+        if proc["zombie"] or proc["ppid"] in inits or _WORKER_NAMES.match(proc["comm"]):
+            wanted.add(pid)
+    return sorted(wanted)
+
+
 def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                observer: Dict[str, Any], job_of: Dict[int, Tuple[str, Optional[int]]]
                ) -> List[Dict[str, Any]]:
@@ -830,7 +856,8 @@ def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
 
 def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bool = True,
            gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
-           cgroup_root: str = "/sys/fs/cgroup", cache: bool = False) -> Dict[str, Any]:
+           cgroup_root: str = "/sys/fs/cgroup", cache: bool = False,
+           detail: str = "full") -> Dict[str, Any]:
     """Take the whole census (schema ``chaosgpu.census/1``, docs/census.md): the observer, the
     GPU section (NVML, or ``gpu_snapshot`` when given: a recorded ``gpu`` section, which is how
     tests feed real recordings to the attribution), every process of ``proc_root`` (or only
@@ -841,7 +868,13 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     or frozen while another is alive. Never raises for an odd node: problems go to
     ``errors``. ``cache=True`` keeps, across calls in this process, the fields that do not
     change during a process's life (see ``read_process``): repeated censuses (an agent, a
-    sampler) then cost about half, and zombies keep the tag and rank they had while alive."""
+    sampler) then cost about half, and zombies keep the tag and rank they had while alive.
+    ``detail="lite"`` reads stat + status of every process and the rest (cmdline, cgroup, env,
+    fds) only for candidates: NVML's PIDs, zombies, children of namespace inits and known
+    subreapers, and processes named like training workers (python*, pt_*, torchrun); the
+    others carry ``not_read``. A job whose ranks are none of these is missed in lite mode."""
+    if detail not in ("full", "lite"):
+        raise ValueError("detail must be 'full' or 'lite', got %r" % (detail,))
     started = time.monotonic()
     taken_at = time.time()
     errors = []  # type: List[str]
@@ -868,15 +901,30 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     except OSError as error:
         wanted = []
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
+    lite = detail == "lite"
     for pid in wanted:
         try:
             record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
-                                  cache=_CACHE if cache else None, cache_before=cache_before)
+                                  cache=_CACHE if cache else None, cache_before=cache_before,
+                                  details=not lite)
         except (OSError, ValueError, IndexError) as error:
             errors.append("pid %d: unreadable stat: %s" % (pid, error))
             continue
         if record is not None:
             processes[pid] = record
+    if lite:
+        for pid in _lite_candidates(processes, gpu_section):
+            try:
+                record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
+                                      cache=_CACHE if cache else None,
+                                      cache_before=cache_before)
+            except (OSError, ValueError, IndexError) as error:
+                errors.append("pid %d: unreadable stat: %s" % (pid, error))
+                record = None
+            if record is None:
+                processes.pop(pid, None)
+            else:
+                processes[pid] = record
     if cache and pids is None:
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
             del _CACHE[key]
@@ -896,6 +944,7 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
         if item["pid"] in job_of:
             item["job"], item["rank"] = job_of[item["pid"]]
     for record in processes.values():
+        record.setdefault("not_read", [])
         record.pop("_freezer_v1", None)
         record.pop("_cgroup_v2", None)
     ordered = [processes[pid] for pid in sorted(processes)]

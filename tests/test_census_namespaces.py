@@ -6,6 +6,7 @@ import copy
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,23 @@ def test_driver_translated_pid_seen_from_inside_is_attributed() -> None:
     # a host observer takes NVML's PIDs as host PIDs
     [entry] = _attribute(INSIDE["inside"], {1: _record(1, [])}, {"host_view": True}, {})
     assert entry["visible"] and entry["host_pid"] == 1
+
+
+def test_lite_census_reads_details_only_for_candidates() -> None:
+    with pod() as pid1:
+        orphan = _orphan_in(pid1)
+        plain = subprocess.Popen(["sleep", "30"], env=dict(os.environ))
+        try:
+            wait_for(lambda: node.process_state(plain.pid) == "S"
+                     and node.read_process(plain.pid)["comm"] == "sleep", what="exec")
+            census = node.take_census(gpu=False, detail="lite")
+            procs = _by_pid(census)
+            assert procs[orphan]["orphan"] and procs[orphan]["not_read"] == []
+            assert procs[orphan]["cmdline"] == ["sleep", "1000"]
+            assert procs[plain.pid]["not_read"] == ["cmdline", "cgroup", "env", "nvidia_fds"]
+            assert procs[plain.pid]["cmdline"] is None and procs[plain.pid]["unreadable"] == []
+            with pytest.raises(ValueError, match="detail must be 'full' or 'lite'"):
+                node.take_census(detail="medium")
+        finally:
+            plain.kill()
+            plain.wait()
