@@ -118,9 +118,9 @@ def delete_gpu_pods(label_selector: str | None = None, name_pattern: str | None 
             f"no {'GPU ' if gpu_only else ''}pod in namespace {ns!r} matches "
             f"label_selector={label_selector!r} name_pattern={name_pattern!r}: nothing deleted")
     chosen = selection.choose(pods, qty, rand)
-    longest = max((grace_period if grace_period >= 0 else
-                   (p.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
-                  for p in chosen)
+    owns = [(p.get("spec") or {}).get("terminationGracePeriodSeconds") for p in chosen]
+    longest = max(grace_period if grace_period >= 0 else (30 if own is None else own)
+                  for own in owns)
     if wait and timeout < longest:
         logger.warning("chaosgpu: timeout %gs is shorter than the grace period %ss: the pods may "
                        "outlive the wait (pod_deletion_timings can finish it)", timeout, longest)
