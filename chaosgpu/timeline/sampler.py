@@ -81,6 +81,18 @@ def _rss_mib(pid: int, fds: dict[int, int] | None = None) -> float | None:
     return int(fields[1]) * _PAGE / MIB
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _uptime_ticks() -> float | None:
+    """Seconds since boot in clock ticks (to tell a process's age from its start time)."""
+    try:
+        with open("/proc/uptime", "rb") as handle:
+            return float(handle.read().split()[0]) * _TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _node() -> Any:
     import chaosgpu.node as node
 
@@ -123,7 +135,7 @@ class Sampler:
         self.wall_s = 0.0
         self._fds: dict[int, int] = {}  # pid -> open /proc/PID/statm (host-rss source)
         self._pidfds: dict[int, int] = {}  # pid -> pidfd of a tracked process (identity, exit)
-        self._known: dict[int, float] = {}  # pid -> when first examined (monotonic)
+        self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
         self._sandbox_ns: str | None = None
@@ -208,17 +220,19 @@ class Sampler:
         node = _node()
         pids = node.list_pids()
         now = time.monotonic()
+        uptime = _uptime_ticks()
         for pid in pids:
-            # A process caught between fork and exec still has its parent's environment:
-            # PIDs first seen less than REEXAMINE_S ago are looked at again.
+            # A process caught between fork and exec still has its parent's environment: a
+            # process younger than REEXAMINE_S when first seen is looked at again until then.
             seen = self._known.get(pid)
-            if pid in self._tracked or (seen is not None and now - seen > REEXAMINE_S):
+            if pid in self._tracked or (seen is not None and now >= seen):
                 continue
             record = node.read_process(pid, env=True, fds=False)
             if record is None:
                 continue
             if seen is None:
-                self._known[pid] = now
+                age_s = (uptime - (record.get("starttime") or 0)) / _TICKS if uptime else 99.0
+                self._known[pid] = now + max(0.0, REEXAMINE_S - age_s)
             if pid != os.getpid() and self._matches(record):
                 pidfd = self._open_pidfd(pid, record.get("starttime"))
                 if pidfd is None:
