@@ -173,6 +173,7 @@ def test_gpu_release_after_kill_on_a_real_gpu(sampler_cleanup: list[Sampler]) ->
         sampler.mark("kill", "start")
         for pid in started["pids"]:
             os.kill(pid, signal.SIGKILL)
+        sampler.mark("kill", "end")
         release = probes.memory_release_time(after_event="kill", threshold_mib=64, timeout_s=10)
         assert release is not None and release < 2.0
         assert probes.gb_seconds_held(from_event="start", to_event="kill") > 0.4
