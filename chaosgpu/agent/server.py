@@ -93,7 +93,7 @@ class CensusCache:
         self.census_kwargs = dict(census_kwargs or {})
         self._census: dict[str, Any] | None = None
         self._taken_mono = 0.0
-        self._lock = threading.Lock()  # one census at a time
+        self._lock = threading.Lock()  # guards the cached census and the refresh flag
         self._refreshing = False
         self.censuses = 0
         self.listeners: list[Any] = []  # called with each new census
@@ -130,7 +130,7 @@ class CensusCache:
                              <= self.max_stale_s and not self._refreshing)
             if start_refresh:
                 self._refreshing = True
-        if census is None or fresh or age > self.max_stale_s:
+        if census is None or fresh or self.ttl_s <= 0 or age > self.max_stale_s:
             return self._take()
         if start_refresh:
             threading.Thread(target=self._refresh_in_background, name="chaosgpu-agent-census",
@@ -296,6 +296,8 @@ class AgentConfig:
         self.started = time.time()
         self.requests = 0
         self.lock = threading.Lock()
+        # encoded snapshots by (census id, gpu, processes): a census is serialised once
+        self.encoded: dict[tuple[int, int | None, bool], tuple[dict[str, Any], bytes]] = {}
 
 
 def _number(params: dict[str, list[str]], name: str, default: float | None) -> float | None:
@@ -377,6 +379,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "chaosgpu-agent"
     timeout = 30
+    # Buffer the response (headers + body go out in one send at the flush after each request)
+    # and disable Nagle: otherwise a keep-alive client waits ~40 ms for a delayed ACK.
+    wbufsize = -1
+
+    def setup(self) -> None:
+        super().setup()
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         logger.debug("chaosgpu agent: %s %s", self.address_string(), format % args)
@@ -455,10 +467,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         gpu = _integer(params, "gpu")
         processes = _flag(params, "processes", True)
         fresh = _flag(params, "fresh", False)
-        census = self.server.config.census.get(fresh=fresh)
-        document = snapshot_document(census, gpu, processes)
-        document["age_s"] = round(max(0.0, time.time() - float(census.get("taken_at") or 0)), 4)
-        self._json(200, document)
+        config = self.server.config
+        census = config.census.get(fresh=fresh)
+        key = (id(census), gpu, processes)
+        with config.lock:
+            cached = config.encoded.get(key)
+        if cached is None or cached[0] is not census:
+            document = snapshot_document(census, gpu, processes)
+            body = json.dumps(document, separators=(",", ":"), default=str).encode()
+            with config.lock:
+                if len(config.encoded) > 16:  # old censuses: drop them all
+                    config.encoded.clear()
+                config.encoded[key] = (census, body)
+        else:
+            body = cached[1]
+        age = max(0.0, time.time() - float(census.get("taken_at") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Census-Age", f"{age:.4f}")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _timeline(self, query: str) -> None:
         config = self.server.config
