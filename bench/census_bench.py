@@ -41,6 +41,8 @@ for i in range(n):
     pid = os.fork()
     if pid == 0:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with open("/proc/self/comm", "w") as comm:
+            comm.write("bench-sleeper")
         while True:
             signal.pause()
     kids.append(pid)
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"# spawned {args.processes} processes holding {scratch.name} in "
             f"{time.monotonic() - started:.1f} s")
         total = len(census.list_pids())
+        workers = max(2, min(16, os.cpu_count() or 2))
         say(f"processes in /proc: {total}")
         results = {
             "census full (stat+status+cmdline+cgroup+environ+fd scan)":
@@ -121,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             "census warm cache (stat+cgroup+fd scan; stable fields cached)":
                 (census.census(gpu=False, cache=True) and None)
                 or timed(lambda: census.census(gpu=False, cache=True), args.repeat),
+            f"census full, {workers} forked readers":
+                timed(lambda: census.census(gpu=False, workers=workers), args.repeat),
+            f"census lite, {workers} forked readers":
+                timed(lambda: census.census(gpu=False, detail="lite", workers=workers),
+                      args.repeat),
             "census lite (stat+status all; details for candidates only)":
                 timed(lambda: census.census(gpu=False, detail="lite"), args.repeat),
             "census lite, warm cache":
@@ -151,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"ratio lsof / census full:  {lsof / full:.2f}x")
         per_10k = full * 10000 / total * 1000
         say(f"census full per 10,000 processes: {per_10k:.1f} ms  (goal <= 100 ms)")
+        for mode in ("full", "lite"):
+            best = statistics.median(results[f"census {mode}, {workers} forked readers"])
+            say(f"census {mode} with {workers} readers: {best * 10000 / total * 1000:.1f} ms per "
+                f"10,000 processes; fuser / it = {fuser / best:.2f}x")
         holders = census.census(gpu=False, env=False)
         held = sum(1 for p in holders["processes"] if p["unreadable"])
         say(f"unreadable records in the last census: {held}")

@@ -320,6 +320,9 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     cached = cache.get(key) if cache is not None else None
     if cached is not None and (env or "env" not in cached) and not record["kthread"]:
         record.update(cached)
+        if not details:
+            record["not_read"] = ["cgroup", "nvidia_fds"]
+            return record
         _read_volatile(record, base, state, fds)
         if not os.path.exists(base + "/stat"):
             return None
@@ -788,6 +791,78 @@ def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool) -> None
             kind, parent["pid"], parent["comm"], sid if sid else "outside this namespace")
 
 
+def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: bool,
+                 proc_ns: Optional[str], details: bool,
+                 cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]],
+                 cache_before: Optional[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    processes = {}  # type: Dict[int, Dict[str, Any]]
+    errors = []  # type: List[str]
+    for pid in wanted:
+        try:
+            record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
+                                  cache=cache, cache_before=cache_before, details=details)
+        except (OSError, ValueError, IndexError) as error:
+            errors.append("pid %d: unreadable stat: %s" % (pid, error))
+            continue
+        if record is not None:
+            processes[pid] = record
+    return processes, errors
+
+
+def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
+                   proc_ns: Optional[str], details: bool,
+                   workers: int) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    """Read ``wanted`` in ``workers`` forked children (marshal over pipes); a child that fails
+    is redone serially here, so the result never depends on the fork succeeding."""
+    import marshal
+
+    chunks = [wanted[i::workers] for i in range(workers)]
+    children = []  # type: List[Tuple[int, int, List[int]]]
+    processes = {}  # type: Dict[int, Dict[str, Any]]
+    errors = []  # type: List[str]
+    for chunk in chunks:
+        try:
+            read_fd, write_fd = os.pipe()
+            child = os.fork()
+        except OSError:
+            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, details, None, None)
+            processes.update(more)
+            errors.extend(errs)
+            continue
+        if child == 0:  # pragma: no cover - runs in the forked reader
+            status = 0
+            try:
+                os.close(read_fd)
+                result = _read_serial(chunk, proc_root, env, fds, proc_ns, details, None, None)
+                data = marshal.dumps(result)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(write_fd, view):]
+            except BaseException:
+                status = 1
+            os._exit(status)
+        os.close(write_fd)
+        children.append((child, read_fd, chunk))
+    for child, read_fd, chunk in children:
+        parts = []
+        while True:
+            part = os.read(read_fd, 1 << 20)
+            if not part:
+                break
+            parts.append(part)
+        os.close(read_fd)
+        _, status = os.waitpid(child, 0)
+        try:
+            if status != 0:
+                raise ValueError("reader exited with status %d" % status)
+            more, errs = marshal.loads(b"".join(parts))
+        except (ValueError, EOFError, TypeError):
+            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, details, None, None)
+        processes.update(more)
+        errors.extend(errs)
+    return processes, errors
+
+
 _WORKER_NAMES = re.compile(r"^(python|pt_|torchrun|ray::)")
 
 
@@ -857,7 +932,7 @@ def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
 def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bool = True,
            gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
            cgroup_root: str = "/sys/fs/cgroup", cache: bool = False,
-           detail: str = "full") -> Dict[str, Any]:
+           detail: str = "full", workers: int = 1) -> Dict[str, Any]:
     """Take the whole census (schema ``chaosgpu.census/1``, docs/census.md): the observer, the
     GPU section (NVML, or ``gpu_snapshot`` when given: a recorded ``gpu`` section, which is how
     tests feed real recordings to the attribution), every process of ``proc_root`` (or only
@@ -872,7 +947,9 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     ``detail="lite"`` reads stat + status of every process and the rest (cmdline, cgroup, env,
     fds) only for candidates: NVML's PIDs, zombies, children of namespace inits and known
     subreapers, and processes named like training workers (python*, pt_*, torchrun); the
-    others carry ``not_read``. A job whose ranks are none of these is missed in lite mode."""
+    others carry ``not_read``. A job whose ranks are none of these is missed in lite mode.
+    ``workers=N`` (N > 1, without cache, from 1,000 processes) splits the reading over N forked
+    readers: the /proc reads are syscall-bound and scale with cores."""
     if detail not in ("full", "lite"):
         raise ValueError("detail must be 'full' or 'lite', got %r" % (detail,))
     started = time.monotonic()
@@ -902,16 +979,15 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
         wanted = []
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
     lite = detail == "lite"
-    for pid in wanted:
-        try:
-            record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
-                                  cache=_CACHE if cache else None, cache_before=cache_before,
-                                  details=not lite)
-        except (OSError, ValueError, IndexError) as error:
-            errors.append("pid %d: unreadable stat: %s" % (pid, error))
-            continue
-        if record is not None:
-            processes[pid] = record
+    use_cache = _CACHE if cache else None
+    if workers > 1 and not cache and len(wanted) >= 1000:
+        processes, more = _read_parallel(wanted, proc_root, env, fds, proc_ns, not lite,
+                                         workers)
+        errors.extend(more)
+    else:
+        processes, more = _read_serial(wanted, proc_root, env, fds, proc_ns, not lite,
+                                       use_cache, cache_before)
+        errors.extend(more)
     if lite:
         for pid in _lite_candidates(processes, gpu_section):
             try:
@@ -974,10 +1050,10 @@ def _usage_error(message: str) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse ``argv`` (``--no-env --no-fds --no-gpu --pid N --proc-root DIR --gpu-snapshot FILE
-    --indent N``), print one census JSON document and return 0; bad arguments print
+    --indent N --workers N``), print one census JSON document and return 0; bad arguments print
     ``{"error": ...}`` and return 2."""
     args = list(sys.argv[1:] if argv is None else argv)
-    options = {"env": True, "fds": True, "gpu": True}  # type: Dict[str, Any]
+    options = {"env": True, "fds": True, "gpu": True, "workers": 1}  # type: Dict[str, Any]
     proc_root = "/proc"
     pids = None  # type: Optional[List[int]]
     snapshot = None
@@ -987,7 +1063,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         arg = args[index]
         if arg in ("--no-env", "--no-fds", "--no-gpu"):
             options[arg[5:]] = False
-        elif arg in ("--pid", "--proc-root", "--gpu-snapshot", "--indent"):
+        elif arg in ("--pid", "--proc-root", "--gpu-snapshot", "--indent", "--workers"):
             if index + 1 >= len(args):
                 return _usage_error("%s needs a value" % arg)
             value = args[index + 1]
@@ -1004,6 +1080,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not value.isdigit():
                     return _usage_error("--indent needs an integer, got %r" % value)
                 indent = int(value)
+            elif arg == "--workers":
+                if not value.isdigit() or int(value) < 1:
+                    return _usage_error("--workers needs a positive integer, got %r" % value)
+                options["workers"] = int(value)
             else:
                 try:
                     if value == "-":
@@ -1024,7 +1104,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _usage_error("unknown argument %r" % arg)
         index += 1
     document = census(proc_root=proc_root, env=options["env"], fds=options["fds"],
-                      gpu=options["gpu"], gpu_snapshot=snapshot, pids=pids)
+                      gpu=options["gpu"], gpu_snapshot=snapshot, pids=pids,
+                      workers=options["workers"])
     print(json.dumps(document, indent=indent, sort_keys=False))
     return 0
 

@@ -295,3 +295,24 @@ def test_cache_keeps_what_a_zombie_had_while_alive() -> None:
         child.wait()
     node.take_census(gpu=False, cache=True)
     assert not any(k[1] == child.pid for k in census_module._CACHE)  # pruned once gone
+
+
+def test_forked_readers_give_the_same_census() -> None:
+    children = [subprocess.Popen(["sleep", "30"], env=dict(os.environ)) for _ in range(5)]
+    try:
+        pids = node.list_pids()
+        wanted = pids * (1 + 1000 // max(1, len(pids)))  # >= 1000 entries to use readers
+        serial = census_module._read_serial(wanted, "/proc", True, True, None, True, None, None)
+        parallel = census_module._read_parallel(wanted, "/proc", True, True, None, True, 3)
+        for child in children:
+            assert serial[0][child.pid]["starttime"] == parallel[0][child.pid]["starttime"]
+            assert parallel[0][child.pid]["cmdline"] in (["sleep", "30"], serial[0][child.pid]
+                                                         ["cmdline"])
+        assert set(serial[0]) - set(parallel[0]) <= {p for p in serial[0]
+                                                      if node.process_state(p) is None}
+        census = node.take_census(gpu=False, workers=2)
+        assert {c.pid for c in children} <= {p["pid"] for p in census["processes"]}
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

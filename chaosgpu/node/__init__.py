@@ -43,16 +43,18 @@ def take_census(
     cgroup_root: str = "/sys/fs/cgroup",
     cache: bool = False,
     detail: str = "full",
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Take the node census (processes, GPU, attribution, zombies, orphans, jobs); see
     `node_census.census` and docs/census.md. `gpu_snapshot` replaces NVML by a recorded `gpu`
     section; `pids` limits the census to those processes; `cache` keeps the fields that do not
     change during a process's life across calls (faster repeated censuses; zombies keep the
     tag and rank they had while alive); `detail="lite"` reads cmdline, cgroup, env and fds only
-    for candidate processes (GPU holders, zombies, orphan candidates, workers by name)."""
+    for candidate processes (GPU holders, zombies, orphan candidates, workers by name);
+    `workers` > 1 splits the reading over forked readers (large nodes, many cores)."""
     result: dict[str, Any] = census_module().census(
         proc_root=proc_root, env=env, fds=fds, gpu=gpu, gpu_snapshot=gpu_snapshot, pids=pids,
-        cgroup_root=cgroup_root, cache=cache, detail=detail)
+        cgroup_root=cgroup_root, cache=cache, detail=detail, workers=workers)
     return result
 
 

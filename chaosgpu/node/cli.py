@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fds", action="store_true", help="do not scan fds for /dev/nvidia*")
     parser.add_argument("--device", type=int, default=None, metavar="N",
                         help="show only GPU N (error if it does not exist)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="read /proc with N forked readers (big nodes)")
     parser.add_argument("--gpu-snapshot", default=None, metavar="FILE",
                         help="use a recorded NVML snapshot (JSON) instead of NVML")
     try:
@@ -166,11 +168,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaosgpu snapshot: --gpu-snapshot {args.gpu_snapshot} is not a JSON object",
                   file=sys.stderr)
             return 2
+    if args.workers < 1:
+        print(f"chaosgpu snapshot: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
     if args.device is not None and args.device < 0:
         print(f"chaosgpu snapshot: --device must be >= 0, got {args.device}", file=sys.stderr)
         return 2
     census = take_census(env=not args.no_env, fds=not args.no_fds,
-                         gpu=not args.no_gpu or snapshot is not None, gpu_snapshot=snapshot)
+                         gpu=not args.no_gpu or snapshot is not None, gpu_snapshot=snapshot,
+                         workers=args.workers)
     if args.device is not None:
         problem = _select_device(census, args.device)
         if problem is not None:
