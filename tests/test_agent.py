@@ -535,3 +535,23 @@ def test_cli_takes_the_token_from_the_environment(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+# -- load ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_bench_serves_1000_snapshots_with_p50_under_5_ms() -> None:
+    """bench/agent_bench.py against the real agent: >= 1,000 requests per endpoint; the cached
+    snapshot's p50 must be under 5 ms on loopback (the goal of issue 5)."""
+    result = subprocess.run(
+        [sys.executable, str(HERE.parent / "bench" / "agent_bench.py"), "--requests", "1000",
+         "--concurrency", "2", "--no-write"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr[-2000:]
+    cached = result.stdout.split("== no cache")[0]
+    line = next(x for x in cached.splitlines() if x.strip().startswith("/v1/snapshot ")
+                and "sequential" in x)
+    assert "n= 1000" in line
+    p50 = float(re.search(r"p50=\s*([\d.]+)", line).group(1))  # type: ignore[union-attr]
+    assert p50 < 5.0, line
+    assert "/metrics" in cached
