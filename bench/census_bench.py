@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError("the spawner did not start its children")
         now = datetime.datetime.now(datetime.UTC)
         say(f"# chaosgpu census bench  {now:%Y-%m-%d %H:%M:%S} UTC")
-        say(f"# command: {shlex.join([sys.executable, *sys.argv])}")
+        say(f"# command: {shlex.join(['python3', *sys.argv])}")
         say(f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel "
             f"{platform.release()}, Python {platform.python_version()}")
         say(f"# spawned {args.processes} processes holding {scratch.name} in "

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"# chaosgpu GPU snapshot bench  {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M:%S}"
         " UTC")
-    say(f"# command: {shlex.join([sys.executable, *sys.argv])}")
+    say(f"# command: {shlex.join(['python3', *sys.argv])}")
     say(f"# machine: {platform.node()} {os.cpu_count()} cpus, kernel {platform.release()}, "
         f"driver {first.get('driver')}, GPUs "
         + ", ".join(f"{d['index']}:{d['name']}" for d in first["devices"]))
