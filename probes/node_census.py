@@ -324,9 +324,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
             record["not_read"] = ["cgroup", "nvidia_fds"]
             return record
         _read_volatile(record, base, state, fds)
-        if not os.path.exists(base + "/stat"):
-            return None
-        return record
+        return None if _vanished(record, base) else record
 
     def failed(field: str, error: BaseException) -> None:
         _note_failure(record, field, error)
@@ -379,9 +377,15 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
         cache[key] = {name: record[name] for name in _STABLE_FIELDS if name in record
                       and (env or name not in ("env", "tag"))}
     _read_volatile(record, base, state, fds)
-    if not os.path.exists(base + "/stat"):
-        return None  # vanished while we read it: what we read may be half of it
-    return record
+    return None if _vanished(record, base) else record
+
+
+def _vanished(record: Dict[str, Any], base: str) -> bool:
+    """A read that failed with "vanished" means the process may be gone: if its stat is gone
+    too, it exited while we read it (return None: what we read may be half of it)."""
+    if "vanished" not in record["errors"].values():
+        return False
+    return not os.path.exists(base + "/stat")
 
 
 _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
