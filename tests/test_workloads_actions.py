@@ -110,3 +110,44 @@ def test_stop_all_workloads() -> None:
     assert {d["tag"] for d in done} >= {first["tag"], second["tag"]}
     assert not any(_alive(p) for p in first["pids"] + second["pids"])
     assert actions.list_workloads() == []
+
+
+@pytest.mark.parametrize(
+    "init, count, on_sigterm, fast",
+    [("dumb-init", 10, "cleanup", True), ("none", 1, "cleanup", True),
+     ("tini", 2, "ignore", True), ("sleep", 2, "cleanup", False),
+     ("dumb-init", 2, "ignore", True)],
+)  # fmt: skip
+def test_start_pod_with_holders(init: str, count: int, on_sigterm: str, fast: bool) -> None:
+    pod = f"pwh-{init}-{count}"
+    try:
+        started = actions.start_pod_with_holders(pod=pod, init=init, count=count, mib=4,
+                                                 via="host", on_sigterm=on_sigterm, grace_s=1.5,
+                                                 tag=f"pwh-{init}", timeout_s=120)  # fmt: skip
+    except runtime.SandboxError as error:
+        pytest.skip(str(error))
+    try:
+        assert len(started["pids"]) == count and all(_alive(p) for p in started["pids"])
+        listed = {p["pid"]: p for p in runtime.processes(pod)}
+        assert all(listed[p]["ns_pid"] == n for p, n in zip(started["pids"], started["ns_pids"],
+                                                            strict=True))  # fmt: skip
+        timings = runtime.terminate(pod)
+        # SIGTERM reaches the pod's own workers through dumb-init (process group) or as PID 1;
+        # tini forwards it to the shell only, whose exit ends the pod (as does the shell's death
+        # under dumb-init when the workers ignore SIGTERM: the kernel kills them with the pod);
+        # exec'd workers under sleep make the kubelet wait the whole grace.
+        assert (timings["total_s"] < 1.0) is fast, timings
+        assert not any(_alive(p) for p in started["pids"])
+    finally:
+        runtime.remove(pod)
+        actions.stop_workload(f"pwh-{init}", grace_s=0)
+    assert state.read_record("workloads", f"pwh-{init}") is None
+
+
+def test_start_pod_with_holders_bad_input() -> None:
+    with pytest.raises(ValueError, match="count"):
+        actions.start_pod_with_holders(pod="pwh-bad", count=0)
+    with pytest.raises(ValueError, match="unknown init"):
+        actions.start_pod_with_holders(pod="pwh-bad", init="systemd", via="host", tag="pwh-bad")
+    assert runtime.get_record("pwh-bad") is None
+    assert state.read_record("workloads", "pwh-bad") is None

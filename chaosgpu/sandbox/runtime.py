@@ -47,6 +47,7 @@ __all__ = [
     "processes",
     "read_cmdline",
     "remove",
+    "sandbox_alive",
     "send_signal",
     "terminate",
 ]
@@ -207,6 +208,12 @@ def build_record(
 
 def _is_alive(record: dict[str, Any]) -> bool:
     return _alive(int(record["pid1"]), record.get("pid1_starttime"))
+
+
+def sandbox_alive(name: str) -> bool:
+    """Tell whether sandbox `name` has a record and its PID 1 (same starttime) is alive."""
+    record = get_record(name)
+    return record is not None and _is_alive(record)
 
 
 def _live_record(name: str) -> dict[str, Any]:

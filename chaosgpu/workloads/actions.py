@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,14 @@ from typing import Any
 from chaosgpu import state
 from chaosgpu.workloads.readiness import wait_all_ready
 
-__all__ = ["start_holders", "start_ring", "stop_workload", "stop_all_workloads", "list_workloads"]
+__all__ = [
+    "start_holders",
+    "start_pod_with_holders",
+    "start_ring",
+    "stop_workload",
+    "stop_all_workloads",
+    "list_workloads",
+]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -144,16 +152,7 @@ def start_holders(
     name) they are started inside it as backgrounded exec'd shells, so they become orphans of the
     pod's PID 1 like the report's. Returns the tag, host and namespace PIDs and readiness documents.
     """
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
-        raise ValueError(f"count must be an integer from 1 to 1000, got {count!r}")
-    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
-        raise ValueError(f"mib must be an integer >= 0, got {mib!r}")
-    if via not in VIAS:
-        raise ValueError(f"unknown via {via!r}: choose one of {', '.join(VIAS)}")
-    if on_sigterm not in SIGTERM_MODES:
-        raise ValueError(f"unknown on_sigterm {on_sigterm!r}: one of {', '.join(SIGTERM_MODES)}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    _validate_hold(count, mib, via, on_sigterm, timeout_s)
     owner: tuple[int, int] | None = None
     exe, extra_env = sys.executable, dict[str, str]()
     if sandbox is not None:
@@ -185,12 +184,7 @@ def start_holders(
         for index in range(count):
             ready = workdir / f"holder{index}.json"
             ready_files.append(ready)
-            argv = [
-                exe, "-m", "chaosgpu.workloads", "hold", "--mib", str(mib), "--via", via,
-                "--device", str(device), "--on-sigterm", on_sigterm, "--ready-file", str(ready),
-            ]  # fmt: skip
-            if allow_host_fallback:
-                argv.append("--allow-host-fallback")
+            argv = _hold_argv(exe, mib, via, device, on_sigterm, ready, allow_host_fallback)
             env = dict(extra_env, CHAOSGPU_TAG=tag)
             log = workdir / f"holder{index}.log"
             if sandbox is not None:
@@ -230,6 +224,131 @@ def start_holders(
         "mib": mib,
         "ready": documents,
     }
+
+
+def _hold_argv(exe: str, mib: int, via: str, device: int, on_sigterm: str, ready: Path,
+               allow_host_fallback: bool) -> list[str]:  # fmt: skip
+    argv = [
+        exe, "-m", "chaosgpu.workloads", "hold", "--mib", str(mib), "--via", via,
+        "--device", str(device), "--on-sigterm", on_sigterm, "--ready-file", str(ready),
+    ]  # fmt: skip
+    if allow_host_fallback:
+        argv.append("--allow-host-fallback")
+    return argv
+
+
+def start_pod_with_holders(
+    pod: str,
+    init: str = "dumb-init",
+    count: int = 1,
+    mib: int = 256,
+    via: str = "auto",
+    on_sigterm: str = "cleanup",
+    tag: str | None = None,
+    grace_s: float = 30.0,
+    uid: int | None = None,
+    gid: int | None = None,
+    device: int = 0,
+    allow_host_fallback: bool = False,
+    timeout_s: float = 60.0,
+    configuration: dict[str, Any] | None = None,
+    secrets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Create local pod `pod` whose main process runs `count` hold workers, and wait until they
+    hold their memory. Unlike exec'd workers, these are the pod's own processes: with `init`
+    "dumb-init" they share its child's process group, so SIGTERM to the pod reaches them (the
+    report's remediation); "tini" forwards to the shell that started them; "none" makes a single
+    worker PID 1; "sleep" falls back to exec'd workers (orphans, as in the report). Returns the
+    tag, pod, host and namespace PIDs, readiness documents."""
+    _validate_hold(count, mib, via, on_sigterm, timeout_s)
+    runtime = _proc()
+    if init not in runtime.INITS:
+        raise ValueError(f"unknown init {init!r}: choose one of {', '.join(runtime.INITS)}")
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or grace_s < 0:
+        raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
+    if init == "sleep":
+        runtime.create(pod, init="sleep", uid=uid, gid=gid, grace_s=grace_s, owner_pid=os.getpid())
+        try:
+            started = start_holders(count=count, mib=mib, via=via, on_sigterm=on_sigterm,
+                                    sandbox=pod, tag=tag, device=device,
+                                    allow_host_fallback=allow_host_fallback,
+                                    timeout_s=timeout_s)  # fmt: skip
+        except Exception:
+            runtime.remove(pod)
+            raise
+        return dict(started, pod=pod, init=init)
+    runtime._validate_name(pod)
+    if runtime.get_record(pod) is not None and runtime.sandbox_alive(pod):
+        raise ValueError(f"sandbox name {pod!r} is already in use")
+    owner: tuple[int, int] | None = None
+    exe, extra_env = sys.executable, dict[str, str]()
+    if uid not in (None, 0) and os.geteuid() == 0:
+        assert uid is not None
+        owner = (uid, gid if gid is not None else uid)
+        exe, extra_env = python_for_user(*owner)
+    tag = _check_tag(tag, "pod")
+    workdir = _workdir(tag, owner)
+    ready_files = [workdir / f"holder{i}.json" for i in range(count)]
+    commands = [_hold_argv(exe, mib, via, device, on_sigterm, ready, allow_host_fallback)
+                for ready in ready_files]  # fmt: skip
+    if init == "none" and count == 1:
+        argv = commands[0]
+    else:
+        script = " ".join(
+            f"{shlex.join(c)} >>{shlex.quote(str(r.with_suffix('.log')))} 2>&1 &"
+            for c, r in zip(commands, ready_files, strict=True)
+        )
+        argv = ["sh", "-c", script + " wait"]
+    record: dict[str, Any] = {
+        "tag": tag, "kind": "hold", "sandbox": pod, "pod_main": True,
+        "workdir": str(workdir), "workdir_private": owner is not None,
+        "created_at": time.time(),
+        "runner": {"pid": os.getpid(), "starttime": runtime.process_starttime(os.getpid())},
+        "config": {"count": count, "mib": mib, "via": via, "on_sigterm": on_sigterm,
+                   "device": device, "init": init},
+        "processes": [],
+    }  # fmt: skip
+    state.write_record(KIND, tag, record)
+    try:
+        box = runtime.create(pod, init=init, argv=argv, uid=uid, gid=gid, grace_s=grace_s,
+                             env=dict(extra_env, CHAOSGPU_TAG=tag),
+                             owner_pid=os.getpid())  # fmt: skip
+        documents = wait_all_ready(ready_files, timeout_s, pids=[box["pid1"]] * count)
+        by_ns = {p["ns_pid"]: p["pid"] for p in runtime.processes(pod)}
+        for document in documents:
+            host = by_ns.get(document["pid"])
+            if host is not None:
+                record["processes"].append(_record_process(host, document["pid"]))
+        state.write_record(KIND, tag, record)
+    except Exception as error:
+        logs = " | ".join(_tail(p.with_suffix(".log")) for p in ready_files)
+        runtime.remove(pod)
+        stop_workload(tag, grace_s=0)
+        raise RuntimeError(f"pod {pod!r} with workers did not get ready: {error} {logs}") from None
+    return {
+        "tag": tag,
+        "pod": pod,
+        "init": init,
+        "pid1": box["pid1"],
+        "backend": documents[0]["via"] if documents else via,
+        "pids": [p["pid"] for p in record["processes"]],
+        "ns_pids": [p["ns_pid"] for p in record["processes"]],
+        "mib": mib,
+        "ready": documents,
+    }
+
+
+def _validate_hold(count: Any, mib: Any, via: Any, on_sigterm: Any, timeout_s: Any) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
+        raise ValueError(f"count must be an integer from 1 to 1000, got {count!r}")
+    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
+        raise ValueError(f"mib must be an integer >= 0, got {mib!r}")
+    if via not in VIAS:
+        raise ValueError(f"unknown via {via!r}: choose one of {', '.join(VIAS)}")
+    if on_sigterm not in SIGTERM_MODES:
+        raise ValueError(f"unknown on_sigterm {on_sigterm!r}: one of {', '.join(SIGTERM_MODES)}")
+    if not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
 
 
 def _tail(path: Path, limit: int = 400) -> str:
