@@ -207,3 +207,43 @@ def test_hold_cleanup_on_sigterm_frees_gpu_memory_at_once(tmp_path: Any) -> None
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize("count", [1, 10])
+def test_remediation_sigterm_handler_under_an_init(count: int) -> None:
+    """The report's scenario 4 with GPU memory: the pod's own workers free and exit on SIGTERM
+    (forwarded by dumb-init, or the worker is PID 1): no grace period wasted."""
+    pytest.importorskip("torch")
+    nvml = _nvml()
+    baseline = _used_mib(nvml)
+    pod = f"gpu-remedy-{count}-{os.getpid()}"
+    init = "none" if count == 1 else "dumb-init"
+    result: dict[str, Any] = {"workers": count, "init": init}
+    try:
+        try:
+            started = actions.start_pod_with_holders(
+                pod=pod, init=init, count=count, mib=MIB_PER_WORKER, via="torch",
+                on_sigterm="cleanup", grace_s=30, tag=f"remedy-{count}", timeout_s=90,
+            )  # fmt: skip
+        except runtime.SandboxError as error:
+            pytest.skip(str(error))
+        assert _used_mib(nvml) - baseline >= count * MIB_PER_WORKER
+        sampler = _Sampler(nvml, baseline)
+        sampler.start()
+        timings = runtime.terminate(pod)
+        back = _wait_used_below(nvml, baseline + 64, 30.0)
+        sampler.stop.set()
+        sampler.join()
+        result.update(
+            total_s=timings["total_s"], exited_on_sigterm=timings["exited_on_sigterm"],
+            memory_back_after_gone_s=back, gb_s_held=round(sampler.gb_s(), 2),
+        )  # fmt: skip
+        assert timings["exited_on_sigterm"] is True and timings["total_s"] < 2.0
+        assert back is not None and back < 5.0
+        assert started["pids"]
+    finally:
+        runtime.remove(pod)
+        actions.stop_workload(f"remedy-{count}", grace_s=0)
+        RESULTS[f"remedy{count}"] = result
+        print(f"\nremediation, {count} worker(s): {json.dumps(result)}")
+        _write_results()
