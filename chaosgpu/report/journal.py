@@ -29,6 +29,7 @@ __all__ = [
     "Problem",
     "RunView",
     "classify_event",
+    "fault_time",
     "load_journal",
     "load_journals",
     "total_process_series",
@@ -64,7 +65,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("gib_seconds", "gib_s", "gib_x_s", "wasted_gib_s", "gb_seconds"),
     ),
     "residual_mib": ("residual", "MiB", ("residual_mib", "residual_gpu_mib")),
-    "hang_detected": ("hang detected", "", ("hang_detected", "hang_suspected")),
+    "hang_detected": ("hang detected", "", ("hang_detected", "hang_suspected", "hung")),
     "hang_cleaned": ("hang cleaned", "", ("hang_cleaned", "cleaned")),
 }
 
@@ -105,6 +106,7 @@ class RunView:
     remediation: str
     remediation_of: str | None
     scenario: str | None
+    tag_id: str | None
     backend: str | None
     node: str | None
     start: str | None
@@ -131,7 +133,7 @@ def classify_event(name: str) -> str:
         return "SIGKILL"
     if "sigterm" in lowered or "term" in lowered or "delete" in lowered:
         return "SIGTERM"
-    if "fault" in lowered or "freeze" in lowered or "sigstop" in lowered:
+    if any(word in lowered for word in ("fault", "freeze", "sigstop", "fail")):
         return "fault"
     return "other"
 
@@ -236,13 +238,21 @@ def _describe_fault(experiment: dict[str, Any]) -> str:
     method = experiment.get("method")
     if not isinstance(method, list):
         return ""
+    actions = []
     for activity in method:
         if isinstance(activity, dict) and activity.get("type") == "action":
             provider = activity.get("provider") or {}
             func = provider.get("func") if isinstance(provider, dict) else None
-            name = activity.get("name") or func or "action"
-            return f"{name} ({func})" if func and func != name else str(name)
-    return ""
+            name = str(activity.get("name") or func or "action")
+            text = f"{name} ({func})" if func and func != name else name
+            actions.append((text, classify_event(name) != "other"
+                            or classify_event(str(func or "")) != "other"))
+    # the first action that reads as a fault (kill, terminate, delete, freeze, fail), else the
+    # first action
+    for text, is_fault in actions:
+        if is_fault:
+            return text
+    return actions[0][0] if actions else ""
 
 
 def _view(
@@ -264,8 +274,15 @@ def _view(
     if not fault:
         fault = "unknown"
         missing.append("fault (no 'fault' tag/configuration and no action in the method)")
-    remediation = pick("remediation", "remediation") or "none"
     remediation_of = pick("remediation_of", "remediation-of")
+    remediation = pick("remediation", "remediation")
+    if remediation is None and ("remediation" in tags or remediation_of):
+        # a bare `remediation` tag: the title says which (minus a "Remediation:" prefix)
+        title = str(experiment.get("title") or "remediation")
+        remediation = title.split(":", 1)[1].strip() if title.lower().startswith(
+            "remediation:") else title
+    remediation = remediation or "none"
+    tag_id = configuration.get("tag") if isinstance(configuration.get("tag"), str) else None
     scenario = pick("scenario", "scenario")
     backend = section.get("backend") if isinstance(section.get("backend"), str) else None
     for entry in journal.get("run") or []:
@@ -304,6 +321,7 @@ def _view(
         remediation=remediation,
         remediation_of=remediation_of,
         scenario=scenario,
+        tag_id=tag_id,
         backend=backend,
         node=node,
         start=journal.get("start") if isinstance(journal.get("start"), str) else None,
@@ -317,15 +335,36 @@ def _view(
     )
 
 
+def fault_time(events: list[dict[str, Any]], prefer_instant: bool = True) -> float | None:
+    """When the fault happened: the first event of kind fault/SIGTERM/SIGKILL; when that is an
+    action's start, the first such instant reported during that action (a signal's `sent_at`, a
+    `fault:` mark), which is when the signal really went."""
+    faults = [e for e in events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
+    if not faults:
+        return None
+    first = faults[0]
+    if not prefer_instant or first.get("phase") != "start":
+        return float(first["t"])
+    ends = [e["t"] for e in events if e["name"] == first["name"] and e.get("phase") == "end"
+            and e["t"] >= first["t"]]
+    end = ends[0] if ends else first["t"]
+    instants = [e["t"] for e in faults
+                if e.get("phase") == "point" and first["t"] <= e["t"] <= end]
+    return float(instants[0] if instants else first["t"])
+
+
 def _mark_release(events: list[dict[str, Any]], metrics: dict[str, "Metric"]) -> None:
     """Add the release (fault + time to release) as an event when none was recorded."""
     release = metrics["release_s"].value
-    faults = [e for e in events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
-    if not isinstance(release, int | float) or not faults:
+    # a probe measures from its event's start (an action's start); the timeline computation
+    # from the fault's instant
+    origin = fault_time(events, prefer_instant=metrics["release_s"].source.startswith(
+        "computed"))
+    if not isinstance(release, int | float) or origin is None:
         return
     if any(e["kind"] == "release" for e in events):
         return
-    events.append({"t": faults[0]["t"] + float(release), "name": f"memory back (+{release:g} s)",
+    events.append({"t": origin + float(release), "name": f"memory back (+{release:g} s)",
                    "phase": "point", "activity": None, "kind": "release"})
     events.sort(key=lambda e: e["t"])
 
@@ -349,6 +388,9 @@ def _timeline(
     pointer = section.get("timeline_file")
     if raw is None and isinstance(pointer, str) and pointer:
         target = pointer if os.path.isabs(pointer) else os.path.join(os.path.dirname(path), pointer)
+        beside = os.path.join(os.path.dirname(path), os.path.basename(pointer))
+        if not os.path.exists(target) and os.path.exists(beside):
+            target = beside  # the journal and its timeline file were moved together
         try:
             with open(target, encoding="utf-8") as handle:
                 raw = json.load(handle)
@@ -542,13 +584,23 @@ def _output_instants(output: Any) -> list[tuple[str, float]]:
                 items += [v for v in value if isinstance(v, dict)]
     elif isinstance(output, list):
         items += [v for v in output if isinstance(v, dict)]
+    signal = output.get("signal") if isinstance(output, dict) else None
     for item in items:
         if not isinstance(item, dict):
             continue
         for key, name in OUTPUT_INSTANTS.items():
             if _is_unix(item.get(key)):
                 found.append((name, float(item[key])))
-    return found
+        # a signal sender's `sent_at` (per process, the signal named beside or above it)
+        named = item.get("signal") or signal
+        if _is_unix(item.get("sent_at")) and isinstance(named, str):
+            found.append((f"{named} sent", float(item["sent_at"])))
+    # one event per (name, instant to the millisecond): 100 processes signalled at once
+    # make one mark
+    unique: dict[tuple[str, float], tuple[str, float]] = {}
+    for name, at in found:
+        unique.setdefault((name, round(at, 2)), (name, at))
+    return list(unique.values())
 
 
 def _count(value: Any) -> Any:
@@ -586,6 +638,8 @@ FUNC_OUTPUTS: dict[str, str] = {
     "gb_seconds_held": "gib_seconds",
     "residual_gpu_memory": "residual_mib",
     "hung_jobs": "hang_detected",
+    "sandbox_zombies": "zombies_after_kill",
+    "sandbox_orphans": "orphans",
 }
 
 
@@ -602,11 +656,13 @@ def _probe_record(measurements: dict[str, Any], metric: str) -> tuple[bool, Any,
     return False, None, ""
 
 
-def _activity_outputs(journal: dict[str, Any]) -> list[tuple[str, str, Any, bool]]:
-    """(activity name, provider func, output, at or after the fault) of run[] then rollbacks[]."""
+def _activity_outputs(journal: dict[str, Any]) -> list[tuple[str, str, Any, bool, bool]]:
+    """(activity name, provider func, output, at or after the fault, in the rollbacks) of run[]
+    then rollbacks[]."""
     outputs = []
     after_fault = False
-    for entry in (journal.get("run") or []) + (journal.get("rollbacks") or []):
+    method_entries = len(journal.get("run") or [])
+    for index, entry in enumerate((journal.get("run") or []) + (journal.get("rollbacks") or [])):
         if not isinstance(entry, dict):
             continue
         activity: dict[str, Any] = entry.get("activity") or {}
@@ -622,7 +678,7 @@ def _activity_outputs(journal: dict[str, Any]) -> list[tuple[str, str, Any, bool
         ):
             after_fault = True
         if "output" in entry and entry["output"] is not None:
-            outputs.append((name, func, entry["output"], after_fault))
+            outputs.append((name, func, entry["output"], after_fault, index >= method_entries))
     return outputs
 
 
@@ -648,11 +704,21 @@ def _metrics(
             continue
         counted = metric in ("orphans", "zombies_after_kill")
         best: Metric | None = None
-        for name, func, output, after in reversed(outputs):
+        for name, func, output, after, rollback in reversed(outputs):
             if metric == "zombies_after_kill" and not after:
                 continue  # zombies counted before the fault are not "after kill"
+            if counted and rollback:
+                continue  # what a rollback saw is after the cleanup, not the fault's effect
             if isinstance(output, dict):
                 found, value = _lookup(output, keys)
+                if not found and metric == "hang_cleaned" and after and isinstance(
+                        output.get("removed"), list) and isinstance(output.get("not_removed"),
+                                                                    list):
+                    # a hang cleanup's record: cleaned when nothing was left behind
+                    found, value = True, not output["not_removed"]
+                if found and metric == "hang_detected" and value is True and isinstance(
+                        output.get("detected_after_fault_s"), int | float):
+                    value = f"yes, {output['detected_after_fault_s']:.2f} s after the fault"
                 if not found and metric == "deletion_s" and _is_unix(output.get("gone")) \
                         and _is_unix(output.get("sigterm_sent")):
                     found, value = True, round(output["gone"] - output["sigterm_sent"], 3)
@@ -733,7 +799,8 @@ def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> di
     The memory series is, in order of preference: the sampler's total (`t`/`total_mib`) above
     its recorded baseline (what the timeline probes use); else the processes' summed MiB; else
     the devices' used MiB above their lowest value. held = the series' peak; residual = its last
-    value (>= 0). fault = the first event of kind fault/SIGTERM/SIGKILL; release = the first
+    value (>= 0). fault = `fault_time` (the first instant a fault action reported, else the
+    start of the first fault action); release = the first
     'release' event after the fault, else the first sample after it where the series is within
     min(64 MiB, 5 % of held) (at least 1 MiB) of zero; time to release = release - fault;
     GiB x s = the series' integral from fault to release (to the end when never released).
@@ -761,10 +828,10 @@ def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> di
     held = max(series_v)
     out["memory_held_mib"] = Metric(round(held, 1), source)
     out["residual_mib"] = Metric(round(max(0.0, series_v[-1]), 1), source)
-    faults = [e for e in events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
-    if not faults:
+    fault_at = fault_time(events)
+    if fault_at is None:
         return out
-    fault_t = faults[0]["t"]
+    fault_t = fault_at
     states = [p.get("states") or [] for p in timeline["processes"].values()]
     if any(states):
         zombies = sum(1 for st in states if any(t >= fault_t and s == "Z" for t, s in st))

@@ -9,7 +9,7 @@ plots. It must not read journals or write files.
 import io
 from typing import Any
 
-from chaosgpu.report.journal import RunView, total_process_series
+from chaosgpu.report.journal import RunView, fault_time, total_process_series
 
 __all__ = ["PlotsUnavailable", "pair_plot", "run_plot"]
 
@@ -90,7 +90,9 @@ def run_plot(run: RunView) -> bytes | None:
     ax.set_ylabel("memory used (MiB)" if timeline["devices"] else "host memory (MiB)")
     source = timeline.get("source") or "?"
     rate = timeline.get("rate_hz")
-    ax.set_title(f"{run.title}\n{run.name}: GPU memory per device "
+    what = ("GPU memory per device" if timeline["devices"]
+            else "no NVML: resident memory of the tracked processes")
+    ax.set_title(f"{run.title}\n{run.name}: {what} "
                  f"(source {source}{f', {rate:g} Hz' if isinstance(rate, int | float) else ''})",
                  fontsize=9)
     _mark_events(ax, run.events, label=True)
@@ -113,7 +115,7 @@ def run_plot(run: RunView) -> bytes | None:
             ax2.step(times, totals, where="post", color="black", linewidth=1.5,
                      label=f"all {len(items)} processes")
         _mark_events(ax2, run.events, label=False)
-        ax2.set_ylabel("process GPU memory (MiB)")
+        ax2.set_ylabel("per process (MiB)" if timeline["devices"] else "process RSS (MiB)")
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=7, loc="center right", ncol=2 if len(items) > 6 else 1)
         if len(items) > MAX_PROCESS_LINES:
@@ -128,8 +130,7 @@ def _aligned(run: RunView) -> tuple[list[float], list[float], float] | None:
     timeline = run.timeline
     if timeline is None:
         return None
-    faults = [e["t"] for e in run.events if e["kind"] in ("fault", "SIGTERM", "SIGKILL")]
-    origin = faults[0] if faults else 0.0
+    origin = fault_time(run.events) or 0.0
     times, totals = total_process_series(timeline)
     if not times and timeline["devices"]:
         device = timeline["devices"][0]

@@ -6,10 +6,10 @@ baselines. It must not read files, draw, or emit HTML/Markdown: `html.py` and `m
 what it returns.
 
 Pairing (documented in docs/report.md): a run tagged `remediation-of:<id>` (or with
-`chaosgpu.remediation_of` / configuration `remediation_of`) is paired with the run whose scenario
-id (`scenario:<id>` tag, `chaosgpu.scenario`, configuration `scenario`), journal file name or
-title equals <id>, preferring a run without a remediation; a remediation run without that
-reference is paired with the run of the same scenario id that has no remediation.
+`chaosgpu.remediation_of` / configuration `remediation_of`) is paired with the run whose
+configuration `tag`, journal file name or title is <id> (else whose scenario id is <id>),
+preferring a run without a remediation; a remediation run without that reference is paired with
+the run of the same scenario id that has no remediation.
 """
 
 from dataclasses import dataclass
@@ -93,11 +93,18 @@ def comparison_table(runs: list[RunView]) -> tuple[list[str], list[list[str]]]:
 
 
 def _ids(run: RunView) -> set[str]:
+    """What a `remediation-of:<id>` may name: the experiment's configuration `tag` (the catalog
+    sets it to the experiment's file name), the journal's file name (also without a
+    `journal-`/`handmade-` prefix or `-journal`/`.journal` suffix), the title."""
     ids = {run.name, run.title}
-    if run.scenario:
-        ids.add(run.scenario)
-    if run.name.startswith("handmade-"):
-        ids.add(run.name[len("handmade-") :])
+    if run.tag_id:
+        ids.add(run.tag_id)
+    for prefix in ("handmade-", "journal-"):
+        if run.name.startswith(prefix):
+            ids.add(run.name[len(prefix) :])
+    for suffix in ("-journal", ".journal"):
+        if run.name.endswith(suffix):
+            ids.add(run.name[: -len(suffix)])
     return ids
 
 
@@ -110,6 +117,8 @@ def pair_runs(runs: list[RunView]) -> list[Pair]:
         candidates = [other for other in runs if other is not run]
         if run.remediation_of:
             matches = [other for other in candidates if run.remediation_of in _ids(other)]
+            if not matches:  # a scenario id as the reference
+                matches = [other for other in candidates if other.scenario == run.remediation_of]
         else:
             matches = [other for other in candidates
                        if run.scenario and other.scenario == run.scenario]
