@@ -278,7 +278,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
                  proc_ns: Optional[str] = None,
                  cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]] = None,
                  cache_before: Optional[int] = None,
-                 details: bool = True) -> Optional[Dict[str, Any]]:
+                 details: bool = True, status: bool = True) -> Optional[Dict[str, Any]]:
     """Read one process from ``proc_root`` and return its census record, or None when it does
     not exist (or vanished while being read). Fields: pid, ppid, pgid, sid, state, zombie,
     kthread, uid, comm, cmdline, starttime (clock ticks, stat field 22), nspid (NSpid: the
@@ -297,7 +297,8 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     boot) are stored: right after fork the child still shows its parent's cmdline and env,
     and right after exec the kernel shows an empty env for a moment. ``details=False`` reads
     only stat, status and the ns link (the fields the orphan and zombie rules need) and lists
-    cmdline, cgroup, env and nvidia_fds in ``not_read`` (skipped on purpose, not unreadable)."""
+    cmdline, cgroup, env and nvidia_fds in ``not_read`` (skipped on purpose, not unreadable);
+    ``status=False`` too reads stat alone (uid, nspid, pid_ns, ns_init also in ``not_read``)."""
     base = "%s/%d" % (proc_root, pid)
     try:
         stat = _read_bytes(base + "/stat")
@@ -325,6 +326,11 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
             return record
         _read_volatile(record, base, state, fds)
         return None if _vanished(record, base) else record
+
+    if not status and not details:
+        record["not_read"] = ["uid", "nspid", "pid_ns", "ns_init", "cmdline", "cgroup", "env",
+                              "nvidia_fds"]
+        return record
 
     def failed(field: str, error: BaseException) -> None:
         _note_failure(record, field, error)
@@ -796,7 +802,7 @@ def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool) -> None
 
 
 def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: bool,
-                 proc_ns: Optional[str], details: bool,
+                 proc_ns: Optional[str], level: str,
                  cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]],
                  cache_before: Optional[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     processes = {}  # type: Dict[int, Dict[str, Any]]
@@ -804,7 +810,8 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: bool,
     for pid in wanted:
         try:
             record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
-                                  cache=cache, cache_before=cache_before, details=details)
+                                  cache=cache, cache_before=cache_before,
+                                  details=level == "full", status=level != "stat")
         except (OSError, ValueError, IndexError) as error:
             errors.append("pid %d: unreadable stat: %s" % (pid, error))
             continue
@@ -814,7 +821,7 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: bool,
 
 
 def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
-                   proc_ns: Optional[str], details: bool,
+                   proc_ns: Optional[str], level: str,
                    workers: int) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     """Read ``wanted`` in ``workers`` forked children (marshal over pipes); a child that fails
     is redone serially here, so the result never depends on the fork succeeding."""
@@ -829,7 +836,7 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
             read_fd, write_fd = os.pipe()
             child = os.fork()
         except OSError:
-            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, details, None, None)
+            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
             processes.update(more)
             errors.extend(errs)
             continue
@@ -837,7 +844,7 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
             status = 0
             try:
                 os.close(read_fd)
-                result = _read_serial(chunk, proc_root, env, fds, proc_ns, details, None, None)
+                result = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
                 data = marshal.dumps(result)
                 view = memoryview(data)
                 while view:
@@ -861,7 +868,7 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
                 raise ValueError("reader exited with status %d" % status)
             more, errs = marshal.loads(b"".join(parts))
         except (ValueError, EOFError, TypeError):
-            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, details, None, None)
+            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
         processes.update(more)
         errors.extend(errs)
     return processes, errors
@@ -948,10 +955,11 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     ``errors``. ``cache=True`` keeps, across calls in this process, the fields that do not
     change during a process's life (see ``read_process``): repeated censuses (an agent, a
     sampler) then cost about half, and zombies keep the tag and rank they had while alive.
-    ``detail="lite"`` reads stat + status of every process and the rest (cmdline, cgroup, env,
-    fds) only for candidates: NVML's PIDs, zombies, children of namespace inits and known
-    subreapers, and processes named like training workers (python*, pt_*, torchrun); the
-    others carry ``not_read``. A job whose ranks are none of these is missed in lite mode.
+    ``detail="lite"`` reads the stat of every process, the status of every parent (to know
+    namespace inits) and the rest only for candidates: NVML's PIDs, zombies, children of
+    namespace inits and known subreapers, and processes named like training workers
+    (python*, pt_*, torchrun); the others carry ``not_read``. A job whose ranks are none of
+    these is missed in lite mode.
     ``workers=N`` (N > 1, without cache, from 1,000 processes) splits the reading over N forked
     readers: the /proc reads are syscall-bound and scale with cores."""
     if detail not in ("full", "lite"):
@@ -984,27 +992,27 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
     lite = detail == "lite"
     use_cache = _CACHE if cache else None
+    level = "stat" if lite else "full"
     if workers > 1 and not cache and len(wanted) >= 1000:
-        processes, more = _read_parallel(wanted, proc_root, env, fds, proc_ns, not lite,
-                                         workers)
-        errors.extend(more)
+        processes, more = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers)
     else:
-        processes, more = _read_serial(wanted, proc_root, env, fds, proc_ns, not lite,
-                                       use_cache, cache_before)
-        errors.extend(more)
+        processes, more = _read_serial(wanted, proc_root, env, fds, proc_ns, level, use_cache,
+                                       cache_before)
+    errors.extend(more)
     if lite:
-        for pid in _lite_candidates(processes, gpu_section):
-            try:
-                record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
-                                      cache=_CACHE if cache else None,
-                                      cache_before=cache_before)
-            except (OSError, ValueError, IndexError) as error:
-                errors.append("pid %d: unreadable stat: %s" % (pid, error))
-                record = None
-            if record is None:
-                processes.pop(pid, None)
-            else:
-                processes[pid] = record
+        # parents (to know which are namespace inits), then the candidates, in full
+        parents = sorted({p["ppid"] for p in processes.values() if p["ppid"] in processes})
+        for wave, wave_level in ((parents, "basic"), (None, "full")):
+            if wave is None:
+                wave = _lite_candidates(processes, gpu_section)
+            more_records, more = _read_serial(wave, proc_root, env, fds, proc_ns, wave_level,
+                                              use_cache, cache_before)
+            errors.extend(more)
+            for pid in wave:
+                if pid in more_records:
+                    processes[pid] = more_records[pid]
+                else:
+                    processes.pop(pid, None)
     if cache and pids is None:
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
             del _CACHE[key]

@@ -189,8 +189,10 @@ def test_lite_census_reads_details_only_for_candidates() -> None:
             procs = _by_pid(census)
             assert procs[orphan]["orphan"] and procs[orphan]["not_read"] == []
             assert procs[orphan]["cmdline"] == ["sleep", "1000"]
-            assert procs[plain.pid]["not_read"] == ["cmdline", "cgroup", "env", "nvidia_fds"]
+            assert procs[plain.pid]["not_read"] == ["uid", "nspid", "pid_ns", "ns_init",
+                                                    "cmdline", "cgroup", "env", "nvidia_fds"]
             assert procs[plain.pid]["cmdline"] is None and procs[plain.pid]["unreadable"] == []
+            assert procs[pid1]["ns_init"] and "ns_init" not in procs[pid1]["not_read"]
             with pytest.raises(ValueError, match="detail must be 'full' or 'lite'"):
                 node.take_census(detail="medium")
         finally:
