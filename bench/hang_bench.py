@@ -1,21 +1,24 @@
 """Hang detection latency and hang cleanup time on a CPU gloo ring (no GPU needed).
 
-For each repetition: start a gloo ring (world size 3 by default), start `detect_hang` watching it
-in a thread, freeze one rank (SIGSTOP through a pidfd), and measure the time from the signal to
-the moment the census first showed the hang (goal <= 1 s; PyTorch's own default is a 10-minute
-process-group timeout, NCCL RAS 60 s). Then time `cleanup_hung_job` until every process of the
-job is dead (goal <= 5 s). Also reports what collecting py-spy stacks adds. Prints the figures
-and writes bench/results/hang-<date>.txt.
+For each repetition: start a gloo ring (world size 3 by default), start `detect_hang` watching
+it from a separate process, freeze one rank at a random point of its poll cycle (SIGSTOP through
+a pidfd), and measure the time from the signal to the moment the census first showed the hang
+(goal <= 1 s; PyTorch's own default is a 10-minute process-group timeout, NCCL RAS 60 s). Then
+time `cleanup_hung_job` until every process of the job is dead (goal <= 5 s). Also reports what
+collecting py-spy stacks adds. Prints the figures and writes bench/results/hang-<date>.txt.
 
     python bench/hang_bench.py [--reps 5] [--world-size 3] [--poll-s 0.1] [--grace-s 2]
+
 """
 
 import argparse
+import json
 import os
+import random
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,6 +31,15 @@ from _results import write  # noqa: E402
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.workloads.ring import RingConfig, launch_ring  # noqa: E402
 
+WATCHER = """
+import json, sys
+from chaosgpu.job import probes
+tag, poll_s = sys.argv[1], float(sys.argv[2])
+probes.job_ranks(tag=tag)  # warm: imports and the census program loaded
+print("watching", flush=True)
+print(json.dumps(probes.detect_hang(tag=tag, timeout_s=30, poll_s=poll_s, stacks=False)))
+"""
+
 
 def one(world_size: int, poll_s: float, grace_s: float) -> dict[str, Any]:
     tag = f"hang-bench-{uuid.uuid4().hex[:8]}"
@@ -37,13 +49,17 @@ def one(world_size: int, poll_s: float, grace_s: float) -> dict[str, Any]:
         try:
             launch.wait_ready(120)
             time.sleep(0.3)
-            seen: dict[str, Any] = {}
-            watcher = threading.Thread(target=lambda: seen.update(probes.detect_hang(
-                tag=tag, timeout_s=30, poll_s=poll_s, stacks=False)))
-            watcher.start()
-            time.sleep(0.5)  # the watcher is polling a healthy job
+            # The watcher is a separate process (as a node agent would be: no shared GIL with
+            # the fault injector). Once it polls a healthy job, the fault lands at a random
+            # point of its poll cycle (a fixed delay would align with the polls).
+            watcher = subprocess.Popen(
+                [sys.executable, "-c", WATCHER, tag, str(poll_s)], stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, text=True, env=dict(os.environ))
+            assert watcher.stdout is not None
+            assert watcher.stdout.readline().strip() == "watching"
+            time.sleep(0.5 + random.uniform(0, poll_s))
             fault = actions.freeze_rank(tag=tag, rank=1)
-            watcher.join(40)
+            seen: dict[str, Any] = json.loads(watcher.communicate(timeout=60)[0])
             detection = seen["first_seen"] - fault["sent_at"] if seen.get("hung") else None
             t = time.monotonic()
             stacks = probes.detect_hang(tag=tag, timeout_s=5, stacks=True)
