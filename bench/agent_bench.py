@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests < 1 or args.concurrency < 1:
         parser.error("--requests and --concurrency must be >= 1")
     token = secrets.token_urlsafe(24)
+    given = " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
-        f"command: python bench/agent_bench.py {' '.join(argv if argv is not None else sys.argv[1:])}",
+        f"command: python bench/agent_bench.py {given}".rstrip(),
         f"date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}",
         f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             for path in ("/v1/snapshot", "/v1/snapshot?processes=0", "/metrics",
                          "/v1/timeline"):
                 count = args.requests if ttl else max(200, args.requests // 5)
-                block.append(f"  {path:28s} sequential  {_percentiles(_run(url, token, path, count))}")
+                samples = _run(url, token, path, count)
+                block.append(f"  {path:28s} sequential  {_percentiles(samples)}")
             for path in ("/v1/snapshot", "/metrics"):
                 count = args.requests if ttl else max(200, args.requests // 5)
                 samples = _concurrent(url, token, path, count, args.concurrency)

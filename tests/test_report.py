@@ -165,6 +165,7 @@ def test_handmade_pairs_and_nccl() -> None:
         ("handmade-foreign.json", "not a chaosgpu journal"),
         ("handmade-not-a-journal.json", "not a Chaos Toolkit journal"),
         ("handmade-missing-timeline.json", "timeline file 'missing-timeline.json' unusable"),
+        ("handmade-no-timeline-control.json", "no timeline in this journal"),
     ],
 )
 def test_bad_journals_give_a_clear_message(name: str, message: str) -> None:

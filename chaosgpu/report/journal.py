@@ -399,6 +399,9 @@ def _timeline(
             raw = None
     if raw is None:
         missing.append("timeline (no 'chaosgpu.timeline' and no readable 'timeline_file')")
+        if not pointer:
+            problems.append(Problem(path, "no timeline in this journal (declare the control "
+                                          "chaosgpu.timeline.control): tables only, no plot"))
         return None
     try:
         return _normalise_timeline(raw)

@@ -377,6 +377,11 @@ def main() -> None:
                          "events": [], "measurements": {"orphans": 1}, "backend": "sandbox"}
     no_tl["experiment"]["title"] = "Pod deletion whose timeline file was lost"
     write(os.path.join("bad", "handmade-missing-timeline.json"), no_tl)
+    no_control = pod_delete(1, False, "pod-nc")
+    del no_control["chaosgpu"]
+    no_control["experiment"]["controls"] = []
+    no_control["experiment"]["title"] = "Pod deletion without the timeline control"
+    write(os.path.join("bad", "handmade-no-timeline-control.json"), no_control)
     with open(os.path.join(HERE, "bad", "handmade-not-a-journal.json"), "w") as handle:
         handle.write('{"hello": "world"}\n')
 

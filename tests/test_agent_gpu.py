@@ -1,0 +1,79 @@
+"""The agent on a GPU machine (skipped without NVML): real NVML in the census, the metrics and a
+100 Hz timeline, with a real worker holding GPU memory (torch, else the CUDA driver API)."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from chaosgpu.agent.server import AgentConfig, AgentServer, CensusCache, TimelineWindow
+
+pytestmark = pytest.mark.gpu
+TOKEN = uuid.uuid4().hex
+
+
+def test_agent_serves_nvml_census_metrics_and_timeline(tmp_path: Path) -> None:
+    census = CensusCache(ttl_s=0.2)
+    timeline = TimelineWindow(rate_hz=100, process_every=5, retention_s=120)
+    census.listeners.append(timeline.remember)
+    server = AgentServer("127.0.0.1", 0, AgentConfig(TOKEN, census, timeline))
+    timeline.start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    ready = tmp_path / "ready.json"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "chaosgpu.workloads", "hold", "--mib", "1024", "--via", "auto",
+         "--ready-file", str(ready), "--tag", "agent-gpu"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=dict(os.environ),
+        start_new_session=True)
+    try:
+        assert timeline.sampler.source == "nvml"
+        since = time.time()
+        deadline = time.monotonic() + 120
+        while not (ready.exists() and ready.read_text()) and time.monotonic() < deadline:
+            assert worker.poll() is None, "the GPU worker died"
+            time.sleep(0.1)
+        assert ready.exists(), "the GPU worker did not get ready"
+        snap = requests.get(server.url + "/v1/snapshot", params={"gpu": 0, "fresh": 1},
+                            headers=headers, timeout=30).json()
+        assert snap["gpu"]["available"] is True and len(snap["gpu"]["devices"]) == 1
+        mine = [p for p in snap["gpu_processes"] if p["host_pid"] == worker.pid]
+        assert mine and mine[0]["used_mib"] >= 1024
+        metrics = requests.get(server.url + "/metrics", headers=headers, timeout=30).text
+        assert f'pid="{worker.pid}"' in metrics
+        assert 'chaosgpu_gpu_memory_used_mib{gpu="0"' in metrics
+        time.sleep(0.5)
+        window = requests.get(server.url + "/v1/timeline", params={"since": since},
+                              headers=headers, timeout=30).json()
+        assert window["source"] == "nvml" and window["devices"]
+        assert window["rate_hz"] >= 80
+        entry = window["processes"][str(worker.pid)]
+        assert max(entry["mib"]) >= 1024
+        used = window["devices"][0]["used_mib"]
+        assert max(used) - min(used) >= 1000  # the worker's memory arriving on the device
+        killed = time.time()
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+        time.sleep(2.0)
+        after = requests.get(server.url + "/v1/timeline", params={"since": killed - 0.5},
+                             headers=headers, timeout=30).json()
+        used = after["devices"][0]["used_mib"]
+        assert used[0] - used[-1] >= 1000, "the memory did not come back after SIGKILL"
+        times = [after["t0"] + t for t in after["t"]]
+        back = next(t for t, u in zip(times, used, strict=True) if u <= used[-1] + 64)
+        assert back - killed < 2.0  # FACTS.md: ~0.13 s on the H200
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=30)
+        server.shutdown()
+        server.server_close()
+        timeline.stop()
