@@ -68,6 +68,34 @@ def test_timeline_measures_release_and_gib_seconds(tmp_path: Path) -> None:
     assert not _alive_with_tag(tag)
 
 
+def test_large_timeline_goes_to_a_file_next_to_the_journal(tmp_path: Path) -> None:
+    tag = f"smoke-{uuid.uuid4().hex[:8]}"
+    code, journal, output = _run(tmp_path, "timeline-hold-kill.json", tag,
+                                 extra_env={"SMOKE_INLINE_MAX": "10"})
+    assert code == 0, output[-3000:]
+    section = journal["chaosgpu"]
+    assert section["timeline"] is None
+    path = Path(section["timeline_file"])
+    assert path == tmp_path / "journal.timeline.json"
+    timeline = json.loads(path.read_text())
+    assert len(timeline["t"]) > 10 and timeline["source"] == section["summary"]["source"]
+    assert not _alive_with_tag(tag)
+
+
+def test_dry_run_starts_nothing(tmp_path: Path) -> None:
+    tag = f"smoke-{uuid.uuid4().hex[:8]}"
+    journal = tmp_path / "journal.json"
+    proc = subprocess.run(
+        [CHAOS, "--no-version-check", "--log-file", str(tmp_path / "chaostoolkit.log"), "run",
+         "--dry", "activities", "--journal-path", str(journal),
+         str(EXPERIMENTS / "gloo-hang.json")],
+        cwd=tmp_path, env=dict(os.environ, SMOKE_TAG=tag), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(journal.read_text())["status"] == "completed"
+    assert not _alive_with_tag(tag)
+
+
 @pytest.mark.parametrize("gate, expected_code", [("true", 1), ("false", 0)])
 def test_missed_steady_state_gate(tmp_path: Path, gate: str, expected_code: int) -> None:
     tag = f"smoke-{uuid.uuid4().hex[:8]}"
