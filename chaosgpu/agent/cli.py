@@ -70,6 +70,10 @@ def resolve_token(token_file: str | None, remote: bool) -> tuple[str, str | None
             raise UsageError(f"--token-file {token_file!r}: {error.strerror or error}") from None
         if not token:
             raise UsageError(f"--token-file {token_file!r} is empty")
+        mode = os.stat(token_file).st_mode
+        if mode & 0o077:
+            print(f"chaosgpu agent: warning: --token-file {token_file!r} is readable by other "
+                  f"users (mode {mode & 0o777:o}); chmod 600 it", file=sys.stderr)
         return token, None
     token = os.environ.get(TOKEN_ENV, "").strip()
     if token:

@@ -60,7 +60,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("release_s", "time_to_release_s", "release_time_s"),
     ),
     "gib_seconds": (
-        "GiB x s wasted",
+        "wasted",
         "GiB x s",
         ("gib_seconds", "gib_s", "gib_x_s", "wasted_gib_s", "gb_seconds"),
     ),

@@ -152,7 +152,10 @@ def pair_plot(baseline: RunView, remediation: RunView) -> bytes | None:
             label=f"remediation: {remediation.name}")
     ax.axvline(0.0, color="black", linestyle="--", linewidth=1, label="fault (t = 0)")
     ax.set_xlabel("time since the fault (s)")
-    ax.set_ylabel("GPU memory held by processes (MiB)")
+    host = not (baseline.timeline or {}).get("devices") and not (
+        remediation.timeline or {}).get("devices")
+    ax.set_ylabel("memory (RSS) held by processes (MiB)" if host
+                  else "GPU memory held by processes (MiB)")
     ax.set_title(f"before/after: {remediation.remediation}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

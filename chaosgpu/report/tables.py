@@ -52,7 +52,9 @@ def format_value(metric: str, value: Any) -> str:
     if unit == "s":
         return f"{value:.2f}"
     if unit == "GiB x s":
-        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+        if abs(value) >= 10:
+            return f"{value:,.1f}"
+        return f"{value:.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.2g}"
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
