@@ -74,7 +74,7 @@ def run_plot(run: RunView) -> bytes | None:
     if timeline is None:
         return None
     plt = _pyplot()
-    has_processes = bool(timeline["processes"])
+    has_processes = any(series["t"] for series in timeline["processes"].values())
     rows = 2 if has_processes else 1
     fig, axes = plt.subplots(rows, 1, figsize=(10, 3.2 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
@@ -100,7 +100,8 @@ def run_plot(run: RunView) -> bytes | None:
     ax.legend(fontsize=7, loc="center right")
     if has_processes:
         ax2 = axes[1][0]
-        items = sorted(timeline["processes"].items(), key=lambda kv: -max(kv[1]["mib"] or [0]))
+        items = sorted(((pid, series) for pid, series in timeline["processes"].items()
+                        if series["t"]), key=lambda kv: -max(kv[1]["mib"] or [0]))
         for pid, series in items[:MAX_PROCESS_LINES]:
             name = series.get("tag") or f"pid {pid}"
             if series.get("rank") is not None:
