@@ -77,6 +77,34 @@ def test_killed_gloo_rank_and_freeze_resume(ring: tuple[str, RingLaunch]) -> Non
     assert report["not_removed"] == [], report
 
 
+def test_survivors_exit_on_their_own_with_a_short_group_timeout(tmp_path: Path) -> None:
+    tag = f"job-test-{uuid.uuid4().hex[:8]}"
+    launch = launch_ring(RingConfig(backend="gloo", world_size=3, ready_dir=str(tmp_path),
+                                    tag=tag, timeout_s=3, log_dir=str(tmp_path / "logs")),
+                         detach=True)
+    try:
+        launch.wait_ready(90)
+        job_id = actions.fail_rank(tag=tag, rank=0)["job"]
+        from chaosgpu.scope import resolve_scope
+
+        assert len(resolve_scope({"job": job_id})) == 3
+        short = probes.wait_survivors_exit(tag=tag, timeout_s=0.5)
+        assert short["all_exited"] is False and short["survivors"] == [1, 2]
+        waited = probes.wait_survivors_exit(tag=tag, timeout_s=60)
+        assert waited["all_exited"] is True, waited
+        assert set(waited["exited_after_s"]) == {"1", "2"}
+        report = actions.cleanup_hung_job(tag=tag, grace_s=1, deadline_s=20)
+        assert report["not_removed"] == [], report
+        gone = probes.wait_survivors_exit(tag=tag, timeout_s=1)
+        assert gone["all_exited"] is True
+    finally:
+        for proc in launch.processes:
+            if proc.poll() is None:
+                os.kill(proc.pid, 18)
+                proc.kill()
+            proc.wait(timeout=10)
+
+
 def test_bad_job_input_is_refused() -> None:
     with pytest.raises(hang.JobError, match="name the job"):
         actions.kill_rank()

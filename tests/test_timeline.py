@@ -148,6 +148,7 @@ def test_probes_need_the_control_and_valid_input(sampler_cleanup: list[Sampler])
     install(sampler)
     with pytest.raises(ValueError, match="no event 'nope'"):
         probes.memory_release_time(after_event="nope")
+    assert probes.memory_release_time(after_event="nope", missing_ok=True) == 0.0
     with pytest.raises(ValueError, match="from_event"):
         probes.gb_seconds_held()
     with pytest.raises(ValueError, match="phase"):

@@ -22,6 +22,7 @@ from typing import Any
 from chaosgpu.process.actions import _thaw_freezer_groups, is_alive, send
 
 __all__ = ["JobError", "find_job", "job_processes", "detect", "python_stacks", "cleanup",
+           "wait_survivors_exit", "reap_if_children",
            "job_backend"]
 
 logger = logging.getLogger("chaostoolkit")
@@ -205,6 +206,46 @@ def detect(job: str | None = None, tag: str | None = None, timeout_s: float = 5.
         pids = [s["pid"] for s in result["survivors"]]
         result["python_stacks"] = python_stacks(pids + sorted(stopped), stopped)
     result["returned_after_s"] = round(time.time() - started, 4)
+    return result
+
+
+def wait_survivors_exit(job: str | None = None, tag: str | None = None,
+                        timeout_s: float = 60.0, poll_s: float = 0.1) -> dict[str, Any]:
+    """Wait until every rank that is alive now (not stopped, frozen or dead) has exited, or
+    `timeout_s` passes; report which exited, after how long, and which are still alive."""
+    _check_selector(job, tag)
+    if timeout_s < 0 or poll_s <= 0:
+        raise ValueError("timeout_s must be >= 0 and poll_s > 0")
+    started = time.monotonic()
+    census = _census(gpu=False)
+    found = find_job(census, job, tag)
+    if found is None:
+        return {"job": job, "tag": tag, "all_exited": True, "survivors": [], "exited": {},
+                "still_alive": [], "waited_s": 0.0,
+                "note": "no such job in the census: no survivor is left"}
+    by_pid = {p["pid"]: p for p in census.get("processes") or []}
+    survivors = [{"rank": r["rank"], "pid": r["pid"],
+                  "starttime": (by_pid.get(r["pid"]) or {}).get("starttime")}
+                 for r in found.get("ranks") or [] if r.get("state") == "alive"]
+    exited: dict[str, float] = {}
+    pending = list(survivors)
+    while True:
+        now = time.monotonic()
+        for survivor in list(pending):
+            if not is_alive(survivor["pid"], survivor["starttime"]):
+                exited[str(survivor["rank"])] = round(now - started, 4)
+                pending.remove(survivor)
+        if not pending or now - started >= timeout_s:
+            break
+        time.sleep(poll_s)
+    reap_if_children([s["pid"] for s in survivors if s not in pending], 0.5)
+    result = {"job": found.get("id"), "tag": tag, "all_exited": not pending,
+              "survivors": [s["rank"] for s in survivors], "exited_after_s": exited,
+              "still_alive": [{"rank": s["rank"], "pid": s["pid"]} for s in pending],
+              "waited_s": round(time.monotonic() - started, 4)}
+    gpu = _gpu_pids()
+    if gpu is not None:
+        result["still_on_gpu"] = sorted({s["pid"] for s in survivors} & gpu)
     return result
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from chaosgpu.job import hang
 
-__all__ = ["detect_hang", "job_hung", "job_ranks"]
+__all__ = ["detect_hang", "job_hung", "job_ranks", "wait_survivors_exit"]
 
 
 def detect_hang(job: str | None = None, tag: str | None = None, timeout_s: float = 5.0,
@@ -46,3 +46,16 @@ def job_ranks(job: str | None = None, tag: str | None = None,
     census = hang._census(gpu=True)
     found = hang.find_job(census, job, tag)
     return list(found.get("ranks") or []) if found else []
+
+
+def wait_survivors_exit(job: str | None = None, tag: str | None = None,
+                        timeout_s: float = 60.0, poll_s: float = 0.1,
+                        configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Wait up to `timeout_s` for the surviving ranks of a job (by id or tag: those alive now,
+    not the stopped, frozen or dead ones) to exit on their own, as they should when a
+    process-group timeout and async error handling are set (the NCCL remediation). Returns
+    "all_exited", each survivor's exit time in seconds from the call, those still alive, and
+    (with NVML) those still holding GPU memory. A job no longer running counts as all exited."""
+    return hang.wait_survivors_exit(job=job, tag=tag, timeout_s=float(timeout_s),
+                                    poll_s=float(poll_s))

@@ -97,16 +97,23 @@ def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
 
 
 def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
-                        timeout_s: float = 30.0, phase: str = "start",
+                        timeout_s: float = 30.0, phase: str = "start", missing_ok: bool = False,
                         configuration: dict[str, Any] | None = None,
                         secrets: dict[str, Any] | None = None) -> float | None:
     """Seconds from an event on the timeline (an activity's name; its `phase` "start" by
     default) to the first sample where memory is back within `threshold_mib` of the baseline.
-    Waits up to `timeout_s` for that to happen; returns None (and logs why) when it did not."""
+    Waits up to `timeout_s` for that to happen; returns None (and logs why) when it did not.
+    With `missing_ok`, an event not on the timeline yet (a steady state checked before the
+    method) gives 0.0: nothing has been released because nothing was faulted."""
     if not after_event:
         raise ValueError("after_event must name an activity on the timeline")
     sampler = _sampler()
     assert sampler.baseline is not None
+    if missing_ok and sampler.event_time(after_event, phase) is None:
+        _record(sampler, "memory_release_time", {
+            "after_event": after_event, "phase": phase, "seconds": 0.0,
+            "note": "event not on the timeline (yet): nothing to release"})
+        return 0.0
     t_event = _event_t(sampler, after_event, phase)
     limit = float(sampler.baseline["total_mib"]) + threshold_mib
     deadline = time.monotonic() + timeout_s
