@@ -316,3 +316,14 @@ def test_forked_readers_give_the_same_census() -> None:
         for child in children:
             child.kill()
             child.wait()
+
+
+def test_program_is_self_contained_without_site_packages() -> None:
+    """In a bare container: no chaosgpu, no pynvml (python -I -S): still one JSON document."""
+    result = subprocess.run([sys.executable, "-I", "-S", str(PROGRAM), "--pid", str(os.getpid())],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["gpu"]["available"] is False
+    assert "pynvml (nvidia-ml-py) not installed" in document["gpu"]["reason"]
+    assert document["processes"][0]["pid"] == os.getpid()
