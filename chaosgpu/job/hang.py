@@ -220,8 +220,8 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
     census = _census(gpu=False)
     found = find_job(census, job, tag)
     if found is None:
-        return {"job": job, "tag": tag, "all_exited": True, "survivors": [], "exited": {},
-                "still_alive": [], "waited_s": 0.0,
+        return {"job": job, "tag": tag, "all_exited": True, "survivors": [],
+                "exited_after_s": {}, "still_alive": [], "survivors_left": [], "waited_s": 0.0,
                 "note": "no such job in the census: no survivor is left"}
     by_pid = {p["pid"]: p for p in census.get("processes") or []}
     survivors = [{"rank": r["rank"], "pid": r["pid"],
@@ -242,6 +242,7 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
     result = {"job": found.get("id"), "tag": tag, "all_exited": not pending,
               "survivors": [s["rank"] for s in survivors], "exited_after_s": exited,
               "still_alive": [{"rank": s["rank"], "pid": s["pid"]} for s in pending],
+              "survivors_left": [s["rank"] for s in pending],
               "waited_s": round(time.monotonic() - started, 4)}
     gpu = _gpu_pids()
     if gpu is not None:

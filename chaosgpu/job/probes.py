@@ -55,7 +55,8 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
     """Wait up to `timeout_s` for the surviving ranks of a job (by id or tag: those alive now,
     not the stopped, frozen or dead ones) to exit on their own, as they should when a
     process-group timeout and async error handling are set (the NCCL remediation). Returns
-    "all_exited", each survivor's exit time in seconds from the call, those still alive, and
+    "all_exited", each survivor's exit time in seconds from the call, those still alive
+    ("still_alive" with PIDs, "survivors_left" as ranks), and
     (with NVML) those still holding GPU memory. A job no longer running counts as all exited."""
     return hang.wait_survivors_exit(job=job, tag=tag, timeout_s=float(timeout_s),
                                     poll_s=float(poll_s))
