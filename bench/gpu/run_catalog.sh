@@ -11,6 +11,7 @@ out=${1:?usage: run_catalog.sh OUTPUT_DIR [EXPERIMENT ...]}
 shift
 mkdir -p "$out"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
+date -u +"date %FT%TZ"; uname -r; nvidia-smi -L 2>/dev/null
 experiments=("$@")
 [ ${#experiments[@]} -gt 0 ] || experiments=(nccl-rank-kill pod-delete-ignore-sigterm \
   pod-delete-ignore-sigterm-10 pod-delete-sigterm-handler)
