@@ -117,27 +117,36 @@ def _rank_summary(found: dict[str, Any]) -> dict[str, Any]:
 
 
 def python_stacks(pids: list[int], stopped: set[int] | None = None,
-                  timeout_s: float = PY_SPY_TIMEOUT_S) -> dict[str, Any]:
+                  timeout_s: float = PY_SPY_TIMEOUT_S,
+                  total_deadline_s: float = 3 * PY_SPY_TIMEOUT_S) -> dict[str, Any]:
     """Python stacks of `pids` through `py-spy dump` (`--nonblocking` for stopped processes);
-    {"available": False, "note"} when py-spy is not installed. Each dump has a deadline."""
+    {"available": False, "note"} when py-spy is not installed. Each dump has a deadline
+    (`timeout_s`) and all of them together another (`total_deadline_s`): PIDs not reached are
+    listed under "skipped"."""
     exe = shutil.which("py-spy")
     if exe is None:
         return {"available": False,
                 "note": "py-spy is not installed: no Python stacks (pip install py-spy)"}
     stacks: dict[str, Any] = {}
+    end = time.monotonic() + total_deadline_s
+    skipped: list[int] = []
     for pid in pids:
+        if time.monotonic() >= end:
+            skipped.append(pid)
+            continue
         argv = [exe, "dump", "--pid", str(pid)]
         if stopped and pid in stopped:
             argv.append("--nonblocking")
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+            out = subprocess.run(argv, capture_output=True, text=True,
+                                 timeout=min(timeout_s, max(0.1, end - time.monotonic())),
                                  stdin=subprocess.DEVNULL)
             stacks[str(pid)] = (out.stdout if out.returncode == 0
                                 else f"py-spy failed (exit {out.returncode}): "
                                      f"{out.stderr.strip()[-500:]}")
         except subprocess.TimeoutExpired:
             stacks[str(pid)] = f"py-spy gave no answer within {timeout_s}s"
-    return {"available": True, "stacks": stacks}
+    return {"available": True, "stacks": stacks, "skipped": skipped}
 
 
 def _fault_mark() -> dict[str, Any] | None:
