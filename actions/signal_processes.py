@@ -1,6 +1,7 @@
 """Send a signal to a list of processes, safely: the one place in chaosgpu that signals anything.
 
-In-target program (standard library only, Python 3.8+): chaosgpu loads it in place for local
+In-target program (standard library only; sending needs Python 3.9+ on Linux 5.3+ for pidfds,
+older ones get every target refused with `no_pidfd`): chaosgpu loads it in place for local
 targets and streams it into pods, so the same refusal rules apply everywhere.
 
 For each target `{"pid": P, "starttime": T}` it opens a pidfd first, then re-reads
@@ -139,6 +140,10 @@ def _signal_one(target, signum, protected, allow_other_users, allow_ns_init, my_
     if expected is None:
         return _result(target, "refused", "no_identity",
                        f"no starttime given for PID {pid}: its identity cannot be checked")
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return _result(target, "refused", "no_pidfd",
+                       "this Python has no pidfd support (needs Python 3.9+ on Linux 5.3+): "
+                       "signals are never sent by bare PID")
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:

@@ -199,3 +199,33 @@ def test_other_users_are_excluded_unless_allowed() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare for a local pod")
+def test_sandbox_scope_spares_pid1_and_shows_the_zombies() -> None:
+    from chaosgpu.sandbox.actions import create_sandbox, remove_sandbox
+    from chaosgpu.workloads.actions import start_holders, stop_workload
+
+    name, tag = f"sc-{uuid.uuid4().hex[:6]}", _tag()
+    create_sandbox(name=name, init="sleep", grace_s=5)
+    try:
+        start_holders(count=2, mib=4, via="host", sandbox=name, tag=tag, timeout_s=60)
+        detail = resolve_scope_detail({"sandbox": name})
+        assert len(detail["processes"]) >= 2
+        assert any("PID 1 of its namespace" in e["reason"] for e in detail["excluded"])
+        with_init = resolve_scope({"sandbox": name, "include_ns_init": True})
+        assert len(with_init) == len(detail["processes"]) + 1
+        workers = {p["pid"] for p in resolve_scope({"tag": tag})}
+        report = actions.signal_processes({"tag": tag}, "SIGKILL", wait_gone_s=5)
+        assert report["sent"] == len(workers) == 2
+        # `sleep` as PID 1 never reaps: the report's zombies, counted by the sandbox scope.
+        deadline = time.monotonic() + 5
+        while probes.zombies_in_scope({"sandbox": name}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probes.zombies_in_scope({"sandbox": name}) == 2
+        assert probes.nothing_left({"sandbox": name}) is False
+    finally:
+        stop_workload(tag, grace_s=0)
+        remove_sandbox(name)
+    assert probes.nothing_left({"sandbox": name}) is True
