@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=10)
     parser.add_argument("--mib", type=int, default=16)
     parser.add_argument("--source", choices=("auto", "nvml", "host-rss"), default="auto")
-    parser.add_argument("--process-every", type=int, default=10)
+    parser.add_argument("--process-every", type=int, default=20)
     parser.add_argument("--gpu", action="store_true",
                         help="the tagged processes hold GPU memory through torch (NVML lists them)")
     parser.add_argument("--name", default="timeline", help="results file name prefix")

@@ -8,7 +8,7 @@ Declare it in an experiment (or in the settings) as:
                       "fail_on_missed_steady_state": true}}}]
 
 Arguments (all optional): `rate_hz` (default 200), `process_every` (list processes every N
-samples, default 10), `scope` (which processes to track; default every chaosgpu-tagged one),
+samples, default 20), `scope` (which processes to track; default every chaosgpu-tagged one),
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
 `fail_on_missed_steady_state` (default false).
 
@@ -53,7 +53,7 @@ def _loud(what: str) -> None:
     logger.error("chaosgpu timeline control: %s failed", what, exc_info=True)
 
 
-def configure_control(rate_hz: float = 200.0, process_every: int = 10,
+def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       scope: dict[str, Any] | None = None, source: str = "auto",
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
                       fail_on_missed_steady_state: bool = False, **kwargs: Any) -> None:

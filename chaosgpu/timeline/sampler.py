@@ -102,7 +102,7 @@ def _node() -> Any:
 class Sampler:
     """Samples memory (NVML or host RSS) and the tracked processes' states on its own thread."""
 
-    def __init__(self, rate_hz: float = 200.0, process_every: int = 10,
+    def __init__(self, rate_hz: float = 200.0, process_every: int = 20,
                  scope: dict[str, Any] | None = None, source: str = "auto",
                  rescan_s: float = 0.5, max_samples: int = 2_000_000) -> None:
         if not isinstance(rate_hz, (int, float)) or not 1 <= rate_hz <= 5000:
@@ -135,6 +135,9 @@ class Sampler:
         self.wall_s = 0.0
         self._fds: dict[int, int] = {}  # pid -> open /proc/PID/statm (host-rss source)
         self._pidfds: dict[int, int] = {}  # pid -> pidfd of a tracked process (identity, exit)
+        self._pid_of_fd: dict[int, int] = {}
+        self._exited: set[int] = set()  # tracked PIDs seen exited (zombies until reaped)
+        self._poller = select.poll()
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
@@ -238,6 +241,8 @@ class Sampler:
                 if pidfd is None:
                     continue
                 self._pidfds[pid] = pidfd
+                self._pid_of_fd[pidfd] = pid
+                self._poller.register(pidfd, select.POLLIN)
                 self._tracked[pid] = record.get("starttime")
                 with self._data_lock:
                     entry = self.processes.setdefault(pid, {
@@ -290,6 +295,8 @@ class Sampler:
                 os.close(fd)
             self._fds.clear()
             self._pidfds.clear()
+            self._pid_of_fd.clear()
+            self._poller = select.poll()
             self._tracked.clear()
 
     def _sample(self, tick: int) -> None:
@@ -338,6 +345,21 @@ class Sampler:
                         entry["mib"].append(mib)
         if with_processes:
             self._sample_states(t)
+        elif self._pidfds:
+            # Exits are seen at every sample: one poll() over every tracked pidfd.
+            ready = self._poller.poll(0)
+            if ready:
+                fresh = [self._pid_of_fd[fd] for fd, _ in ready
+                         if self._pid_of_fd.get(fd) not in self._exited]
+                if fresh:
+                    self._sample_states(t, fresh)
+
+    def _forget_pidfd(self, pid: int) -> None:
+        pidfd = self._pidfds.pop(pid)
+        self._poller.unregister(pidfd)
+        self._pid_of_fd.pop(pidfd, None)
+        self._exited.discard(pid)
+        os.close(pidfd)
 
     def _open_pidfd(self, pid: int, starttime: int | None) -> int | None:
         """A pidfd for a tracked process, opened then checked against its start time: it then
@@ -351,16 +373,17 @@ class Sampler:
             return None
         return pidfd
 
-    def _sample_states(self, t: float) -> None:
+    def _sample_states(self, t: float, pids: list[int] | None = None) -> None:
         node = self._node
         if not self._tracked:
             return
-        poller = select.poll()
-        for pidfd in self._pidfds.values():
-            poller.register(pidfd, select.POLLIN)
-        exited = {fd for fd, _ in poller.poll(0)}
-        for pid in list(self._tracked):
-            pidfd = self._pidfds[pid]
+        exited = {fd for fd, _ in self._poller.poll(0)}
+        for pid in list(self._tracked) if pids is None else pids:
+            pidfd = self._pidfds.get(pid)
+            if pidfd is None:
+                continue
+            if pidfd in exited:
+                self._exited.add(pid)
             # Not exited: the PID is still this process's, its state is safe to read.
             # Exited: zombie until reaped, then gone (its PID may already be someone else's).
             state = node.process_state(pid)
@@ -376,7 +399,7 @@ class Sampler:
                     states.append([t, label])
             if label == "gone":
                 del self._tracked[pid]
-                os.close(self._pidfds.pop(pid))
+                self._forget_pidfd(pid)
                 if pid in self._fds:
                     os.close(self._fds.pop(pid))
 
