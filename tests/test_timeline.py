@@ -63,7 +63,7 @@ def test_host_rss_timeline_tracks_memory_release_and_states(
         proc.wait()
         timings = probes.termination_timings(after_event="kill", timeout_s=5)
         entry = timings["processes"][str(proc.pid)]
-        assert entry["dead_after_s"] is not None and entry["dead_after_s"] < 1.0
+        assert entry["dead_after_s"] is not None and entry["dead_after_s"] < 0.5  # every sample
         assert probes.residual_gpu_memory(tolerance_mib=4, timeout_s=2) <= 4
         assert probes.gpu_memory_at_baseline(tolerance_mib=4, timeout_s=2) is True
     finally:
