@@ -29,6 +29,7 @@ ACTIVITY_MODULES = (
     "chaosgpu.sandbox.probes",
     "chaosgpu.timeline.probes",
     "chaosgpu.k8s.probes",
+    "chaosgpu.agent.probes",
 )
 
 
