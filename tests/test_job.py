@@ -77,6 +77,22 @@ def test_killed_gloo_rank_and_freeze_resume(ring: tuple[str, RingLaunch]) -> Non
     assert report["not_removed"] == [], report
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
+                    reason="needs root and the cgroup v1 freezer")
+def test_rank_frozen_by_the_freezer_is_detected_and_cleaned(
+        ring: tuple[str, RingLaunch]) -> None:
+    tag, launch = ring
+    frozen = actions.freeze_rank(tag=tag, rank=1, method="freezer")
+    assert frozen["freezer_state"] == "FROZEN" and frozen["frozen"] == [frozen["pid"]]
+    found = probes.detect_hang(tag=tag, timeout_s=10, stacks=False)
+    assert found["hung"] is True and found["frozen_ranks"] == [1], found
+    # A frozen process ignores SIGKILL until thawed: the cleanup must thaw first.
+    report = actions.cleanup_hung_job(tag=tag, grace_s=1, deadline_s=20)
+    assert report["not_removed"] == [], report
+    assert report["steps"][0]["thawed_cgroups"], report
+    assert sorted(report["removed"]) == sorted(launch.pids)
+
+
 def test_survivors_exit_on_their_own_with_a_short_group_timeout(tmp_path: Path) -> None:
     tag = f"job-test-{uuid.uuid4().hex[:8]}"
     launch = launch_ring(RingConfig(backend="gloo", world_size=3, ready_dir=str(tmp_path),
