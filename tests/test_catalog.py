@@ -44,7 +44,7 @@ def run_experiment(path: Path, tmp_path: Path, overrides: dict[str, Any]) -> tup
     """Run `chaos run` on `path` and return its exit code and journal."""
     journal = tmp_path / "journal.json"
     var_file = tmp_path / "vars.json"
-    var_file.write_text(json.dumps(overrides))
+    var_file.write_text(json.dumps({"configuration": overrides}))
     command = [CHAOS, "--no-version-check", "--log-file", str(tmp_path / "chaostoolkit.log"),
                "run", "--journal-path", str(journal), "--var-file", str(var_file), str(path)]
     done = subprocess.run(command, cwd=tmp_path, env=dict(os.environ), capture_output=True,

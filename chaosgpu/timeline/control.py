@@ -10,7 +10,9 @@ Declare it in an experiment (or in the settings) as:
 Arguments (all optional): `rate_hz` (default 200), `process_every` (list processes every N
 samples, default 20), `scope` (which processes to track; default every chaosgpu-tagged one),
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
-`fail_on_missed_steady_state` (default false).
+`fail_on_missed_steady_state` (default false), `fail_on_failed_activity` (default false: stop
+the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
+fault that was never injected could pass as a met steady state).
 
 What it does: starts the sampler and records the baseline before the experiment; marks every
 activity's start and end on the timeline; at the end writes `journal["chaosgpu"]` =
@@ -45,6 +47,7 @@ __all__ = [
 logger = logging.getLogger("chaostoolkit")
 
 _settings: dict[str, Any] = {}
+_in_method = False
 _hypotheses_seen = 0
 _gating: dict[str, Any] = {}
 
@@ -56,16 +59,19 @@ def _loud(what: str) -> None:
 def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       scope: dict[str, Any] | None = None, source: str = "auto",
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
-                      fail_on_missed_steady_state: bool = False, **kwargs: Any) -> None:
+                      fail_on_missed_steady_state: bool = False,
+                      fail_on_failed_activity: bool = False, **kwargs: Any) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
-    global _hypotheses_seen
+    global _hypotheses_seen, _in_method
     _hypotheses_seen = 0
+    _in_method = False
     _gating.clear()
     _settings.clear()
     _settings.update(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
                      inline_max_points=inline_max_points, timeline_path=timeline_path,
-                     fail_on_missed_steady_state=_flag(fail_on_missed_steady_state))
+                     fail_on_missed_steady_state=_flag(fail_on_missed_steady_state),
+                     fail_on_failed_activity=_flag(fail_on_failed_activity))
 
 
 def _flag(value: Any) -> bool:
@@ -127,11 +133,15 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
 
 def before_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of the method."""
+    global _in_method
+    _in_method = True
     _mark("method", "start")
 
 
 def after_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the end of the method."""
+    global _in_method
+    _in_method = False
     _mark("method", "end")
 
 
@@ -169,6 +179,23 @@ def after_activity_control(context: Any = None, state: Any = None, **kwargs: Any
     sampler = sampler_mod.current()
     if sampler is not None:
         sampler.request_rescan()
+    if (_in_method and _settings.get("fail_on_failed_activity") and isinstance(state, dict)
+            and state.get("status") == "failed" and isinstance(context, dict)):
+        _fail_run_on_failed_activity(context, state)
+
+
+def _fail_run_on_failed_activity(context: dict[str, Any], state: dict[str, Any]) -> None:
+    """Stop the run when a method activity failed: Chaos Toolkit alone goes on, and a fault that
+    was never injected would let the after-method steady state pass (a silent pass)."""
+    from chaoslib.exceptions import InterruptExecution
+
+    name = str(context.get("name"))
+    exception = state.get("exception") or []
+    reason = str(exception[-1]).strip() if exception else "no exception recorded"
+    _gating["failed_activity"] = {"name": name, "reason": reason[-2000:]}
+    _gating["interrupted"] = True
+    raise InterruptExecution(f"chaosgpu: method activity {name!r} failed ({reason[-300:]}); "
+                             "failing the run (fail_on_failed_activity)")
 
 
 def _journal_path() -> Path | None:

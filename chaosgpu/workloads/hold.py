@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow-host-fallback",
         action="store_true",
-        help="with --via auto and no usable GPU, hold host memory instead of failing",
+        help="with --via auto or driver and no usable GPU, hold host memory instead of failing",
     )
     return parser
 
@@ -80,11 +80,16 @@ class _Holder:
             from chaosgpu.workloads.cuda_driver import DriverAllocation, driver_available
 
             ok, reason = driver_available()
-            if not ok:
+            if not ok and not allow_host_fallback:
                 raise NoGpuError(f"--via driver: {reason}")
-
-            self._keep = DriverAllocation(mib, device)
-            self.device = device
+            if ok:
+                self._keep = DriverAllocation(mib, device)
+                self.device = device
+            else:
+                print(f"hold: --via driver: {reason}; holding host memory instead "
+                      "(--allow-host-fallback)", file=sys.stderr)
+                via = "host"
+                self._take_host(mib)
         else:
             self._take_host(mib)
         self.via = via
