@@ -3,6 +3,7 @@
 import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -66,11 +67,10 @@ def test_orphans_in_a_pod_by_pids_scope() -> None:
 
 @pytest.mark.parametrize("scope,message", [
     ("tag", "scope must be a dict"),
-    ({"colour": "red"}, "unknown scope keys ['colour']"),
-    ({"pod": "ns/name"}, "scope 'pod' is resolved by"),
+    ({"colour": "red"}, "unknown scope key(s) ['colour']"),
 ])
 def test_bad_scope_is_refused(scope: object, message: str) -> None:
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         node_probes.zombies(scope=scope)  # type: ignore[arg-type]
 
 
