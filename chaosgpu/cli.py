@@ -8,7 +8,8 @@ import sys
 __all__ = ["COMMANDS", "main"]
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "snapshot": ("chaosgpu.node.cli", "the node's truth: GPUs, GPU processes, zombies, orphans, jobs"),
+    "snapshot": ("chaosgpu.node.cli",
+                 "the node's truth: GPUs, GPU processes, zombies, orphans, jobs"),
     "workload": ("chaosgpu.workloads.cli", "run a reference workload (hold, ring)"),
     "sandbox": ("chaosgpu.sandbox.cli", "create, exec into, terminate and list local pods"),
     "cleanup": ("chaosgpu.cleanup", "remove every sandbox and workload chaosgpu left behind"),
