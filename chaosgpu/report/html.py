@@ -11,7 +11,14 @@ import html
 
 from chaosgpu.report import Report
 from chaosgpu.report.journal import METRICS
-from chaosgpu.report.markdown import UNITS_NOTE, run_facts, shown_events, sources_of
+from chaosgpu.report.markdown import (
+    NOT_SHOWN_NOTE,
+    UNITS_NOTE,
+    run_facts,
+    shown_events,
+    shown_path,
+    sources_of,
+)
 from chaosgpu.report.tables import comparison_table, pair_table, summary_table
 
 __all__ = ["render"]
@@ -77,7 +84,7 @@ def render(report: Report) -> str:
         if report.plots_error:
             parts.append(f"<div class=\"problem\">{_e(report.plots_error)}</div>")
         for problem in report.problems:
-            parts.append(f"<div class=\"problem\"><code>{_e(problem.path)}</code>: "
+            parts.append(f"<div class=\"problem\"><code>{_e(shown_path(problem.path))}</code>: "
                          f"{_e(problem.message)}</div>")
     if not report.runs:
         parts.append("<p>No usable journal.</p></body></html>")
@@ -87,7 +94,7 @@ def render(report: Report) -> str:
     parts.append(_table(*summary_table(report.runs), numeric_from=7))
     parts.append("<h2>Comparison</h2>")
     parts.append("<p class=\"note\">One row per run, in the field report's shape. "
-                 "&mdash; = not in the journal (see each run's \"missing\").</p>")
+                 + _e(NOT_SHOWN_NOTE) + " See each run's \"missing\".</p>")
     parts.append(_table(*comparison_table(report.runs)))
 
     if report.pairs:

@@ -55,9 +55,14 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
          "gone_s"),
     ),
     "release_s": (
-        "time to release",
+        "memory back after the fault",
         "s",
         ("release_s", "time_to_release_s", "release_time_s"),
+    ),
+    "release_after_sigkill_s": (
+        "memory back after SIGKILL",
+        "s",
+        ("release_after_sigkill_s",),
     ),
     "gib_seconds": (
         "wasted",
@@ -304,8 +309,8 @@ def _view(
 
     timeline = _timeline(path, section, problems, missing)
     events = _events(section, timeline, journal)
-    metrics = _metrics(section, journal, timeline, events)
-    _mark_release(events, metrics)
+    metrics, release_at = _metrics(section, journal, timeline, events)
+    _mark_release(events, metrics, release_at)
     for name, metric in metrics.items():
         if metric.value is None:
             missing.append(f"{METRICS[name][0]} ({metric.source})")
@@ -353,18 +358,15 @@ def fault_time(events: list[dict[str, Any]], prefer_instant: bool = True) -> flo
     return float(instants[0] if instants else first["t"])
 
 
-def _mark_release(events: list[dict[str, Any]], metrics: dict[str, "Metric"]) -> None:
-    """Add the release (fault + time to release) as an event when none was recorded."""
+def _mark_release(events: list[dict[str, Any]], metrics: dict[str, "Metric"],
+                  release_at: float | None) -> None:
+    """Add the release (when memory was back, seconds since t0) as an event when none was
+    recorded."""
+    if release_at is None or any(e["kind"] == "release" for e in events):
+        return
     release = metrics["release_s"].value
-    # a probe measures from its event's start (an action's start); the timeline computation
-    # from the fault's instant
-    origin = fault_time(events, prefer_instant=metrics["release_s"].source.startswith(
-        "computed"))
-    if not isinstance(release, int | float) or origin is None:
-        return
-    if any(e["kind"] == "release" for e in events):
-        return
-    events.append({"t": origin + float(release), "name": f"memory back (+{release:g} s)",
+    label = f"+{release:.2f} s" if isinstance(release, int | float) else str(release)
+    events.append({"t": release_at, "name": f"memory back ({label})",
                    "phase": "point", "activity": None, "kind": "release"})
     events.sort(key=lambda e: e["t"])
 
@@ -690,7 +692,7 @@ def _metrics(
     journal: dict[str, Any],
     timeline: dict[str, Any] | None,
     events: list[dict[str, Any]],
-) -> dict[str, Metric]:
+) -> tuple[dict[str, Metric], float | None]:
     measurements = section.get("measurements")
     measurements = measurements if isinstance(measurements, dict) else {}
     outputs = _activity_outputs(journal)
@@ -721,7 +723,9 @@ def _metrics(
                     found, value = True, not output["not_removed"]
                 if found and metric == "hang_detected" and value is True and isinstance(
                         output.get("detected_after_fault_s"), int | float):
-                    value = f"yes, {output['detected_after_fault_s']:.2f} s after the fault"
+                    after_s = float(output["detected_after_fault_s"])
+                    value = f"yes, {after_s:.3f} s after the fault" if after_s < 0.1 \
+                        else f"yes, {after_s:.2f} s after the fault"
                 if not found and metric == "deletion_s" and _is_unix(output.get("gone")) \
                         and _is_unix(output.get("sigterm_sent")):
                     found, value = True, round(output["gone"] - output["sigterm_sent"], 3)
@@ -745,7 +749,8 @@ def _metrics(
             result[metric] = derived[metric]
         else:
             result[metric] = Metric(None, "not in the journal")
-    return result
+    release_at = _refine(result, journal, measurements, timeline, events, derived)
+    return result, release_at
 
 
 def total_process_series(timeline: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -807,7 +812,7 @@ def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> di
     'release' event after the fault, else the first sample after it where the series is within
     min(64 MiB, 5 % of held) (at least 1 MiB) of zero; time to release = release - fault;
     GiB x s = the series' integral from fault to release (to the end when never released).
-    Zombies after kill = processes whose recorded state was Z at or after the fault."""
+    Zombies after kill are not computed here (see `_zombies_from_states`)."""
     if timeline is None:
         return {}
     out: dict[str, Metric] = {}
@@ -835,10 +840,6 @@ def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> di
     if fault_at is None:
         return out
     fault_t = fault_at
-    states = [p.get("states") or [] for p in timeline["processes"].values()]
-    if any(states):
-        zombies = sum(1 for st in states if any(t >= fault_t and s == "Z" for t, s in st))
-        out["zombies_after_kill"] = Metric(zombies, source.split(" (")[0] + " (process states)")
     release_t = None
     for event in events:
         if event["kind"] == "release" and event["t"] >= fault_t:
@@ -859,3 +860,224 @@ def _derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]]) -> di
     waste = _integral_gib_s(series_t, [max(0.0, v) for v in series_v], fault_t, release_t)
     out["gib_seconds"] = Metric(round(waste, 3), source)
     return out
+
+
+def _entries(journal: dict[str, Any], key: str) -> list[tuple[str, str, dict[str, Any], Any]]:
+    """(activity name, provider func, provider arguments, output) of journal[key]."""
+    out = []
+    for entry in journal.get(key) or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("activity"), dict):
+            continue
+        activity = entry["activity"]
+        provider: dict[str, Any] = activity["provider"] if isinstance(
+            activity.get("provider"), dict) else {}
+        arguments: dict[str, Any] = provider["arguments"] if isinstance(
+            provider.get("arguments"), dict) else {}
+        out.append((str(activity.get("name", "activity")), str(provider.get("func") or ""),
+                    arguments, entry.get("output")))
+    return out
+
+
+def _event_t(events: list[dict[str, Any]], name: str, phase: str = "start",
+             after: float | None = None) -> float | None:
+    for event in events:
+        if event["name"] == name and event.get("phase") == phase and (
+                after is None or event["t"] >= after):
+            return float(event["t"])
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _fault_entry(journal: dict[str, Any]) -> tuple[str, str, dict[str, Any], Any] | None:
+    """The method's first action that reads as a fault (kill, terminate, delete, freeze)."""
+    for name, func, arguments, output in _entries(journal, "run"):
+        if classify_event(name) != "other" or classify_event(func) != "other":
+            return name, func, arguments, output
+    return None
+
+
+def _kill_entry(journal: dict[str, Any]) -> tuple[int, str] | None:
+    """(index in run[], name) of the method's first action that killed (SIGKILL): its output or
+    arguments name SIGKILL, or, when neither names a signal, its name or function says kill.
+    A pod deletion (SIGTERM, SIGKILL at the grace's end) or a freeze is no kill fault."""
+    for index, (name, func, arguments, output) in enumerate(_entries(journal, "run")):
+        signal = output.get("signal") if isinstance(output, dict) else None
+        if signal is None:
+            argument = arguments.get("signal")
+            signal = argument if isinstance(argument, str) and "${" not in argument else None
+        if isinstance(signal, str):
+            if signal.upper() in ("SIGKILL", "KILL", "9"):
+                return index, name
+            continue
+        if "kill" in name.lower() or "kill" in func.lower():
+            return index, name
+    return None
+
+
+def _zombies_from_states(timeline: dict[str, Any], kill_t: float, until: float) -> int:
+    """Processes still zombies when the teardown starts: their last recorded state at or before
+    `until` (the rollbacks' start, else the timeline's end) is Z, entered at or after the kill.
+    A process that was a zombie only while being reaped is not counted."""
+    count = 0
+    for series in timeline["processes"].values():
+        seen = [(t, state) for t, state in series.get("states") or [] if t <= until]
+        if seen and seen[-1][1] == "Z" and seen[-1][0] >= kill_t:
+            count += 1
+    return count
+
+
+def _cleanup_release(output: Any) -> tuple[float | None, float | None, float | None]:
+    """(memory back, SIGTERM, SIGKILL), seconds from the cleanup action's start, from a cleanup
+    record (`gpu_memory_released` with a `gpu_release` step or `took_s`; steps `sigterm`,
+    `sigkill` with `t`; or `memory_back_after_cleanup_s`)."""
+    if not isinstance(output, dict):
+        return None, None, None
+    steps = {str(step.get("step")): step for step in output.get("steps") or []
+             if isinstance(step, dict)}
+    term = _number(steps.get("sigterm", {}).get("t"))
+    kill = _number(steps.get("sigkill", {}).get("t"))
+    if steps.get("sigkill", {}).get("sent") in (0, None) and "sent" in steps.get("sigkill", {}):
+        kill = None
+    back = _number(output.get("memory_back_after_cleanup_s"))
+    if output.get("gpu_memory_released") is True:
+        release = steps.get("gpu_release", {})
+        back = _number(release.get("t")) if release.get("released") else None
+        back = back if back is not None else _number(output.get("took_s"))
+    return back, term, kill
+
+
+def _refine(
+    result: dict[str, Metric],
+    journal: dict[str, Any],
+    measurements: dict[str, Any],
+    timeline: dict[str, Any] | None,
+    events: list[dict[str, Any]],
+    derived: dict[str, Metric],
+) -> float | None:
+    """Replace the generic figures where the journal says more precisely what happened; return
+    when memory was back (seconds since t0), or None.
+
+    - memory back after the fault: the method's `memory_release_time` probe (seconds from its
+      `after_event`'s start), else a measured record of it (not one noted as unmeasured), else
+      the timeline; when memory came back only during the rollbacks, the seconds from the start
+      of the rollback action that freed it (its own record when it has one), labelled so.
+    - memory back after SIGKILL: memory back minus the last SIGKILL before it (a signal instant
+      from an action's output, else a kill action's start); "no SIGKILL" when none was sent.
+    - deletion time: the fault action's own record (`total_s`, else `gone - sigterm_sent`).
+    - residual: the timeline's last value (after the rollbacks), when there is a timeline.
+    - zombies after kill: not applicable without a kill fault; else the figure an activity after
+      the kill reported, else `_zombies_from_states` up to the rollbacks' start.
+    """
+    direct = "chaosgpu.measurements"
+    fault = _fault_entry(journal)
+    # deletion time
+    if fault is not None and result["deletion_s"].source != direct and isinstance(fault[3], dict):
+        record = fault[3]
+        total = _number(record.get("total_s"))
+        if total is None and _is_unix(record.get("gone")) and _is_unix(record.get("sigterm_sent")):
+            total = record["gone"] - record["sigterm_sent"]
+        if total is not None:
+            result["deletion_s"] = Metric(round(total, 3), f"output of '{fault[0]}' (SIGTERM sent "
+                                                           "to the pod gone)")
+    # residual
+    if result["residual_mib"].source != direct and "residual_mib" in derived:
+        result["residual_mib"] = Metric(derived["residual_mib"].value,
+                                        derived["residual_mib"].source + ": its last value")
+    # memory back after the fault
+    release_at: float | None = None
+    rollbacks_t = _event_t(events, "rollbacks")
+    if result["release_s"].source != direct:
+        for name, func, arguments, output in _entries(journal, "run"):
+            after_event = arguments.get("after_event")
+            value = _number(output)
+            if func == "memory_release_time" and value is not None and isinstance(
+                    after_event, str):
+                origin = _event_t(events, after_event)
+                if origin is not None:
+                    result["release_s"] = Metric(value, f"output of '{name}' (from the start of "
+                                                        f"'{after_event}')")
+                    release_at = origin + value
+                    break
+        else:
+            for record in measurements.get("memory_release_time") or []:
+                value = _number(record.get("seconds")) if isinstance(record, dict) else None
+                if value is None or record.get("note") or not isinstance(
+                        record.get("after_event"), str):
+                    continue
+                origin = _event_t(events, record["after_event"], str(record.get("phase")
+                                                                     or "start"))
+                if origin is not None:
+                    result["release_s"] = Metric(value, "chaosgpu.measurements.memory_release_time"
+                                                        f" (from the start of "
+                                                        f"'{record['after_event']}')")
+                    release_at = origin + value
+                    break
+    fault_t = fault_time(events)
+    if release_at is None and fault_t is not None:
+        derived_release = _number(derived.get("release_s", Metric(None, "")).value)
+        if derived_release is not None:
+            release_at = fault_t + derived_release
+    extra_kills: list[float] = []
+    extra_terms: list[float] = []
+    if rollbacks_t is not None and (release_at is None or release_at >= rollbacks_t) \
+            and result["release_s"].source != direct:
+        for name, _func, _arguments, output in _entries(journal, "rollbacks"):
+            back, term, kill = _cleanup_release(output)
+            start = _event_t(events, name, after=rollbacks_t)
+            if back is None or start is None:
+                continue
+            result["release_s"] = Metric(f"{back:.2f} after the cleanup started",
+                                         f"output of '{name}' (memory back during the rollbacks, "
+                                         f"from the start of '{name}')")
+            release_at = start + back
+            extra_terms += [start + term] if term is not None else []
+            extra_kills += [start + kill] if kill is not None else []
+            break
+        else:
+            if release_at is not None:
+                starts = [e for e in events if e.get("phase") == "start"
+                          and rollbacks_t < e["t"] <= release_at and e["name"] != "rollbacks"]
+                if starts:
+                    back = release_at - starts[-1]["t"]
+                    result["release_s"] = Metric(
+                        f"{back:.2f} after the cleanup started",
+                        f"computed from the timeline (memory back during the rollbacks, from "
+                        f"the start of '{starts[-1]['name']}')")
+    # memory back after SIGKILL
+    if release_at is not None and result["release_after_sigkill_s"].source != direct:
+        kinds = [e for e in events if e["t"] <= release_at + 1e-9]
+        points = [e["t"] for e in kinds if e["kind"] == "SIGKILL" and e.get("phase") == "point"]
+        kills = sorted(points + extra_kills) or [
+            e["t"] for e in kinds if e["kind"] == "SIGKILL"]
+        terms = sorted([e["t"] for e in kinds if e["kind"] == "SIGTERM"
+                        and e.get("phase") == "point"] + extra_terms)
+        if kills:
+            result["release_after_sigkill_s"] = Metric(
+                round(release_at - kills[-1], 3),
+                "memory back (as in the previous column) minus the last SIGKILL sent before it")
+        elif terms:
+            result["release_after_sigkill_s"] = Metric(
+                f"no SIGKILL ({release_at - terms[-1]:.2f} after SIGTERM)",
+                "no SIGKILL was sent: memory back minus the last SIGTERM sent before it")
+        else:
+            result["release_after_sigkill_s"] = Metric("no SIGKILL", "no SIGKILL was sent")
+    # zombies after kill
+    if result["zombies_after_kill"].source != direct:
+        killer = _kill_entry(journal)
+        if killer is None:
+            result["zombies_after_kill"] = Metric(None, "not applicable: no kill fault")
+        elif not result["zombies_after_kill"].source.startswith("output of") \
+                and timeline is not None:
+            kill_t = _event_t(events, killer[1])
+            if kill_t is not None:
+                until = rollbacks_t if rollbacks_t is not None else timeline["end"]
+                result["zombies_after_kill"] = Metric(
+                    _zombies_from_states(timeline, kill_t, until),
+                    f"computed from the timeline (process states: still Z when the rollbacks "
+                    f"start, after '{killer[1]}')")
+    return release_at

@@ -11,7 +11,23 @@ from chaosgpu.report import Report
 from chaosgpu.report.journal import RunView
 from chaosgpu.report.tables import comparison_table, pair_table, summary_table
 
-__all__ = ["UNITS_NOTE", "render", "run_facts", "shown_events", "sources_of"]
+__all__ = ["NOT_SHOWN_NOTE", "UNITS_NOTE", "render", "run_facts", "shown_events", "shown_path",
+           "sources_of"]
+
+NOT_SHOWN_NOTE = ("— = not in the journal, or not applicable (zombies after kill when the "
+                  "method has no kill fault; hang figures when there is no hang).")
+
+
+def shown_path(path: str) -> str:
+    """A journal's path as the report shows it: relative to the working directory when under
+    it (no machine path in a report that is shared)."""
+    import os
+
+    absolute = os.path.abspath(path)
+    here = os.getcwd()
+    if absolute.startswith(here + os.sep):
+        return os.path.relpath(absolute, here)
+    return path if not os.path.isabs(path) else os.path.basename(path)
 
 UNITS_NOTE = (
     "Units: MiB = 2^20 bytes; s = seconds; GiB x s = GPU memory held (MiB / 1024) times seconds, "
@@ -23,7 +39,7 @@ UNITS_NOTE = (
 def run_facts(run: RunView) -> list[tuple[str, str]]:
     """The key facts of one run, in display order."""
     facts = [
-        ("journal", run.path),
+        ("journal", shown_path(run.path)),
         ("status", run.status),
         ("deviated", "unknown" if run.deviated is None else ("yes" if run.deviated else "no")),
         ("fault", run.fault),
@@ -91,13 +107,13 @@ def render(report: Report, images: dict[str, str]) -> str:
         out += ["## Problems", ""]
         if report.plots_error:
             out.append(f"- {report.plots_error}")
-        out += [f"- `{p.path}`: {p.message}" for p in report.problems]
+        out += [f"- `{shown_path(p.path)}`: {p.message}" for p in report.problems]
         out.append("")
     if not report.runs:
         out.append("No usable journal.")
         return "\n".join(out) + "\n"
     out += ["## Summary", "", _table(*summary_table(report.runs)),
-            "## Comparison", "", "— = not in the journal.", "",
+            "## Comparison", "", NOT_SHOWN_NOTE, "",
             _table(*comparison_table(report.runs))]
     if report.pairs:
         out += ["## Remediations against their baselines", ""]

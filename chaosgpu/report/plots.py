@@ -60,8 +60,16 @@ def _mark_events(ax: Any, events: list[dict[str, Any]], label: bool) -> None:
                    label=text if label and text not in used else None)
         used.add(text)
         names_at.setdefault(round(event["t"], 2), []).append(event["name"])
-    if label:  # one annotation per instant, so coincident events stay readable
-        for t, names in names_at.items():
+    if label:  # one annotation per cluster of instants, so close events stay readable
+        low, high = ax.get_xlim()
+        gap = 0.02 * (high - low)
+        clusters: list[tuple[float, list[str]]] = []
+        for t in sorted(names_at):
+            if clusters and t - clusters[-1][0] <= gap:
+                clusters[-1][1].extend(names_at[t])
+            else:
+                clusters.append((t, list(names_at[t])))
+        for t, names in clusters:
             ax.annotate(" + ".join(dict.fromkeys(names)), xy=(t, 1.0),
                         xycoords=("data", "axes fraction"), xytext=(2, -2),
                         textcoords="offset points", fontsize=7, rotation=90, va="top",
@@ -106,6 +114,8 @@ def run_plot(run: RunView) -> bytes | None:
             name = series.get("tag") or f"pid {pid}"
             if series.get("rank") is not None:
                 name += f" (rank {series['rank']})"
+            elif series.get("tag"):
+                name += f" (pid {pid})"  # several workers of one tag stay distinguishable
             t, mib = list(series["t"]), list(series["mib"])
             if series.get("gone_t") is not None:
                 t.append(series["gone_t"])
@@ -139,6 +149,14 @@ def _aligned(run: RunView) -> tuple[list[float], list[float], float] | None:
     return [t - origin for t in times], totals, origin
 
 
+def _back(run: RunView) -> str:
+    """', memory back after 30.11 s' for a legend (empty when unknown)."""
+    value = run.metrics["release_s"].value if "release_s" in run.metrics else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f" (memory back {value:.2f} s after the fault)"
+    return f" (memory back {value})" if isinstance(value, str) else ""
+
+
 def pair_plot(baseline: RunView, remediation: RunView) -> bytes | None:
     """PNG of the processes' total GPU memory of a baseline and its remediation, both aligned at
     their first fault event (None when either has no timeline)."""
@@ -148,9 +166,9 @@ def pair_plot(baseline: RunView, remediation: RunView) -> bytes | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 3.2))
     ax.step(before[0], before[1], where="post", color="#d62728", linewidth=1.4,
-            label=f"baseline: {baseline.name}")
+            label=f"baseline: {baseline.name}{_back(baseline)}")
     ax.step(after[0], after[1], where="post", color="#2ca02c", linewidth=1.4,
-            label=f"remediation: {remediation.name}")
+            label=f"remediation: {remediation.name}{_back(remediation)}")
     ax.axvline(0.0, color="black", linestyle="--", linewidth=1, label="fault (t = 0)")
     ax.set_xlabel("time since the fault (s)")
     host = not (baseline.timeline or {}).get("devices") and not (
