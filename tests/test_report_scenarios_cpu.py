@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from proc_helpers import wait_until as _wait
 
 from chaosgpu.node import take_census
 from chaosgpu.sandbox import runtime
@@ -41,14 +42,6 @@ def _census(name: str) -> dict[str, object]:
     return {"pids": set(pids), "by_pid": by_pid, "zombies": set(census["zombies"]),
             "orphans": set(census["orphans"])}  # fmt: skip
 
-
-def _wait(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
 
 
 @pytest.fixture

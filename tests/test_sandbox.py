@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import wait_until as _wait
 
 from chaosgpu import state
 from chaosgpu.sandbox import actions, probes, runtime
@@ -21,14 +22,6 @@ def box(request: pytest.FixtureRequest) -> str:
     yield name
     runtime.remove(name)
 
-
-def _wait(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return bool(predicate())
 
 
 def test_create_exec_terminate_remove(box: str) -> None:

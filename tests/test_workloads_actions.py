@@ -5,18 +5,11 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import alive as _alive
 
 from chaosgpu import state
 from chaosgpu.sandbox import runtime
 from chaosgpu.workloads import actions
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def test_start_and_stop_holders_on_the_host() -> None:

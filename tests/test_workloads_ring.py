@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proc_helpers import alive as _alive
 
 from chaosgpu.workloads import actions
 from chaosgpu.workloads.readiness import read_ready
@@ -33,13 +34,6 @@ def _exit_time(process: subprocess.Popen[bytes], timeout_s: float) -> float | No
         return None
     return time.monotonic() - started
 
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 @pytest.fixture
