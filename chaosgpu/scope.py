@@ -118,6 +118,15 @@ def _sandbox_pid_ns(name: str) -> tuple[str | None, int | None]:
     return (pid_ns if isinstance(pid_ns, str) else None), init_pid
 
 
+def _sandbox_init_starttime(name: str) -> int | None:
+    """The start time recorded for sandbox `name`'s PID 1 (None when not recorded)."""
+    from chaosgpu import state
+
+    record = state.read_record("sandboxes", name) or {}
+    starttime = record.get("pid1_starttime")
+    return starttime if isinstance(starttime, int) else None
+
+
 # (pid, starttime) -> tag, for every tagged process this process has seen: a zombie's environment
 # cannot be read any more, so its tag is remembered from when it was alive.
 _SEEN_TAGS: dict[tuple[int, int], str] = {}
@@ -191,8 +200,14 @@ def _candidates(scope: dict[str, Any], census: dict[str, Any]) -> tuple[list[dic
         return [by_pid[pid] for pid in pids if pid in by_pid], missing
     if "sandbox" in scope:
         pid_ns, init_pid = _sandbox_pid_ns(scope["sandbox"])
-        if pid_ns is None and init_pid is not None and init_pid in by_pid:
-            pid_ns = by_pid[init_pid].get("pid_ns")
+        # The recorded namespace is the sandbox's only while its PID 1 (same start time) still
+        # exists: the kernel reuses a freed namespace's inode number for the next one created.
+        init = by_pid.get(init_pid) if init_pid is not None else None
+        if init is None or init.get("starttime") != _sandbox_init_starttime(scope["sandbox"]):
+            return [], [{"sandbox": scope["sandbox"],
+                         "reason": "its PID 1 is gone (the sandbox is not running)"}]
+        if pid_ns is None:
+            pid_ns = init.get("pid_ns")
         if pid_ns is None:
             return [], [{"sandbox": scope["sandbox"],
                          "reason": "its PID namespace is not known (the sandbox is gone?)"}]

@@ -229,3 +229,27 @@ def test_sandbox_scope_spares_pid1_and_shows_the_zombies() -> None:
         stop_workload(tag, grace_s=0)
         remove_sandbox(name)
     assert probes.nothing_left({"sandbox": name}) is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare for a local pod")
+def test_terminated_sandbox_scope_never_resolves_to_a_newer_namespace() -> None:
+    # The kernel hands a freed PID-namespace inode number to the next namespace created: a
+    # terminated sandbox's recorded `pid_ns` then names another sandbox's namespace.
+    from chaosgpu.sandbox.actions import create_sandbox, remove_sandbox
+    from chaosgpu.sandbox.runtime import get_record, terminate
+
+    old, new = f"sc-{uuid.uuid4().hex[:6]}", f"sc-{uuid.uuid4().hex[:6]}"
+    create_sandbox(name=old, init="sleep", grace_s=1)
+    try:
+        terminate(old, grace_s=0)
+        create_sandbox(name=new, init="sleep", grace_s=1)
+        old_ns, new_ns = get_record(old)["pid_ns"], get_record(new)["pid_ns"]  # type: ignore
+        detail = resolve_scope_detail({"sandbox": old, "include_ns_init": True})
+        assert detail["processes"] == [], (old_ns, new_ns, detail["processes"])
+        assert detail["missing"] and detail["missing"][0]["sandbox"] == old
+        assert probes.nothing_left({"sandbox": old}) is True
+        assert resolve_scope({"sandbox": new, "include_ns_init": True})
+    finally:
+        remove_sandbox(new)
+        remove_sandbox(old)
