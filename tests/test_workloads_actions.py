@@ -144,3 +144,28 @@ def test_start_pod_with_holders_bad_input() -> None:
         actions.start_pod_with_holders(pod="pwh-bad", init="systemd", via="host", tag="pwh-bad")
     assert runtime.get_record("pwh-bad") is None
     assert state.read_record("workloads", "pwh-bad") is None
+
+
+def test_stop_never_signals_a_recorded_pid_without_a_start_time() -> None:
+    # A worker that exited before it was recorded gets `starttime: None`; its PID may since
+    # belong to a stranger, which stop_workload must not signal (no identity to check).
+    import signal
+    import subprocess
+
+    bystander = subprocess.Popen(["sleep", "60"], env=dict(os.environ),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        state.write_record("workloads", "h-nostart", {
+            "tag": "h-nostart",
+            "processes": [{"pid": bystander.pid, "ns_pid": None, "starttime": None,
+                           "role": "worker"}],
+        })  # fmt: skip
+        result = actions.stop_workload("h-nostart", grace_s=0.2, deadline_s=1)
+        assert bystander.poll() is None and _alive(bystander.pid), result
+        assert result["processes"] == {str(bystander.pid): "already gone"}
+        assert state.read_record("workloads", "h-nostart") is None
+    finally:
+        state.remove_record("workloads", "h-nostart")
+        bystander.send_signal(signal.SIGKILL)
+        bystander.wait(timeout=10)

@@ -472,7 +472,10 @@ def stop_workload(
     outcome: dict[str, str] = {}
     for entry in record.get("processes", []):
         pid = int(entry["pid"])
-        fd = runtime.open_pidfd(pid, entry.get("starttime"))
+        # No start time recorded: the worker had exited before it was recorded, so whatever has
+        # this PID now is a stranger (and open_pidfd would check nothing): never signal it.
+        starttime = entry.get("starttime")
+        fd = runtime.open_pidfd(pid, starttime) if starttime is not None else None
         if fd is None:
             outcome[str(pid)] = "already gone"
             continue
