@@ -357,3 +357,25 @@ def test_discoverable() -> None:
     names = {p["name"] for p in discover_probes("chaosgpu.sandbox.probes")}
     assert {"sandbox_exists", "sandbox_processes", "sandbox_zombies"} <= names
     assert sys.modules["chaosgpu.sandbox.actions"].__all__
+
+
+def test_a_record_without_pid1_starttime_never_signals_that_pid(box: str) -> None:
+    # PID 1 (and so its start time) was gone when the record was written: whatever has that PID
+    # now is a stranger, which terminate/remove must not signal (no identity to check).
+    bystander = subprocess.Popen(["sleep", "60"], env=dict(os.environ),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        state.write_record("sandboxes", box, {
+            "name": box, "pid1": bystander.pid, "pid1_starttime": None, "grace_s": 0.2,
+            "supervisor_pid": bystander.pid, "supervisor_starttime": None,
+            "pid_ns": None, "pid_ns_inode": None, "state": "running",
+        })  # fmt: skip
+        assert runtime.sandbox_alive(box) is False
+        assert runtime.terminate(box, grace_s=0.2, deadline_s=1)["already_gone"] is True
+        assert runtime.remove(box)["removed"] is True
+        assert bystander.poll() is None
+        assert runtime.get_record(box) is None
+    finally:
+        bystander.kill()
+        bystander.wait(timeout=10)

@@ -207,7 +207,9 @@ def build_record(
 
 
 def _is_alive(record: dict[str, Any]) -> bool:
-    return _alive(int(record["pid1"]), record.get("pid1_starttime"))
+    # No start time recorded: PID 1 was gone when the record was written (the PID is a stranger's).
+    starttime = record.get("pid1_starttime")
+    return starttime is not None and _alive(int(record["pid1"]), starttime)
 
 
 def sandbox_alive(name: str) -> bool:
@@ -657,7 +659,7 @@ def terminate(
         raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
     pid1, starttime = int(record["pid1"]), record.get("pid1_starttime")
     result: dict[str, Any] = {"sandbox": name, "pid1": pid1, "grace_s": float(grace_s)}
-    fd = open_pidfd(pid1, starttime)
+    fd = open_pidfd(pid1, starttime) if starttime is not None else None
     if fd is None or process_state(pid1, starttime) in (None, "Z", "X"):
         if fd is not None:
             os.close(fd)
@@ -707,7 +709,7 @@ def terminate(
 def _finish_supervisor(record: dict[str, Any], deadline_s: float) -> None:
     """Wait (with a deadline) for the supervisor to exit on its own; SIGKILL it if it does not."""
     pid, starttime = int(record.get("supervisor_pid") or 0), record.get("supervisor_starttime")
-    if not pid:
+    if not pid or starttime is None:  # no start time: no identity to wait on or signal
         return
     deadline = time.monotonic() + min(deadline_s, 5.0)
     while time.monotonic() < deadline:
@@ -724,7 +726,7 @@ def _mark(name: str, record: dict[str, Any], status: str) -> None:
 
 
 def _remove_dead(name: str, record: dict[str, Any], kill: bool = False) -> None:
-    if kill:
+    if kill and record.get("pid1_starttime") is not None:
         send_signal(int(record["pid1"]), record.get("pid1_starttime"), signal.SIGKILL)
     _finish_supervisor(record, KILL_DEADLINE_S)
     state.remove_record(KIND, name)
