@@ -169,3 +169,24 @@ def test_stop_never_signals_a_recorded_pid_without_a_start_time() -> None:
         state.remove_record("workloads", "h-nostart")
         bystander.send_signal(signal.SIGKILL)
         bystander.wait(timeout=10)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
+                    reason="needs root and the cgroup v1 freezer")
+def test_stop_keeps_the_record_of_a_worker_still_alive_after_sigkill() -> None:
+    # A worker frozen by the v1 freezer ignores SIGKILL until thawed: stop_workload must not
+    # forget it (drop its record) while it still lives, so a later stop or cleanup finds it.
+    from chaosgpu.process import actions as process_actions
+
+    started = actions.start_holders(count=1, mib=4, via="host", tag="h-frozen")
+    try:
+        process_actions.freeze_processes({"tag": "h-frozen"}, method="freezer")
+        result = actions.stop_workload("h-frozen", grace_s=0, deadline_s=0.5)
+        assert set(result["processes"].values()) == {"still alive after SIGKILL"}
+        assert state.read_record("workloads", "h-frozen") is not None
+    finally:
+        process_actions.resume_processes({"tag": "h-frozen"})
+        process_actions._thaw_freezer_groups(None)
+        final = actions.stop_workload("h-frozen", grace_s=0)
+    assert not any(_alive(p) for p in started["pids"]), final
+    assert state.read_record("workloads", "h-frozen") is None

@@ -459,8 +459,9 @@ def stop_workload(
     """Stop the workload `tag`: SIGCONT+SIGTERM, up to `grace_s` to exit, then SIGKILL; idempotent.
 
     Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
-    Waits up to `deadline_s` after SIGKILL. Removes the record and the workload's files; a tag
-    with no record returns {"stopped": false}.
+    Waits up to `deadline_s` after SIGKILL. Removes the record and the workload's files (kept,
+    with "record_kept", while a process survives SIGKILL); a tag with no record returns
+    {"stopped": false}.
     """
     if grace_s < 0 or deadline_s <= 0:
         raise ValueError("grace_s must be >= 0 and deadline_s > 0")
@@ -480,6 +481,7 @@ def stop_workload(
             outcome[str(pid)] = "already gone"
             continue
         fds[pid] = fd
+    stuck: set[int] = set()
     try:
         for fd in fds.values():
             for signum in (signal.SIGCONT, signal.SIGTERM):
@@ -503,6 +505,8 @@ def stop_workload(
     finally:
         for fd in fds.values():
             os.close(fd)
+    if stuck:  # e.g. frozen by the v1 freezer: keep the record so a later stop/cleanup finds it
+        return {"tag": tag, "stopped": True, "processes": outcome, "record_kept": True}
     if record.get("workdir"):
         shutil.rmtree(record["workdir"], ignore_errors=True)
     state.remove_record(KIND, tag)
