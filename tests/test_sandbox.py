@@ -379,3 +379,28 @@ def test_a_record_without_pid1_starttime_never_signals_that_pid(box: str) -> Non
     finally:
         bystander.kill()
         bystander.wait(timeout=10)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
+                    reason="needs root and the cgroup v1 freezer")
+def test_cleanup_all_removes_the_others_when_one_sandbox_cannot_be_removed() -> None:
+    # A PID 1 frozen by the v1 freezer survives SIGKILL: its removal fails, and must not stop
+    # the removal of the sandboxes recorded after it.
+    from chaosgpu.process import actions as process_actions
+
+    tail = f"{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    stuck, other = f"ca-{tail}", f"cb-{tail}"
+    runtime.create(stuck, grace_s=1)
+    try:
+        runtime.create(other, grace_s=1)
+        process_actions.freeze_processes({"sandbox": stuck, "include_ns_init": True},
+                                         method="freezer")
+        with pytest.raises(runtime.SandboxError, match=stuck):
+            runtime.cleanup_all(deadline_s=0.5)
+        assert runtime.get_record(other) is None
+        assert runtime.get_record(stuck) is not None
+    finally:
+        process_actions._thaw_freezer_groups(None)
+        runtime.remove(stuck)
+        runtime.remove(other)
+    assert runtime.get_record(stuck) is None

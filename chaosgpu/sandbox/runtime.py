@@ -752,5 +752,16 @@ def remove(name: str, deadline_s: float = KILL_DEADLINE_S) -> dict[str, Any]:
 
 
 def cleanup_all(deadline_s: float = KILL_DEADLINE_S) -> list[dict[str, Any]]:
-    """Remove every recorded sandbox (alive or not); return what was done for each."""
-    return [remove(name, deadline_s) for name in state.list_records(KIND)]
+    """Remove every recorded sandbox (alive or not); return what was done for each. One that
+    cannot be removed does not stop the others: the first error is raised once all were tried."""
+    done: list[dict[str, Any]] = []
+    errors: list[Exception] = []
+    for name in state.list_records(KIND):
+        try:
+            done.append(remove(name, deadline_s))
+        except Exception as error:  # the next sandboxes must still be removed
+            logger.warning("chaosgpu: could not remove sandbox %s: %s", name, error)
+            errors.append(error)
+    if errors:
+        raise errors[0]
+    return done
