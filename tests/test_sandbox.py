@@ -404,3 +404,23 @@ def test_cleanup_all_removes_the_others_when_one_sandbox_cannot_be_removed() -> 
         runtime.remove(stuck)
         runtime.remove(other)
     assert runtime.get_record(stuck) is None
+
+
+def test_the_pod_env_tags_only_the_pods_processes(box: str) -> None:
+    # A tag given in the pod's env must reach the pod's processes only: the host-side supervisor
+    # and `unshare` carrying it put them in the tag's scope (a SIGKILL by tag then tore the
+    # whole pod down through `unshare --kill-child`).
+    from chaosgpu.scope import resolve_scope
+
+    tag = f"podenv-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    record = runtime.create(box, init="sleep", grace_s=1, env={"CHAOSGPU_TAG": tag})
+    in_scope = resolve_scope({"tag": tag, "include_ns_init": True})
+    assert [p["pid"] for p in in_scope] == [record["pid1"]], [p["cmdline"] for p in in_scope]
+    assert b"CHAOSGPU_TAG=" + tag.encode() in Path(f"/proc/{record['pid1']}/environ").read_bytes()
+
+
+def test_invalid_pod_env_names_are_refused(box: str) -> None:
+    for bad in ({"": "x"}, {"A=B": "x"}, {"-i": "x"}):
+        with pytest.raises(ValueError, match="invalid variable name"):
+            runtime.create(box, init="sleep", env=bad)
+    assert runtime.get_record(box) is None

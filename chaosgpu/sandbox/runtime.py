@@ -335,6 +335,9 @@ def create(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise ValueError("env must map strings to strings")
+    bad_keys = [k for k in env or {} if not k or "=" in k or k.startswith("-")]
+    if bad_keys:
+        raise ValueError(f"env has invalid variable name(s) {bad_keys!r}")
     existing = get_record(name)
     if existing is not None:
         if _is_alive(existing):
@@ -371,13 +374,16 @@ def create(
         prefix += ["--user", "--map-root-user"]
         userns = True
     prefix += ["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", "--"]
+    if env:
+        # The pod's env is set inside the pod (`env` execs on as its PID 1), never on the
+        # host-side supervisor and `unshare`: a tag there would put them in the tag's scope.
+        prefix += [_require("env"), *(f"{key}={value}" for key, value in env.items())]
     if root and uid is not None:
         assert gid is not None
         prefix += _setpriv(uid, gid)
     command = prefix + payload
 
     child_env = dict(os.environ)
-    child_env.update(env or {})
     child_env["CHAOSGPU_SANDBOX"] = name
     extra = {
         "init": init,
