@@ -143,38 +143,44 @@ class ExitWatch:
         self._fds.clear()
 
 
+def _error_message(data: Any) -> str | None:
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return None if message is None else str(message)
+
+
 def read_error(pid: int, env: dict[str, str] | None, stderr_path: str | None,
-               limit: int = 600) -> dict[str, Any] | None:
+               roots: tuple[str, ...] = ("",), limit: int = 600) -> dict[str, Any] | None:
     """The error a rank left, where readable: torchrun's error file (TORCHELASTIC_ERROR_FILE,
     JSON written by `@record`), else the last lines of its stderr when it went to a regular
-    file (`stderr_path`, as read while it lived). None when nothing is readable."""
+    file (`stderr_path`, as read while it lived). Paths are tried under each of `roots` (e.g.
+    /proc/<launcher>/root for a container whose rank is gone, then "" for the host). None when
+    nothing is readable."""
     error_file = (env or {}).get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        try:
-            with open(f"/proc/{pid}/root{error_file}", encoding="utf-8") as handle:
-                data = json.load(handle)
-            message = data.get("message")
-            if isinstance(message, dict):
-                message = message.get("message")
-            return {"source": "torchelastic error file", "path": error_file,
-                    "text": str(message)[-limit:]}
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError, ValueError):
-                with open(error_file, encoding="utf-8") as handle:
-                    data = json.load(handle)
+        for root in (f"/proc/{pid}/root", *roots):
+            try:
+                with open(root + error_file, encoding="utf-8") as handle:
+                    message = _error_message(json.load(handle))
+            except (OSError, ValueError):
+                continue
+            if message:
                 return {"source": "torchelastic error file", "path": error_file,
-                        "text": str(data.get("message"))[-limit:]}
+                        "text": message[-limit:]}
     if stderr_path:
-        try:
-            with open(stderr_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - 4096))
-                tail = handle.read().decode("utf-8", "replace")
-        except OSError:
-            return None
-        lines = [line for line in tail.splitlines() if line.strip()]
-        if lines:
-            return {"source": "stderr file", "path": stderr_path,
-                    "text": "\n".join(lines[-6:])[-limit:]}
+        for root in (f"/proc/{pid}/root", *roots):
+            try:
+                with open(root + stderr_path, "rb") as handle:
+                    handle.seek(0, os.SEEK_END)
+                    size = handle.tell()
+                    handle.seek(max(0, size - 4096))
+                    tail = handle.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            lines = [line for line in tail.splitlines() if line.strip()]
+            if lines:
+                return {"source": "stderr file", "path": stderr_path,
+                        "text": "\n".join(lines[-6:])[-limit:]}
+            break
     return None

@@ -223,7 +223,9 @@ class Observer:
     def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:
         exit_info = self._exits.exit_of(rank.pid, rank.starttime)
         stderr = rank.stderr if rank.stderr and rank.stderr.startswith("/") else None
-        error = read_error(rank.pid, rank.env, stderr) if exit_info.clean is not True else None
+        roots = ((f"/proc/{track.launcher['pid']}/root",) if track.launcher else ()) + ("",)
+        error = (read_error(rank.pid, rank.env, stderr, roots)
+                 if exit_info.clean is not True else None)
         track.update_exit(rank, exit_info, error, now)
         track.note(now, exit_info.source or "proc", f"rank {rank.rank} {exit_info.describe()}"
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)

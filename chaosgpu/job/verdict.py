@@ -211,10 +211,10 @@ class JobTrack:
         if activity.get("stderr"):
             track.stderr = activity["stderr"]
         backend = _backend_from_threads(activity.get("threads"))
-        if backend and not track.up:
-            track.backend, track.up = backend, True
-            self.note(now, "proc", f"rank {track.rank}'s {backend} process group is up "
-                      "(its threads)", track.rank)
+        if backend and track.backend is None:
+            track.backend = backend
+            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
+                      "threads)", track.rank)
         ticks = activity.get("cpu_ticks")
         moved: list[str] = []
         if ticks is not None:
@@ -227,21 +227,25 @@ class JobTrack:
             track.wchar_prev = wchar
         if sockets is not None and activity.get("socket_inodes") is not None:
             self.sources.add("tcp")
-            net_bytes = self._network(track, activity["socket_inodes"], sockets)
+            net_bytes = self._network(track, activity["socket_inodes"], sockets, now)
             if net_bytes:
                 moved.append(f"{net_bytes} bytes crossed its peer connections")
         if track.state != "alive":
             return  # a stopped or frozen process makes no progress, whatever a counter says
-        waiting = track.site is not None
+        # CPU time is progress unless the rank waits where a loop may spin or poll (a collective,
+        # a barrier, a rendezvous, a `.wait()`, the GPU); in backward() it is the gradients'
+        # computation (a DDP rank blocked there on its all_reduce uses none)
+        waiting = track.site is not None and track.site.kind != "backward"
         if not waiting and track.cpu_cores is not None and track.cpu_cores >= COMPUTING_CORES:
-            moved.append(f"computing ({track.cpu_cores:.2f} cores, not waiting)")
+            moved.append(f"computing ({track.cpu_cores:.2f} cores"
+                         + (", in backward)" if track.site is not None else ", not waiting)"))
         if not waiting and wrote:
             moved.append("writing (bytes written, not waiting)")
         if moved:
             self._progress(track, now, "; ".join(moved))
 
     def _network(self, track: RankTrack, inodes: list[int],
-                 sockets: dict[int, dict[str, Any]]) -> int:
+                 sockets: dict[int, dict[str, Any]], now: float) -> int:
         total = 0
         stalled = []
         peers = 0
@@ -252,8 +256,10 @@ class JobTrack:
             if self.store_port is not None and self.store_port in (sock["local_port"],
                                                                     sock["remote_port"]):
                 continue  # the rendezvous store's connection is not training traffic
-            if not track.up and not peers:
+            if not track.up:
                 track.up = True
+                self.note(now, "tcp", f"rank {track.rank} is connected to its peers "
+                          f"({sock['local']} -> {sock['remote']})", track.rank)
             peers += 1
             count = sock["bytes_acked"] + sock["bytes_received"]
             before = track.net_prev.get(inode)
@@ -299,6 +305,10 @@ class JobTrack:
                 self.note(now, "py-spy", f"rank {track.rank} left {track.site.what}", track.rank)
                 track.site_since = None
             track.site = site
+        if not track.up and track.backend is not None and (site is None
+                                                            or site.kind != "rendezvous"):
+            track.up = True
+            self.note(now, "py-spy", f"rank {track.rank} is past its rendezvous", track.rank)
         sig = signature(sample)
         moved = track.signature_prev is not None and sig != track.signature_prev
         track.signature_prev = sig
@@ -396,8 +406,8 @@ class JobTrack:
         restarts = self.restart_count()
         if not ranks:
             if self.launcher_alive:
-                state = "restarting" if restarts else "running"
-                return state, "the launcher lives but no rank is up yet", None, {}
+                return ("restarting", "the elastic agent lives with no rank: it is starting or "
+                        "restarting them", None, {})
             return "unknown", "no rank of this job has been seen", None, {}
         if not live:
             return self._ended_verdict(ranks, restarts, now)
@@ -409,6 +419,15 @@ class JobTrack:
             decided = self._no_progress(ranks, live, quiet_since, quiet_for, last is None)
             if decided is not None:
                 return decided
+        failed_here = [t for t in ranks if not t.live and t.exit is not None
+                       and t.exit.clean is False]
+        can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
+        if self.launcher_alive and self.launcher is not None and failed_here and can_restart:
+            return ("restarting", f"attempt {restarts or 0}: "
+                    + ", ".join(f"rank {t.rank} {t.exit.describe() if t.exit else ''}"
+                                for t in failed_here)
+                    + f"; the elastic agent lives (max restarts {self.max_restarts})",
+                    min(t.exited_at or now for t in failed_here), {})
         if self.launcher_alive and restarts and not all(t.up for t in live):
             return ("restarting", f"attempt {restarts}: new ranks not past their rendezvous yet",
                     min(t.first_seen for t in live), {})
@@ -418,8 +437,8 @@ class JobTrack:
             extra = "; ended: " + ", ".join(f"rank {t.rank} {t.exit.describe() if t.exit else ''}"
                                              for t in ended)
         if last is None:
-            return ("running", f"observed for {now - quiet_since:.1f} s, no progress seen yet "
-                    f"(window {self.window_s:g} s)" + extra, None, {})
+            return ("unknown", f"watching: observed for {now - quiet_since:.1f} s, no progress "
+                    f"seen yet (window {self.window_s:g} s)" + extra, None, {})
         return "running", f"progress {now - last:.2f} s ago" + extra, None, {}
 
     def _ended_verdict(self, ranks: list[RankTrack], restarts: int | None,
@@ -444,7 +463,9 @@ class JobTrack:
         parts = []
         for track in sorted(ranks, key=lambda t: t.exited_at or 0):
             by_us = [f for f in self.faults if f.get("pid") == track.pid]
-            who = " by chaosgpu's fault" if by_us and track.exit and track.exit.signal else ""
+            who = ""
+            if track.exit and track.exit.signal:
+                who = " (chaosgpu's fault)" if by_us else " (not sent by chaosgpu)"
             after = ""
             if track is not first and first.exited_at and track.exited_at:
                 after = f", {track.exited_at - first.exited_at:.2f} s after rank {first.rank}"
@@ -520,11 +541,7 @@ class JobTrack:
             elif track.state == "frozen":
                 why = "frozen (cgroup freezer)"
             elif track not in blocked:
-                inner = None
-                if track.stack is not None and track.stack.threads:
-                    main = track.stack.threads[0]
-                    inner = main.frames[0].where() if main.frames else None
-                why = "alive, not in a collective" + (f": at {inner}" if inner else "")
+                why = "alive, not in a collective" + self._where(track)
             if why is not None:
                 culprits.append({"rank": track.rank, "pid": track.pid, "why": why,
                                  "stack": render(track.stack) if track.stack else None})
@@ -546,6 +563,13 @@ class JobTrack:
                              if t.rank is not None else None}
                             for t in blocked],
                 "culprit_ranks": culprits, "culprits_note": culprits_note}
+
+    def _where(self, track: RankTrack) -> str:
+        if track.stack is None or not track.stack.threads or not track.stack.threads[0].frames:
+            return ""
+        inner = track.stack.threads[0].frames[0]
+        source = self._sources.line(track.pid, inner.filename, inner.line)
+        return f": at {inner.where()}" + (f" `{source}`" if source else "")
 
     # ---------------------------------------------------------------- reporting
 
