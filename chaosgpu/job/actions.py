@@ -72,6 +72,9 @@ def _rank_process(job: str | None, tag: str | None, rank: int, deadline_s: float
 def _signal_process(found: dict[str, Any], rank: int, proc: dict[str, Any], signal: str,
                     wait_s: float) -> dict[str, Any]:
     """Send `signal` to the rank's process; raise unless the kernel accepted it."""
+    from chaosgpu.job.exits import keep_watch
+
+    keep_watch(proc["pid"], proc["starttime"])
     report = send([proc], signal, {"job": found["id"]})
     result = report["results"][0]
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
@@ -81,10 +84,17 @@ def _signal_process(found: dict[str, Any], rank: int, proc: dict[str, Any], sign
         raise PermissionError(f"{signal} was not sent to rank {rank} (PID {proc['pid']}): "
                               f"{result['result']}: {result.get('reason')}")
     faultlog.record(signal, job=found["id"], rank=rank, pid=proc["pid"],
-                    starttime=proc["starttime"])
+                    starttime=proc["starttime"], restart_count=_restart_count(found, proc))
     if wait_s > 0 and signal in ("SIGKILL", "SIGTERM"):
         out["wait"] = wait_gone([{"pid": proc["pid"], "starttime": proc["starttime"]}], wait_s)
     return out
+
+
+def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
+    entry: dict[str, Any] = next(
+        (r for r in found.get("ranks") or [] if r.get("pid") == proc["pid"]), {})
+    value = entry.get("restart_count")
+    return int(value) if isinstance(value, int) else None
 
 
 def kill_rank(rank: int, job: str | None = None, tag: str | None = None,
@@ -118,7 +128,7 @@ def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
     else:
         frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0)
         faultlog.record("freezer", job=found["id"], rank=rank, pid=proc["pid"],
-                        starttime=proc["starttime"])
+                        starttime=proc["starttime"], restart_count=_restart_count(found, proc))
         out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",
                **frozen}
     out["method"] = method

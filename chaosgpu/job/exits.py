@@ -22,7 +22,7 @@ from typing import Any
 
 from chaosgpu.node import process_starttime
 
-__all__ = ["Exit", "ExitWatch", "describe_status", "read_error"]
+__all__ = ["Exit", "ExitWatch", "describe_status", "keep_watch", "read_error"]
 
 _PIDFD_INFO_EXIT = 1 << 3
 _PIDFD_INFO_SIZE = 64
@@ -74,11 +74,18 @@ def describe_status(status: int, source: str) -> Exit:
     return Exit(os.WEXITSTATUS(status), None, source)
 
 
+#: Pidfds shared by every ExitWatch of this process (a fault action opens one on its target
+#: before signalling it, so an observer started afterwards can still learn how it ended).
+_POOL: dict[tuple[int, int], int] = {}
+_POOL_LIMIT = 512
+
+
 class ExitWatch:
-    """Pidfds on the watched processes, keyed by (pid, starttime)."""
+    """Pidfds on the watched processes, keyed by (pid, starttime), in the process-wide pool."""
 
     def __init__(self) -> None:
-        self._fds: dict[tuple[int, int], int] = {}
+        self._fds = _POOL
+        self._mine: set[tuple[int, int]] = set()
         self._zombie_status: dict[tuple[int, int], int] = {}
         self.supported: bool | None = None
 
@@ -98,6 +105,10 @@ class ExitWatch:
             os.close(fd)
             return False
         self._fds[key] = fd
+        self._mine.add(key)
+        while len(self._fds) > _POOL_LIMIT:  # the oldest first
+            with contextlib.suppress(OSError):
+                os.close(self._fds.pop(next(iter(self._fds))))
         return True
 
     def note_zombie(self, pid: int, starttime: int, exit_code: int | None) -> None:
@@ -129,18 +140,36 @@ class ExitWatch:
             "not watched before it ended"
         return Exit(None, None, None, note)
 
+    def exit_or_fault(self, pid: int, starttime: int, faults: list[dict[str, Any]]) -> Exit:
+        """exit_of, or, when its status is not visible and chaosgpu sent it an uncatchable
+        SIGKILL, "killed by SIGKILL" from that fault's record."""
+        found = self.exit_of(pid, starttime)
+        if found.source is None and any(f.get("kind") == "SIGKILL" for f in faults):
+            return Exit(None, "SIGKILL", "chaosgpu's fault record",
+                        "its status was not visible; chaosgpu sent it SIGKILL")
+        return found
+
     def forget(self, pid: int, starttime: int) -> None:
         """Close the pidfd of a process no longer watched."""
         fd = self._fds.pop((pid, starttime), None)
+        self._mine.discard((pid, starttime))
         if fd is not None:
             os.close(fd)
 
     def close(self) -> None:
-        """Close every pidfd."""
-        for fd in self._fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
+        """Close the pidfds this watch opened (those a fault action opened stay pooled)."""
+        for key in self._mine:
+            fd = self._fds.pop(key, None)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._mine.clear()
+
+
+def keep_watch(pid: int, starttime: int) -> bool:
+    """Open a pooled pidfd on a process about to be faulted, so that how it ended stays
+    readable by an observer started later; False when it is already gone or reused."""
+    return ExitWatch().watch(pid, starttime)
 
 
 def _error_message(data: Any) -> str | None:

@@ -131,8 +131,9 @@ class Observer:
         faults = faultlog.recent(self.started - 600)
         partitions = _partitions()
         for track in self.tracks.values():
-            self._observe_processes(track, sockets, time.time())
             track.update_faults(faults)
+            self._adopt_faulted(track, faults, now)
+            self._observe_processes(track, sockets, time.time())
             track.update_partitions(partitions, now)
         if self.stacks and time.time() - self._last_stacks >= self.stack_every_s:
             self._last_stacks = time.time()
@@ -220,12 +221,44 @@ class Observer:
             exit_info = None if alive else self._exits.exit_of(pid, start)
             track.update_launcher(alive, exit_info, now)
 
+    def _adopt_faulted(self, track: JobTrack, faults: list[dict[str, Any]], now: float) -> None:
+        """A rank chaosgpu faulted before this observer saw it (killed, then reaped at once by
+        its launcher) joins the job from the fault's record, so its end is accounted for."""
+        from chaosgpu.node import process_starttime, process_state
+
+        for fault in faults:
+            if fault.get("job") != track.id or fault.get("pid") is None \
+                    or fault.get("starttime") is None:
+                continue
+            key = (fault["pid"], fault["starttime"])
+            if key in track.ranks:
+                continue
+            if process_starttime(fault["pid"]) == fault["starttime"] \
+                    and process_state(fault["pid"]) not in ("Z", "X"):
+                continue  # alive: the census will list it
+            rank = RankTrack(fault.get("rank"), fault["pid"], fault["starttime"],
+                             fault.get("restart_count"), fault["t"], state="exited",
+                             last_seen=fault["t"], exited_at=fault["t"])
+            track.ranks[key] = rank
+            mine = [f for f in faults if f.get("pid") == fault["pid"]]
+            exit_info = self._exits.exit_or_fault(fault["pid"], fault["starttime"], mine)
+            track.update_exit(rank, exit_info, None, now)
+            track.note(now, exit_info.source or "faultlog",
+                       f"rank {rank.rank} (PID {rank.pid}, {fault['kind']} by chaosgpu at "
+                       f"{fault['t']:.3f}) {exit_info.describe()}", rank.rank)
+
     def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:
-        exit_info = self._exits.exit_of(rank.pid, rank.starttime)
+        exit_info = self._exits.exit_or_fault(rank.pid, rank.starttime, [
+            f for f in track.faults if f.get("pid") == rank.pid])
         stderr = rank.stderr if rank.stderr and rank.stderr.startswith("/") else None
+        if stderr is not None and any(other.stderr == stderr for other in track.ranks.values()
+                                      if other is not rank):
+            stderr = None  # a log shared with other ranks says nothing of this one's error
         roots = ((f"/proc/{track.launcher['pid']}/root",) if track.launcher else ()) + ("",)
-        error = (read_error(rank.pid, rank.env, stderr, roots)
-                 if exit_info.clean is not True else None)
+        if exit_info.signal is not None:
+            stderr = None  # a signalled process's last lines were not its own account
+        error = read_error(rank.pid, rank.env, stderr, roots) if exit_info.clean is not True \
+            else None
         track.update_exit(rank, exit_info, error, now)
         track.note(now, exit_info.source or "proc", f"rank {rank.rank} {exit_info.describe()}"
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)

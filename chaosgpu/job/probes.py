@@ -135,27 +135,36 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
                         timeout_s: float = 60.0, missing_ok: bool = False,
                         configuration: dict[str, Any] | None = None,
                         secrets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Wait up to `timeout_s` for every live rank of a job (by id or tag) to end by itself, as
-    it should when a process-group timeout and async error handling are set (the NCCL
+    """Wait up to `timeout_s` for the surviving ranks of a job (by id or tag: those running
+    when the wait begins, not the stopped or frozen ones) to end by themselves, as they should
+    when a process-group timeout and async error handling are set (the NCCL
     remediation). Returns "all_exited", each rank's exit (code or signal, when, the error text
     where readable), the ranks still alive, the observed verdict ("failed" is the remedy
     working: the survivors aborted instead of hanging) and, with NVML, the survivors still
     holding GPU memory. Fails when nothing matches, unless missing_ok."""
     timeout = _seconds("timeout_s", timeout_s, allow_zero=True)
+    survivors: set[tuple[int, int]] = set()
 
     def until(observer: "_observe.Observer") -> bool:
-        return bool(observer.tracks) and all(
-            not any(r.live for r in t.current_ranks()) for t in observer.tracks.values())
+        if not survivors:  # the ranks running (not stopped or frozen) when the wait began
+            survivors.update((r.pid, r.starttime) for t in observer.tracks.values()
+                             for r in t.current_ranks() if r.state == "alive")
+        return bool(observer.tracks) and not any(
+            r.live for t in observer.tracks.values() for r in t.ranks.values()
+            if (r.pid, r.starttime) in survivors)
 
     observer = _observe.observe(job, tag, until=until, timeout_s=timeout,
                                 missing_ok=missing_ok)
     result = _one(observer, job, tag, missing_ok)
     if not result.get("found"):
-        result.update(all_exited=True, still_alive=[], exits={})
+        result.update(all_exited=True, still_alive=[], exits={}, survivors=[])
         return result
     ranks = result["ranks"]
+    result["survivors"] = sorted(r["rank"] for r in ranks
+                                 if (r["pid"], r["starttime"]) in survivors)
     result["still_alive"] = [{"rank": r["rank"], "pid": r["pid"]} for r in ranks
-                             if r["state"] in ("alive", "stopped", "frozen")]
+                             if (r["pid"], r["starttime"]) in survivors
+                             and r["state"] in ("alive", "stopped", "frozen")]
     result["all_exited"] = not result["still_alive"]
     result["exits"] = {str(r["rank"]): {"exit": r["exit"], "at": r["exited_at"],
                                         "error": r["error"]} for r in ranks if r["exit"]}

@@ -360,7 +360,7 @@ class JobTrack:
         """The faults this runner injected (chaosgpu.faultlog)."""
         mine = {(t.pid, t.starttime) for t in self.ranks.values()}
         self.faults = [f for f in faults if (f.get("pid"), f.get("starttime")) in mine
-                       or (f.get("job") == self.id and f.get("pid") is None)]
+                       or f.get("job") == self.id]
 
     def _ended(self, track: RankTrack, now: float, source: str, how: str) -> None:
         track.state = "exited"

@@ -33,8 +33,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--fail-at", type=int, default=5)
     parser.add_argument("--checkpoint-rank", type=int, default=-1)
     parser.add_argument("--checkpoint-s", type=float, default=4.0)
-    parser.add_argument("--delay-restarted-rank", type=int, default=-1)
-    parser.add_argument("--delay-s", type=float, default=120.0)
+    parser.add_argument("--delay-rank", type=int, default=-1,
+                        help="this rank sleeps before init_process_group (never joins)")
+    parser.add_argument("--delay-s", type=float, default=300.0)
     parser.add_argument("--pg-timeout-s", type=float, default=600.0)
     parser.add_argument("--progress-dir", default="")
     return parser.parse_args()
@@ -61,9 +62,8 @@ def write_progress(args: argparse.Namespace, rank: int, step: int) -> None:
 def main() -> int:
     args = parse()
     rank = int(os.environ["RANK"])
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restart > 0 and rank == args.delay_restarted_rank:
-        time.sleep(args.delay_s)  # a restarted rank that never joins: its peers wait in init
+    if rank == args.delay_rank:
+        time.sleep(args.delay_s)  # a rank that never joins: its peers wait in the rendezvous
     from datetime import timedelta
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
