@@ -20,7 +20,8 @@ from chaosgpu.job.exits import ExitWatch, read_error
 from chaosgpu.job.stacks import take_samples
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack
 
-__all__ = ["JobError", "Observer", "observe", "select_jobs", "visibility_note"]
+__all__ = ["JobError", "Observer", "observe", "select_jobs", "visibility_note", "seen",
+           "missing_allowed"]
 
 DEFAULT_TICK_S = 0.2
 DEFAULT_STACK_EVERY_S = 0.5
@@ -29,6 +30,36 @@ DEFAULT_CENSUS_EVERY_S = 1.0
 
 class JobError(ValueError):
     """A job selection that is wrong (bad arguments, no such job, job and tag disagree)."""
+
+
+#: (job id, tag) of every job an observer of this process found: a job seen, then missing,
+#: has ended; a selection never seen matches nothing (a typo).
+_SEEN: set[tuple[str | None, str | None]] = set()
+
+
+def seen(job: str | None, tag: str | None) -> bool:
+    """Whether a job matching this selection was found earlier in this process."""
+    return any((job is None or job == j) and (tag is None or tag == t) for j, t in _SEEN)
+
+
+def missing_allowed(missing_ok: Any, job: str | None, tag: str | None) -> bool:
+    """Whether a selection that matches nothing is acceptable: `missing_ok` true, or
+    "before-method": before the experiment's method has started (the timeline control marks
+    it: the method starts the job), and after it only for a job this run has seen (it ended).
+    A selection never matched after the method started (a typo) is not acceptable."""
+    if isinstance(missing_ok, bool):
+        return missing_ok
+    if missing_ok != "before-method":
+        raise ValueError(f"missing_ok must be true, false or \"before-method\", got "
+                         f"{missing_ok!r}")
+    if seen(job, tag):
+        return True
+    from chaosgpu.timeline.sampler import current
+
+    sampler = current()
+    if sampler is None:
+        return False  # no timeline control: the method's start cannot be known
+    return sampler.event_time("method", "start") is None
 
 
 def _census() -> dict[str, Any]:
@@ -154,6 +185,7 @@ class Observer:
                 else census.get("jobs") or []:
             track = self._track_for(entry, now)
             track.update_census(entry, processes, now)
+            _SEEN.add((track.id, entry.get("tag")))
             for rank in entry.get("ranks") or []:
                 if rank.get("pid") is not None and rank.get("starttime") is not None:
                     self._frozen[(rank["pid"], rank["starttime"])] = rank.get("state") == "frozen"

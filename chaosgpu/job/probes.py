@@ -5,7 +5,9 @@ detection, waiting for survivors to end by themselves, and the ranks' states.
 Every verdict is observed over time by chaosgpu.job.observe and decided by chaosgpu.job.verdict
 (progress seen, or not, over a window; exits; where each rank waits), never inferred from the
 fault chaosgpu injected. A probe whose job or tag matches nothing fails (raises) unless the
-experiment sets `missing_ok`. This module owns these probes' public face; it signals nothing.
+experiment sets `missing_ok`: true (always), or "before-method" (the catalog's form: before
+the method starts the job, and afterwards only for a job this run has seen, which then ended; a
+selection that never matched fails after the method). This module owns these probes' public face; it signals nothing.
 Each function has its own deadline.
 """
 
@@ -39,13 +41,24 @@ def _mark(verdict: dict[str, Any]) -> None:
                      culprit_ranks=[c.get("rank") for c in verdict.get("culprit_ranks") or []])
 
 
+def _watch(job: str | None, tag: str | None, missing_ok: Any, **kwargs: Any
+           ) -> "_observe.Observer":
+    """observe() with missing_ok checked first (a bad value changes nothing) and a short wait
+    for a job that is allowed to be missing."""
+    lenient = _observe.missing_allowed(missing_ok, job, tag)
+    return _observe.observe(job, tag, missing_ok=True, appear_s=1.0 if lenient else 5.0,
+                            **kwargs)
+
+
 def _one(observer: "_observe.Observer", job: str | None, tag: str | None,
-         missing_ok: bool) -> dict[str, Any]:
+         missing_ok: Any) -> dict[str, Any]:
     tracks = list(observer.tracks.values())
     if not tracks:
-        if missing_ok:
-            return {"id": job, "tag": tag, "verdict": None, "found": False,
-                    "reason": "no such job (missing_ok)", "visibility": observer.visibility}
+        if _observe.missing_allowed(missing_ok, job, tag):
+            why = ("it ended (seen earlier in this run)" if _observe.seen(job, tag)
+                   else f"none is running (missing_ok={missing_ok!r})")
+            return {"id": job, "tag": tag, "verdict": None, "found": False, "hung": False,
+                    "reason": f"no such job: {why}", "visibility": observer.visibility}
         raise _observe.JobError(_observe._not_found(job, tag, observer))
     if len(tracks) > 1:
         raise _observe.JobError(f"{'job ' + repr(job) if job else 'tag ' + repr(tag)} matches "
@@ -72,7 +85,7 @@ def _settled_or_progressing(started: float) -> Any:
 
 
 def job_state(job: str | None = None, tag: str | None = None,
-              window_s: float = DEFAULT_WINDOW_S, missing_ok: bool = False,
+              window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
               configuration: dict[str, Any] | None = None,
               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """Observe a training job (by id or its ranks' tag) and return its verdict: "running"
@@ -86,13 +99,13 @@ def job_state(job: str | None = None, tag: str | None = None,
     import time
 
     started = time.time()
-    observer = _observe.observe(job, tag, until=_settled_or_progressing(started),
-                                timeout_s=window + 2.0, window_s=window, missing_ok=missing_ok)
+    observer = _watch(job, tag, missing_ok, until=_settled_or_progressing(started),
+                                timeout_s=window + 2.0, window_s=window)
     return _one(observer, job, tag, missing_ok)
 
 
 def job_hung(job: str | None = None, tag: str | None = None,
-             window_s: float = DEFAULT_WINDOW_S, missing_ok: bool = False,
+             window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
              configuration: dict[str, Any] | None = None,
              secrets: dict[str, Any] | None = None) -> bool:
     """True when the job (by id or tag) is observed hung: live ranks waiting in a collective,
@@ -104,7 +117,7 @@ def job_hung(job: str | None = None, tag: str | None = None,
 
 
 def detect_hang(job: str | None = None, tag: str | None = None, timeout_s: float = 30.0,
-                window_s: float = DEFAULT_WINDOW_S, missing_ok: bool = False,
+                window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
                 configuration: dict[str, Any] | None = None,
                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """Watch a training job (by id or tag) for up to `timeout_s` until a hang is confirmed (no
@@ -122,8 +135,7 @@ def detect_hang(job: str | None = None, tag: str | None = None, timeout_s: float
         return bool(observer.tracks) and all(t.verdict in SETTLED
                                              for t in observer.tracks.values())
 
-    observer = _observe.observe(job, tag, until=until, timeout_s=timeout, window_s=window,
-                                missing_ok=missing_ok)
+    observer = _watch(job, tag, missing_ok, until=until, timeout_s=timeout, window_s=window)
     result = _one(observer, job, tag, missing_ok)
     if result.get("found") and result["verdict"] not in SETTLED:
         result["note"] = (f"no hang confirmed within {timeout:g} s: the job is "
@@ -132,7 +144,7 @@ def detect_hang(job: str | None = None, tag: str | None = None, timeout_s: float
 
 
 def wait_survivors_exit(job: str | None = None, tag: str | None = None,
-                        timeout_s: float = 60.0, missing_ok: bool = False,
+                        timeout_s: float = 60.0, missing_ok: bool | str = False,
                         configuration: dict[str, Any] | None = None,
                         secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """Wait up to `timeout_s` for the surviving ranks of a job (by id or tag: those running
@@ -153,8 +165,7 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
             r.live for t in observer.tracks.values() for r in t.ranks.values()
             if (r.pid, r.starttime) in survivors)
 
-    observer = _observe.observe(job, tag, until=until, timeout_s=timeout,
-                                missing_ok=missing_ok)
+    observer = _watch(job, tag, missing_ok, until=until, timeout_s=timeout)
     result = _one(observer, job, tag, missing_ok)
     if not result.get("found"):
         result.update(all_exited=True, still_alive=[], exits={}, survivors=[])
@@ -177,7 +188,7 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
 
 def wait_job_verdict(verdicts: list[str], job: str | None = None,
                      tag: str | None = None, timeout_s: float = 60.0,
-                     window_s: float = DEFAULT_WINDOW_S, missing_ok: bool = False,
+                     window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
                      configuration: dict[str, Any] | None = None,
                      secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """Observe a job (by id or tag) until its verdict is one of `verdicts` (e.g. ["running"]
@@ -197,26 +208,26 @@ def wait_job_verdict(verdicts: list[str], job: str | None = None,
         return bool(observer.tracks) and all(t.verdict in wanted
                                              for t in observer.tracks.values())
 
-    observer = _observe.observe(job, tag, until=until, timeout_s=timeout, window_s=window,
-                                missing_ok=missing_ok)
+    observer = _watch(job, tag, missing_ok, until=until, timeout_s=timeout, window_s=window)
     result = _one(observer, job, tag, missing_ok)
     result["reached"] = result.get("verdict") in wanted
     return result
 
 
-def job_ranks(job: str | None = None, tag: str | None = None, missing_ok: bool = False,
+def job_ranks(job: str | None = None, tag: str | None = None, missing_ok: bool | str = False,
               configuration: dict[str, Any] | None = None,
               secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The ranks of a job (by id or tag) as one census reading sees them now: rank, PID, state
     (alive, stopped, frozen, zombie, missing), restart count and GPU MiB (no verdict: see
     job_state). Fails when nothing matches, unless missing_ok (then empty)."""
+    _observe.missing_allowed(missing_ok, job, tag)  # a bad value is refused first
     from chaosgpu.job import hang
 
     _observe.check_selector(job, tag)
     census = hang._census(gpu=True)
     matches = _observe.select_jobs(census, job, tag)
     if not matches:
-        if missing_ok:
+        if _observe.missing_allowed(missing_ok, job, tag):
             return []
         note = _observe.visibility_note(census)
         what = f"job {job!r}" if job else f"a job tagged {tag!r}"

@@ -264,9 +264,8 @@ def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool)
     for back in range(4):
         source = sources.line(pid, inner.filename, inner.line - back)
         found = _source_site(source, gpu)
-        if found is not None:
-            caller = _user_caller(frames, 1)
-            return Site(found[0], found[1], inner.where(), caller, source, thread.name)
+        if found is not None:  # the waiting call is made by this (user) frame itself
+            return Site(found[0], found[1], inner.where(), inner.where(), source, thread.name)
         if source is None:
             break
     return None
