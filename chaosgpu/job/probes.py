@@ -7,8 +7,8 @@ Every verdict is observed over time by chaosgpu.job.observe and decided by chaos
 fault chaosgpu injected. A probe whose job or tag matches nothing fails (raises) unless the
 experiment sets `missing_ok`: true (always), or "before-method" (the catalog's form: before
 the method starts the job, and afterwards only for a job this run has seen, which then ended; a
-selection that never matched fails after the method). This module owns these probes' public face; it signals nothing.
-Each function has its own deadline.
+selection that never matched fails after the method). This module owns these probes' public
+face; it signals nothing. Each function has its own deadline.
 """
 
 from typing import Any
