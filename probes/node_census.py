@@ -1021,6 +1021,8 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         job_id = run_id if run_id and run_id != "none" else "torchrun:%d" % pid
         job = jobs.setdefault(job_id, _new_job(job_id))
         _set_launcher(job, launcher)
+        job["hidden_ranks"] = sum(1 for p in processes.values() if p["ppid"] == pid
+                                  and "env" in (p.get("unreadable") or []))
     local_masters = ("127.0.0.1", "localhost", "::1", hostname)
     for job in jobs.values():
         _finish_ranks(job, processes, local_masters)

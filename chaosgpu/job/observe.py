@@ -333,11 +333,12 @@ class Observer:
 
 
 def _partitions() -> list[dict[str, Any]]:
+    from chaosgpu.network import partitions
+
     try:
-        from chaosgpu.network import partitions
-    except ImportError:
+        return partitions.active()
+    except OSError:  # no readable state directory (another user's): no partition of ours
         return []
-    return partitions.active()
 
 
 def observe(job: str | None = None, tag: str | None = None,

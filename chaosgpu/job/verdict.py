@@ -128,6 +128,7 @@ class JobTrack:
         self.max_restarts: int | None = None
         self.tag: str | None = None
         self.store_port: int | None = None
+        self.hidden_ranks = 0
         self.verdict = "unknown"
         self.reason = "not observed yet"
         self.since: float | None = None
@@ -162,6 +163,7 @@ class JobTrack:
         if entry.get("max_restarts") is not None:
             self.max_restarts = entry["max_restarts"]
         self.tag = entry.get("tag") or self.tag
+        self.hidden_ranks = int(entry.get("hidden_ranks") or 0)
         if entry.get("master") and ":" in entry["master"]:
             port = entry["master"].rsplit(":", 1)[1]
             self.store_port = int(port) if port.isdigit() else self.store_port
@@ -405,6 +407,10 @@ class JobTrack:
         live = [t for t in ranks if t.live]
         restarts = self.restart_count()
         if not ranks:
+            if self.launcher_alive and self.hidden_ranks:
+                return ("unknown", f"the launcher's {self.hidden_ranks} child processes cannot "
+                        "be inspected by this observer (another user's): their ranks are "
+                        "invisible", None, {})
             if self.launcher_alive:
                 return ("restarting", "the elastic agent lives with no rank: it is starting or "
                         "restarting them", None, {})
