@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _brief(job: dict[str, Any]) -> dict[str, Any]:
     return {"id": job["id"], "verdict": job["verdict"], "reason": job["reason"],
-            "since": job["since"], "confirmed_at": job["confirmed_at"], "culprit_ranks": job["culprit_ranks"],
+            "since": job["since"], "confirmed_at": job["confirmed_at"],
+            "culprit_ranks": job["culprit_ranks"],
             "blocked_in": job["blocked_in"], "restart_count": job["restart_count"],
             "evidence": job["evidence"], "ranks": job["ranks"], "detection": job["detection"],
             "tag": job["tag"], "backend": job["backend"], "launcher": job["launcher"],

@@ -172,6 +172,15 @@ class Observer:
         now = time.time()
         for track in self.tracks.values():
             track.evaluate(now)
+            if track.verdict == "hung" and track.nccl_ras is None and any(
+                    r.backend == "nccl" for r in track.current_ranks()):
+                from chaosgpu.job import nccl_ras
+
+                track.nccl_ras = nccl_ras.query()
+                if track.nccl_ras.get("available"):
+                    track.sources.add("nccl-ras")
+                    track.note(now, "nccl-ras", "NCCL RAS status report taken "
+                               f"({track.nccl_ras['format']})")
 
     def _take_census(self, now: float) -> None:
         census = _census()

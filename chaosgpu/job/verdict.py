@@ -137,6 +137,7 @@ class JobTrack:
         self.history: list[dict[str, Any]] = []
         self.partitions: list[dict[str, Any]] = []
         self.flight_recorder: dict[int, dict[str, Any]] = {}
+        self.nccl_ras: dict[str, Any] | None = None
         self.faults: list[dict[str, Any]] = []
         self.observations = 0
         self.stack_samples = 0
@@ -611,6 +612,8 @@ class JobTrack:
             "detection": detection,
             "fault": fault,
             "partitions": self.partitions,
+            "flight_recorder": {str(k): v for k, v in self.flight_recorder.items()} or None,
+            "nccl_ras": self.nccl_ras,
             "evidence": list(self.evidence),
             "history": list(self.history),
             "sources": sorted(self.sources),
