@@ -37,6 +37,13 @@ def parse() -> argparse.Namespace:
                         help="this rank sleeps before init_process_group (never joins)")
     parser.add_argument("--delay-s", type=float, default=300.0)
     parser.add_argument("--pg-timeout-s", type=float, default=600.0)
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--mib", type=int, default=0, help="GPU memory to hold (cuda)")
+    parser.add_argument("--gpu-hang-at", type=int, default=-1,
+                        help="at this step, queue a GPU kernel that spins for --gpu-hang-s "
+                             "before the collective: the rank waits on its GPU, alive")
+    parser.add_argument("--gpu-hang-s", type=float, default=600.0)
     parser.add_argument("--progress-dir", default="")
     return parser.parse_args()
 
@@ -66,15 +73,23 @@ def main() -> int:
         time.sleep(args.delay_s)  # a rank that never joins: its peers wait in the rendezvous
     from datetime import timedelta
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout_s))
+    device = torch.device("cpu")
+    init: dict = {"timeout": timedelta(seconds=args.pg_timeout_s)}
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        if args.backend == "nccl":
+            init["device_id"] = device
+    dist.init_process_group(args.backend, **init)
     world = dist.get_world_size()
+    held = torch.empty(args.mib * 2**20, dtype=torch.uint8, device=device) if args.mib else None
     if args.ddp:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
             torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         batch = torch.randn(32, 64)
-    tensor = torch.ones(4096)
+    tensor = torch.ones(4096, device=device)
     step = 0
     while args.steps == 0 or step < args.steps:
         if rank == args.stall_rank and step == args.stall_at:
@@ -82,6 +97,9 @@ def main() -> int:
         if rank == args.fail_rank and step == args.fail_at:
             raise RuntimeError(f"rank {rank} fails at step {step} (the test asked it to)")
         busy(args.compute_s)
+        if args.device == "cuda" and step == args.gpu_hang_at:
+            clock = torch.cuda.get_device_properties(device).clock_rate * 1000  # Hz
+            torch.cuda._sleep(int(args.gpu_hang_s * clock))  # the GPU stalls, the rank lives
         if args.ddp:
             optimizer.zero_grad()
             loss = model(batch).pow(2).mean()
@@ -89,11 +107,14 @@ def main() -> int:
             optimizer.step()
         else:
             dist.all_reduce(tensor)
+            if args.device == "cuda":
+                float(tensor.sum().item())  # the host waits for the GPU every step
             tensor.fill_(1.0)
         step += 1
         write_progress(args, rank, step)
         time.sleep(args.sleep_s)
     dist.destroy_process_group()
+    del held
     if rank == args.checkpoint_rank:
         end = time.monotonic() + args.checkpoint_s
         path = os.path.join(args.progress_dir or "/tmp", f"checkpoint-{os.getpid()}.pt")
