@@ -272,3 +272,44 @@ def test_a_bare_job_whose_rank_is_killed_fails_with_exit_codes(workdir: Path,
     exits = found["exits"]
     assert exits["0"]["exit"]["signal"] == "SIGKILL"
     assert exits["1"]["exit"]["code"] == 1
+
+
+def test_a_rank_in_its_own_network_namespace_is_partitioned_there(workdir: Path,
+                                                                  jobs: list[Job]) -> None:
+    import os
+    import shutil
+    import subprocess
+    import uuid
+
+    from chaosgpu.network import actions as network
+    from chaosgpu.network import partitions
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to make a network namespace")
+    name = f"chaosgpu-test-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"],
+                       check=True)
+        job = start_bare(workdir, [], netns=name)
+        jobs.append(job)
+        job.wait_steps(3)
+        cut = network.partition_rank(rank=1, tag=job.tag)
+        record = next(p for p in partitions.active() if p["id"] == cut["partition"])
+        assert record["netns_pid"] is not None  # the rules live in the job's namespace
+        host = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
+        assert cut["table"] not in host.stdout  # and not in the runner's
+        inside = subprocess.run(["ip", "netns", "exec", name, "nft", "list", "tables"],
+                                capture_output=True, text=True, check=True)
+        assert cut["table"] in inside.stdout
+        found = probes.detect_hang(tag=job.tag, timeout_s=30)
+        assert found["verdict"] == "hung", found["reason"]
+        assert {c["rank"] for c in found["culprit_ranks"]} == {1}
+        network.heal_partition(partition=cut["partition"])
+        after = subprocess.run(["ip", "netns", "exec", name, "nft", "list", "tables"],
+                               capture_output=True, text=True, check=True)
+        assert cut["table"] not in after.stdout
+    finally:
+        for job in jobs:
+            job.stop()
+        subprocess.run(["ip", "netns", "del", name], check=False)

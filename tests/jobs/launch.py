@@ -137,10 +137,12 @@ def start_torchrun(workdir: Path, args: list[str], nproc: int = 2, max_restarts:
     return job
 
 
-def start_bare(workdir: Path, args: list[str], world_size: int = 2) -> Job:
-    """`world_size` plain processes (no launcher) with RANK/WORLD_SIZE/MASTER_* set."""
+def start_bare(workdir: Path, args: list[str], world_size: int = 2,
+               netns: str | None = None) -> Job:
+    """`world_size` plain processes (no launcher) with RANK/WORLD_SIZE/MASTER_* set; with
+    `netns`, inside that named network namespace (`ip netns exec`)."""
     tag = f"verdict-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    port = free_port() if netns is None else 29500
     job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
     job.progress_dir.mkdir(parents=True, exist_ok=True)
     for rank in range(world_size):
@@ -148,8 +150,10 @@ def start_bare(workdir: Path, args: list[str], world_size: int = 2) -> Job:
         env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         with open(workdir / f"rank{rank}.log", "wb") as log:
+            prefix = ["ip", "netns", "exec", netns] if netns else []
             job.processes.append(subprocess.Popen(
-                [sys.executable, str(TRAIN), "--progress-dir", str(job.progress_dir), *args],
+                [*prefix, sys.executable, str(TRAIN), "--progress-dir", str(job.progress_dir),
+                 *args],
                 env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                 start_new_session=True))
     return job
