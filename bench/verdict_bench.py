@@ -15,7 +15,8 @@ records every verdict the watcher printed:
   sees its death and tears the job down ("failed"), which a lost host's agent could not do.
 * kill: rank 1 SIGKILLed; expected "failed", never "hung" (gloo survivors see the reset).
 * healthy: no fault, 15 s watched; expected "running" only.
-* lockstep-20s: 2 steps of 20 s compute each; expected "finished", never "hung".
+* lockstep-20s: 3 steps of 20 s compute each (watched from the end of the first); expected
+  "finished", never "hung".
 * checkpoint: rank 0 saves for 7 s after destroy_process_group; expected "finished", never "hung".
 
 Prints, per case: the verdicts reached, detection latency from the fault (median, max), the
@@ -54,8 +55,8 @@ CASES = {
     "node-loss": {"args": [], "expect": "hung", "bare": True},
     "kill": {"args": [], "expect": "failed"},
     "healthy": {"args": [], "expect": "running"},
-    "lockstep-20s": {"args": ["--steps", "2", "--compute-s", "20", "--sleep-s", "0"],
-                     "expect": "finished"},
+    "lockstep-20s": {"args": ["--steps", "3", "--compute-s", "20", "--sleep-s", "0"],
+                     "expect": "finished", "ready_steps": 1},
     "checkpoint": {"args": ["--steps", "6", "--checkpoint-rank", "0", "--checkpoint-s", "7"],
                    "expect": "finished"},
 }
@@ -107,7 +108,7 @@ def one(case: str, window: float) -> dict[str, Any]:
             start_torchrun(Path(folder), args)
         watcher = None
         try:
-            job.wait_steps(2, timeout_s=180)
+            job.wait_steps(spec.get("ready_steps", 2), timeout_s=180)
             watcher = Watcher(job.tag, window)
             if watcher.wait_for({"running"}, 30) is None:
                 return {"case": case, "error": "the watcher never saw the job running"}
@@ -121,7 +122,7 @@ def one(case: str, window: float) -> dict[str, Any]:
                 actions.kill_rank(tag=job.tag, rank=1, wait_s=0)
             elif case == "stall":
                 fault_t = 0.0  # the rank stalls by itself: time from its last step instead
-            wait = {"healthy": 15.0, "lockstep-20s": 90.0, "checkpoint": 60.0}.get(case, 40.0)
+            wait = {"healthy": 15.0, "lockstep-20s": 120.0, "checkpoint": 60.0}.get(case, 40.0)
             target = {"hung", "failed", "finished"} if case != "healthy" else {"hung"}
             reached = watcher.wait_for(target, wait)
             if case == "stall":
