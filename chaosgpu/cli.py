@@ -10,6 +10,8 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: dict[str, tuple[str, str]] = {
     "snapshot": ("chaosgpu.node.cli",
                  "the node's truth: GPUs, GPU processes, zombies, orphans, jobs"),
+    "jobs": ("chaosgpu.job.cli",
+             "training jobs and their observed verdicts (running, hung, failed ...)"),
     "workload": ("chaosgpu.workloads.cli", "run a reference workload (hold, ring)"),
     "sandbox": ("chaosgpu.sandbox.cli", "create, exec into, terminate and list local pods"),
     "cleanup": ("chaosgpu.cleanup", "remove every sandbox and workload chaosgpu left behind"),

@@ -9,8 +9,9 @@ optionally, NVIDIA's `pynvml` (nvidia-ml-py); the syntax stays Python 3.8 compat
 containers run it. It must not change anything on the node: it only reads.
 
 Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [--pid N]
-[--proc-root DIR] [--gpu-snapshot FILE|-]`` prints one JSON document (schema ``chaosgpu.census/1``,
-described in docs/census.md) and exits 0; bad arguments print ``{"error": ...}`` and exit 2.
+[--proc-root DIR] [--gpu-snapshot FILE|-]`` (or ``--tcp-sockets``) prints one JSON document
+(schema ``chaosgpu.census/1``, described in docs/census.md) and exits 0; bad arguments print
+``{"error": ...}`` and exit 2.
 
 Definitions (also in docs/census.md):
 
@@ -56,6 +57,8 @@ __all__ = [
     "list_pids",
     "process_starttime",
     "process_state",
+    "process_activity",
+    "tcp_sockets",
     "read_process",
     "parse_container",
     "nvml_snapshot",
@@ -77,9 +80,16 @@ ENV_KEYS = (
     "ROLE_RANK",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_DEBUG_INFO_PIPE_FILE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE",
 )
 _ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
-_ENV_HINTS = (b"RANK=", b"MASTER_", b"CHAOSGPU_", b"TORCHELASTIC_")
+_ENV_HINTS = (b"RANK=", b"MASTER_", b"CHAOSGPU_", b"TORCHELASTIC_", b"TORCH_")
 
 #: Process names that act as subreapers (children of dead parents are reparented to them).
 KNOWN_SUBREAPERS = frozenset((
@@ -151,6 +161,190 @@ def process_state(pid: int, proc_root: str = "/proc") -> Optional[str]:
         return None
     _, fields = _parse_stat(data)
     return fields[0].decode()
+
+
+# --------------------------------------------------------------------------------------------
+# activity: what a process is doing now (the job observer samples it repeatedly)
+
+#: /proc/PID/stat field indexes in the list returned by _parse_stat (index 0 = field 3).
+_F_UTIME, _F_STIME, _F_THREADS, _F_EXIT_CODE = 11, 12, 17, 49
+
+
+def _cpu_ticks(fields: List[bytes]) -> int:
+    return int(fields[_F_UTIME]) + int(fields[_F_STIME])
+
+
+def process_activity(pid: int, proc_root: str = "/proc", threads: bool = True,
+                     sockets: bool = True) -> Optional[Dict[str, Any]]:
+    """One sample of what ``pid`` is doing now, or None when it does not exist: state,
+    starttime, cpu_ticks (utime + stime of every thread, clock ticks), num_threads, exit_code
+    (stat field 52: the wait status of a zombie, 0 while alive or when the kernel hides it),
+    wchar and syscw (/proc/PID/io: bytes and calls of write-like syscalls, sockets included),
+    threads (``[{"tid", "comm", "state", "cpu_ticks", "wchan"}]``: thread names tell a gloo or
+    NCCL process group apart) and socket_inodes (the inodes of its open sockets, to join with
+    ``tcp_sockets``) and stderr (where fd 2 points: a file path, ``pipe:[N]`` ...). A part
+    that could not be read is None and explained in ``errors``
+    (EACCES for another user's process as non-root, vanished ...)."""
+    base = "%s/%d" % (proc_root, pid)
+    try:
+        _, fields = _parse_stat(_read_bytes(base + "/stat"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    state = fields[0].decode()
+    record = {"pid": pid, "state": state, "starttime": int(fields[19]),
+              "cpu_ticks": _cpu_ticks(fields), "num_threads": int(fields[_F_THREADS]),
+              "exit_code": int(fields[_F_EXIT_CODE]) if len(fields) > _F_EXIT_CODE else None,
+              "wchar": None, "syscw": None, "threads": None, "socket_inodes": None,
+              "stderr": None, "errors": {}}  # type: Dict[str, Any]
+    errors = record["errors"]
+    try:
+        io = _read_bytes(base + "/io")
+        for line in io.split(b"\n"):
+            if line.startswith(b"wchar:"):
+                record["wchar"] = int(line[6:])
+            elif line.startswith(b"syscw:"):
+                record["syscw"] = int(line[6:])
+    except OSError as error:
+        errors["io"] = _errno_name(error)
+    if threads and state not in ("Z", "X"):
+        try:
+            record["threads"] = _threads(base)
+        except OSError as error:
+            errors["threads"] = _errno_name(error)
+    if sockets and state not in ("Z", "X"):
+        try:
+            record["socket_inodes"] = _socket_inodes(base + "/fd")
+            record["stderr"] = os.readlink(base + "/fd/2")
+        except OSError as error:
+            errors["socket_inodes"] = _errno_name(error)
+    return record
+
+
+def _threads(base: str) -> List[Dict[str, Any]]:
+    result = []  # type: List[Dict[str, Any]]
+    for name in os.listdir(base + "/task"):
+        task = base + "/task/" + name
+        try:
+            comm, fields = _parse_stat(_read_bytes(task + "/stat"))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended while we listed
+        try:
+            wchan = _read_bytes(task + "/wchan").decode("ascii", "replace")
+        except OSError:
+            wchan = ""
+        result.append({"tid": int(name), "comm": comm, "state": fields[0].decode(),
+                       "cpu_ticks": _cpu_ticks(fields),
+                       "wchan": wchan if wchan not in ("", "0") else None})
+    result.sort(key=lambda t: t["tid"])
+    return result
+
+
+def _socket_inodes(fd_dir: str) -> List[int]:
+    inodes = []
+    for name in os.listdir(fd_dir):
+        try:
+            target = os.readlink(fd_dir + "/" + name)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.append(int(target[8:-1]))
+    return sorted(inodes)
+
+
+# --------------------------------------------------------------------------------------------
+# TCP sockets (netlink sock_diag): per-connection byte counters and timers
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_INET_DIAG_INFO = 2
+_TCP_STATES = ("?", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2",
+               "TIME_WAIT", "CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING")
+
+
+def _address(family: int, raw: bytes) -> str:
+    if family == socket.AF_INET:
+        return socket.inet_ntop(socket.AF_INET, raw[:4])
+    text = socket.inet_ntop(socket.AF_INET6, raw)
+    return text[7:] if text.startswith("::ffff:") and "." in text else text
+
+
+def _parse_diag(family: int, data: bytes, offset: int, end: int) -> Dict[str, Any]:
+    import struct
+
+    state, _timer, _retrans = data[offset + 1], data[offset + 2], data[offset + 3]
+    sport, dport = struct.unpack_from(">HH", data, offset + 4)
+    src = data[offset + 8:offset + 24]
+    dst = data[offset + 24:offset + 40]
+    rqueue, wqueue, uid, inode = struct.unpack_from("=IIII", data, offset + 56)
+    entry = {"inode": inode, "state": _TCP_STATES[state] if state < len(_TCP_STATES) else state,
+             "local": "%s:%d" % (_address(family, src), sport), "local_port": sport,
+             "remote": "%s:%d" % (_address(family, dst), dport), "remote_port": dport,
+             "uid": uid, "recv_queue": rqueue, "send_queue": wqueue}  # type: Dict[str, Any]
+    at = offset + 72
+    while at + 4 <= end:
+        length, kind = struct.unpack_from("=HH", data, at)
+        if length < 4:
+            break
+        if kind == _INET_DIAG_INFO and length - 4 >= 136:
+            info = at + 4
+            entry["retransmits"] = data[info + 2]
+            entry["backoff"] = data[info + 4]
+            (entry["unacked"],) = struct.unpack_from("=I", data, info + 24)
+            (entry["ms_since_data_sent"], _, entry["ms_since_data_received"],
+             entry["ms_since_ack_received"]) = struct.unpack_from("=IIII", data, info + 44)
+            (entry["total_retransmits"],) = struct.unpack_from("=I", data, info + 100)
+            entry["bytes_acked"], entry["bytes_received"] = \
+                struct.unpack_from("=QQ", data, info + 120)
+        at += (length + 3) & ~3
+    return entry
+
+
+def tcp_sockets() -> Dict[int, Dict[str, Any]]:
+    """Every TCP socket of the observer's network namespace (IPv4 and IPv6) by inode, from one
+    netlink sock_diag dump per family: state, local and remote address and port, queues, and
+    the kernel's tcp_info counters (bytes_acked, bytes_received, unacked, retransmits, backoff,
+    ms since data was last sent or received). These are the kernel's own counters of what
+    crossed each connection: a rank whose peer connections move no bytes makes no progress.
+    Raises OSError when netlink is refused (then nothing about sockets can be said)."""
+    import struct
+
+    result = {}  # type: Dict[int, Dict[str, Any]]
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG)
+    try:
+        for seq, family in enumerate((socket.AF_INET, socket.AF_INET6), 1):
+            request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 1 << (_INET_DIAG_INFO - 1),
+                                  0, 0xFFFFFFFF) + b"\0" * 48
+            header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY,
+                                 _NLM_F_REQUEST | _NLM_F_DUMP, seq, 0)
+            sock.sendto(header + request, (0, 0))
+            done = False
+            while not done:
+                data = sock.recv(1 << 20)
+                if not data:
+                    break
+                offset = 0
+                while offset + 16 <= len(data):
+                    length, kind = struct.unpack_from("=IH", data, offset)
+                    if length < 16:
+                        done = True
+                        break
+                    if kind == _NLMSG_DONE:
+                        done = True
+                        break
+                    if kind == _NLMSG_ERROR:
+                        (code,) = struct.unpack_from("=i", data, offset + 16)
+                        if code:
+                            raise OSError(-code, os.strerror(-code))
+                        done = True
+                        break
+                    entry = _parse_diag(family, data, offset + 16, offset + length)
+                    result[entry["inode"]] = entry
+                    offset += (length + 3) & ~3
+    finally:
+        sock.close()
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -667,108 +861,171 @@ def _frozen(proc: Dict[str, Any], cgroup_root: str) -> Optional[bool]:
     return answer
 
 
+def _launcher_option(proc: Dict[str, Any], *names: str) -> Optional[str]:
+    """The value of a torchrun option (``--name value`` or ``--name=value``) in its cmdline."""
+    cmdline = proc.get("cmdline") or []
+    for index, arg in enumerate(cmdline):
+        for name in names:
+            if arg == name and index + 1 < len(cmdline):
+                return cmdline[index + 1]
+            if arg.startswith(name + "="):
+                return arg[len(name) + 1:]
+    return None
+
+
+def _new_job(job_id: str) -> Dict[str, Any]:
+    return {"id": job_id, "world_size": None, "master": None, "launcher": "bare",
+            "launcher_pid": None, "launcher_starttime": None, "ranks": [],
+            "expected_ranks": None, "restart_count": None, "max_restarts": None,
+            "survivors": [], "dead": [], "frozen": [], "stopped": [], "tag": None,
+            "_lws": None, "_group": None}
+
+
+def _rank_state(proc: Dict[str, Any], cgroup_root: str) -> str:
+    state = proc["state"]
+    if state in ("Z", "X"):
+        return "zombie"
+    if state in ("T", "t"):
+        return "stopped"
+    return "frozen" if _frozen(proc, cgroup_root) else "alive"
+
+
+def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
+              gpu_by_pid: Dict[int, float], errors: List[str], cgroup_root: str) -> None:
+    pid = proc["pid"]
+    rank, bad_rank = _int_value(env, "RANK", pid, errors)
+    world, _ = _int_value(env, "WORLD_SIZE", pid, errors, minimum=1)
+    local_rank, _ = _int_value(env, "LOCAL_RANK", pid, errors)
+    lws, _ = _int_value(env, "LOCAL_WORLD_SIZE", pid, errors, minimum=1)
+    group, _ = _int_value(env, "GROUP_RANK", pid, errors)
+    restarts, _ = _int_value(env, "TORCHELASTIC_RESTART_COUNT", pid, errors)
+    max_restarts, _ = _int_value(env, "TORCHELASTIC_MAX_RESTARTS", pid, errors)
+    if world is not None:
+        job["world_size"] = world
+    if lws is not None:
+        job["_lws"] = lws
+    if group is not None:
+        job["_group"] = group
+    if restarts is not None:
+        job["restart_count"] = max(restarts, job["restart_count"] or 0)
+    if max_restarts is not None:
+        job["max_restarts"] = max_restarts
+    if env.get("TORCHELASTIC_RUN_ID"):
+        job["launcher"] = "torchrun"
+    if job["tag"] is None and proc.get("tag"):
+        job["tag"] = proc["tag"]
+    entry = {"rank": rank, "local_rank": local_rank, "pid": pid,
+             "starttime": proc["starttime"], "restart_count": restarts,
+             "host_pid": proc["nspid"][0] if proc.get("nspid") else None,
+             "ns_pid": proc["nspid"][-1] if proc.get("nspid") else None,
+             "state": _rank_state(proc, cgroup_root),
+             "gpu_mib": gpu_by_pid.get(pid)}  # type: Dict[str, Any]
+    if bad_rank is not None:
+        entry["invalid_rank"] = bad_rank
+    job["ranks"].append(entry)
+
+
+def _set_launcher(job: Dict[str, Any], launcher: Dict[str, Any]) -> None:
+    job["launcher"] = "torchrun"
+    job["launcher_pid"] = launcher["pid"]
+    job["launcher_starttime"] = launcher["starttime"]
+    if job["max_restarts"] is None:
+        value = _launcher_option(launcher, "--max-restarts", "--max_restarts")
+        job["max_restarts"] = int(value) if value is not None and value.isdigit() else (
+            0 if value is None else None)
+    if job["tag"] is None and launcher.get("tag"):
+        job["tag"] = launcher["tag"]
+
+
+def _expected_ranks(job: Dict[str, Any], local_masters: Tuple[str, ...]) -> Optional[List[int]]:
+    if job["_lws"] is not None and job["_group"] is not None:
+        start = job["_group"] * job["_lws"]
+        return list(range(start, start + job["_lws"]))
+    if job["world_size"] is not None and job["master"] is not None \
+            and job["master"].rsplit(":", 1)[0] in local_masters:
+        return list(range(job["world_size"]))
+    return None
+
+
+def _finish_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                  local_masters: Tuple[str, ...]) -> None:
+    present = [r["rank"] for r in job["ranks"] if r["rank"] is not None]
+    expected = _expected_ranks(job, local_masters)
+    job["expected_ranks"] = expected
+    missing_ranks = sorted(set(expected or []) - set(present))
+    if len(missing_ranks) == 1 and job["launcher_pid"] is not None:
+        # a dead rank's environment is gone with its memory: a lone zombie child of the
+        # launcher is that rank (with more than one, which is which cannot be told)
+        ghosts = [p for p in processes.values() if p["zombie"]
+                  and p["ppid"] == job["launcher_pid"] and p["env"] is None]
+        if len(ghosts) == 1:
+            ghost = ghosts[0]
+            job["ranks"].append({
+                "rank": missing_ranks.pop(), "local_rank": None, "pid": ghost["pid"],
+                "starttime": ghost["starttime"], "restart_count": None,
+                "host_pid": ghost["nspid"][0] if ghost.get("nspid") else None,
+                "ns_pid": ghost["nspid"][-1] if ghost.get("nspid") else None,
+                "state": "zombie", "gpu_mib": None, "inferred": True})
+    for missing in missing_ranks:
+        job["ranks"].append({"rank": missing, "local_rank": None, "pid": None,
+                             "starttime": None, "restart_count": None, "host_pid": None,
+                             "ns_pid": None, "state": "missing", "gpu_mib": None})
+    job["ranks"].sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"] or 0))
+    lists = {"alive": "survivors", "zombie": "dead", "missing": "dead", "stopped": "stopped",
+             "frozen": "frozen"}
+    for r in job["ranks"]:
+        if r["rank"] is not None:
+            job[lists[r["state"]]].append(r["rank"])
+            if r["state"] == "stopped":
+                job["frozen"].append(r["rank"])
+
+
 def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
           errors: List[str], cgroup_root: str, hostname: str) -> List[Dict[str, Any]]:
+    """Distributed-training jobs from the ranks' environment, kept as one job across elastic
+    restarts (torchrun's run id) and listed while their launcher lives even with no rank (a
+    restart in progress). Rank states here are what one reading shows (alive, stopped, frozen,
+    zombie, missing); whether a job is hung is a verdict over time (chaosgpu.job), never this."""
     jobs = {}  # type: Dict[str, Dict[str, Any]]
+    launchers = {}  # type: Dict[int, Dict[str, Any]]
     for proc in processes.values():
-        env = proc.get("env")
-        if not env:
-            continue
-        job_id = _job_id(env)
-        if job_id is None:
-            continue
+        if _is_launcher(proc) and not proc["zombie"]:
+            launchers[proc["pid"]] = proc
+        env = proc.get("env") or {}
+        job_id = _job_id(env) if env else None
+        if job_id is None or not (_is_launcher(proc) or "RANK" in env):
+            continue  # a shell that exported MASTER_ADDR is no job
         job = jobs.get(job_id)
         if job is None:
-            job = jobs[job_id] = {
-                "id": job_id, "world_size": None, "master": None, "launcher": "bare",
-                "launcher_pid": None, "ranks": [], "expected_ranks": None, "survivors": [],
-                "dead": [], "frozen": [], "stopped": [], "hang_suspected": False,
-                "_lws": None, "_group": None,
-            }
+            job = jobs[job_id] = _new_job(job_id)
         if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
             job["master"] = "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
-        pid = proc["pid"]
-        rank, bad_rank = _int_value(env, "RANK", pid, errors)
-        if "RANK" not in env or _is_launcher(proc):
-            if _is_launcher(proc):
-                job["launcher"] = "torchrun"
-                job["launcher_pid"] = pid
-            continue
-        world, _ = _int_value(env, "WORLD_SIZE", pid, errors, minimum=1)
-        local_rank, _ = _int_value(env, "LOCAL_RANK", pid, errors)
-        lws, _ = _int_value(env, "LOCAL_WORLD_SIZE", pid, errors, minimum=1)
-        group, _ = _int_value(env, "GROUP_RANK", pid, errors)
-        if world is not None:
-            job["world_size"] = world
-        if lws is not None:
-            job["_lws"] = lws
-        if group is not None:
-            job["_group"] = group
-        if env.get("TORCHELASTIC_RUN_ID"):
-            job["launcher"] = "torchrun"
-        state = proc["state"]
-        if state in ("Z", "X"):
-            rank_state = "zombie"
-        elif state in ("T", "t"):
-            rank_state = "stopped"
-        else:
-            rank_state = "alive"
-            if _frozen(proc, cgroup_root):
-                rank_state = "frozen"
-        entry = {"rank": rank, "local_rank": local_rank, "pid": pid,
-                 "host_pid": proc["nspid"][0] if proc.get("nspid") else None,
-                 "ns_pid": proc["nspid"][-1] if proc.get("nspid") else None,
-                 "state": rank_state, "gpu_mib": gpu_by_pid.get(pid)}  # type: Dict[str, Any]
-        if bad_rank is not None:
-            entry["invalid_rank"] = bad_rank
-        job["ranks"].append(entry)
-    local_masters = ("127.0.0.1", "localhost", "::1", hostname)
+        if _is_launcher(proc):
+            _set_launcher(job, proc)
+        elif "RANK" in env:
+            _add_rank(job, proc, env, gpu_by_pid, errors, cgroup_root)
+    attached = set()
     for job in jobs.values():
         for r in job["ranks"]:
             parent = processes.get(processes[r["pid"]]["ppid"])
-            if parent is not None and _is_launcher(parent):
-                job["launcher"] = "torchrun"
-                job["launcher_pid"] = parent["pid"]
-        present = [r["rank"] for r in job["ranks"] if r["rank"] is not None]
-        expected = None
-        if job["_lws"] is not None and job["_group"] is not None:
-            start = job["_group"] * job["_lws"]
-            expected = list(range(start, start + job["_lws"]))
-        elif job["world_size"] is not None and job["master"] is not None \
-                and job["master"].rsplit(":", 1)[0] in local_masters:
-            expected = list(range(job["world_size"]))
-        job["expected_ranks"] = expected
-        missing_ranks = sorted(set(expected or []) - set(present))
-        if len(missing_ranks) == 1 and job["launcher_pid"] is not None:
-            # a dead rank's environment is gone with its memory: a lone zombie child of the
-            # launcher is that rank (with more than one, which is which cannot be told)
-            ghosts = [p for p in processes.values() if p["zombie"]
-                      and p["ppid"] == job["launcher_pid"] and p["env"] is None]
-            if len(ghosts) == 1:
-                ghost = ghosts[0]
-                job["ranks"].append({
-                    "rank": missing_ranks.pop(), "local_rank": None, "pid": ghost["pid"],
-                    "host_pid": ghost["nspid"][0] if ghost.get("nspid") else None,
-                    "ns_pid": ghost["nspid"][-1] if ghost.get("nspid") else None,
-                    "state": "zombie", "gpu_mib": None, "inferred": True})
-        for missing in missing_ranks:
-            job["ranks"].append({"rank": missing, "local_rank": None, "pid": None,
-                                 "host_pid": None, "ns_pid": None, "state": "missing",
-                                 "gpu_mib": None})
-        job["ranks"].sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"] or 0))
-        for r in job["ranks"]:
-            if r["rank"] is None:
-                continue
-            if r["state"] == "alive":
-                job["survivors"].append(r["rank"])
-            elif r["state"] in ("zombie", "missing"):
-                job["dead"].append(r["rank"])
-            elif r["state"] == "stopped":
-                job["stopped"].append(r["rank"])
-                job["frozen"].append(r["rank"])
-            elif r["state"] == "frozen":
-                job["frozen"].append(r["rank"])
-        job["hang_suspected"] = bool(job["survivors"]) and bool(job["dead"] or job["frozen"])
+            if parent is not None and parent["pid"] in launchers:
+                _set_launcher(job, parent)
+        if job["launcher_pid"] is not None:
+            attached.add(job["launcher_pid"])
+    for pid, launcher in launchers.items():
+        if pid in attached:
+            continue
+        # a torchrun with no rank now: starting, restarting or tearing down. Its run id is in
+        # its cmdline only when given (--rdzv-id); otherwise it is named after its PID.
+        run_id = _launcher_option(launcher, "--rdzv-id", "--rdzv_id")
+        job_id = run_id if run_id and run_id != "none" else "torchrun:%d" % pid
+        job = jobs.setdefault(job_id, _new_job(job_id))
+        _set_launcher(job, launcher)
+        job["hidden_ranks"] = sum(1 for p in processes.values() if p["ppid"] == pid
+                                  and "env" in (p.get("unreadable") or []))
+    local_masters = ("127.0.0.1", "localhost", "::1", hostname)
+    for job in jobs.values():
+        _finish_ranks(job, processes, local_masters)
         del job["_lws"], job["_group"]
     return sorted(jobs.values(), key=lambda j: j["id"])
 
@@ -950,11 +1207,11 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     ``pids``), GPU processes attributed to observer PID / namespace PID / container / job /
     rank ("not visible here" when NVML's host PID is not in this /proc), zombies, orphans (see
     the module docstring for the exact rule) and distributed-training jobs with rank states
-    (alive, stopped, frozen, zombie, missing) and ``hang_suspected`` = some rank dead, stopped
-    or frozen while another is alive. Never raises for an odd node: problems go to
-    ``errors``. ``cache=True`` keeps, across calls in this process, the fields that do not
-    change during a process's life (see ``read_process``): repeated censuses (an agent, a
-    sampler) then cost about half, and zombies keep the tag and rank they had while alive.
+    (alive, stopped, frozen, zombie, missing) as this one reading shows them. Never raises
+    for an odd node: problems go to ``errors``. ``cache=True`` keeps, across calls in this
+    process, the fields that do not change during a process's life (see ``read_process``):
+    repeated censuses (an agent, a sampler) then cost about half, and zombies keep the tag
+    and rank they had while alive.
     ``detail="lite"`` reads the stat of every process, the status of every parent (to know
     namespace inits) and the rest only for candidates: NVML's PIDs, zombies, children of
     namespace inits and known subreapers, and processes named like training workers
@@ -1063,7 +1320,8 @@ def _usage_error(message: str) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse ``argv`` (``--no-env --no-fds --no-gpu --pid N --proc-root DIR --gpu-snapshot FILE
     --indent N --workers N``), print one census JSON document and return 0; bad arguments print
-    ``{"error": ...}`` and return 2."""
+    ``{"error": ...}`` and return 2. ``--tcp-sockets`` prints ``{"sockets": {inode: ...}}``
+    (``tcp_sockets``) instead: the view of this program's network namespace."""
     args = list(sys.argv[1:] if argv is None else argv)
     options = {"env": True, "fds": True, "gpu": True, "workers": 1}  # type: Dict[str, Any]
     proc_root = "/proc"
@@ -1111,6 +1369,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                     return _usage_error("--gpu-snapshot %r is not a JSON object" % value)
         elif arg in ("-h", "--help"):
             print(__doc__)
+            return 0
+        elif arg == "--tcp-sockets":
+            try:
+                print(json.dumps({"schema": SCHEMA, "sockets": tcp_sockets()}))
+            except OSError as error:
+                print(json.dumps({"schema": SCHEMA, "error": "netlink: %s" % error}))
+                return 2
             return 0
         else:
             return _usage_error("unknown argument %r" % arg)

@@ -128,10 +128,12 @@ def check_measurements(name: str, experiment: dict, out: dict[str, Any],
             assert len(zombies) == config["workers"]
         else:
             assert zombies == []
+    elif name == "nccl-timeout-remediation":
+        settle = out["survivors-end-by-themselves"]["output"]
+        assert settle["all_exited"] and settle["verdict"] == "failed", settle["reason"]
+        assert out["memory-back-after-the-fault"]["output"] is not None
     else:
         hang = out["detect-hang"]["output"]
-        assert hang["hung"] is True, hang
-        assert hang["detected_after_fault_s"] <= 2.0, hang
-        if name == "nccl-timeout-remediation":
-            settle = out["survivors-exit"]["output"]
-            assert settle["survivors_left"] == [], settle
+        assert hang["hung"] is True, hang["reason"]
+        assert hang["detection"]["after_fault_s"] <= 8.0, hang["detection"]
+        assert hang["blocked_in"]["kind"] in ("collective", "wait"), hang["blocked_in"]

@@ -1,5 +1,5 @@
 """Rank states from real processes without torch: missing ranks, a cgroup-frozen rank (v1
-freezer or v2 cgroup.freeze), zombie ranks, and hang_suspected."""
+freezer or v2 cgroup.freeze), zombie ranks (one reading: no verdict)."""
 
 import contextlib
 import os
@@ -41,7 +41,7 @@ def test_missing_rank_with_a_survivor_is_a_suspected_hang() -> None:
         found = _job(job)
         assert found["expected_ranks"] == [0, 1] and found["launcher"] == "bare"
         assert [(r["rank"], r["state"]) for r in found["ranks"]] == [(0, "alive"), (1, "missing")]
-        assert found["dead"] == [1] and found["survivors"] == [0] and found["hang_suspected"]
+        assert found["dead"] == [1] and found["survivors"] == [0]
 
 
 def test_healthy_job_and_a_zombie_rank() -> None:
@@ -49,13 +49,12 @@ def test_healthy_job_and_a_zombie_rank() -> None:
     with ranks(job, [0, 1], world=2) as procs:
         found = _job(job)
         assert [r["state"] for r in found["ranks"]] == ["alive", "alive"]
-        assert not found["hang_suspected"]
+        assert "hang_suspected" not in found  # a verdict needs time: chaosgpu.job
         os.kill(procs[1].pid, signal.SIGKILL)
         wait_for(lambda: node.process_state(procs[1].pid) == "Z", what="zombie")
         found = _job(job)
         # the zombie's env is gone: rank 1 is missing (no launcher to infer it from)
         assert {r["rank"]: r["state"] for r in found["ranks"]} == {0: "alive", 1: "missing"}
-        assert found["hang_suspected"]
 
 
 def _freezer() -> tuple[Path, str] | None:
@@ -91,7 +90,7 @@ def test_cgroup_frozen_rank_is_frozen() -> None:
                 state = _job(job)
                 assert {r["rank"]: r["state"] for r in state["ranks"]} == {0: "alive",
                                                                            1: "frozen"}
-                assert state["frozen"] == [1] and state["hang_suspected"]
+                assert state["frozen"] == [1]
             finally:
                 if version == "v1":
                     (group / "freezer.state").write_text("THAWED")

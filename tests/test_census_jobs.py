@@ -87,11 +87,11 @@ def test_torchrun_gloo_job_ranks_and_a_stopped_rank() -> None:
             assert by_pid[pid]["env"]["TORCHELASTIC_RUN_ID"] == run_id
             assert not by_pid[pid]["orphan"]
         assert launcher.pid not in pids  # the agent is the launcher, not a rank
-        assert not job["hang_suspected"] and job["dead"] == [] and job["frozen"] == []
+        assert job["dead"] == [] and job["frozen"] == []
         assert probes.hung_jobs() == [] or run_id not in probes.hung_jobs()
         # freeze rank 1: rank 0 blocks in all_reduce -> a hang in the making
         os.kill(pids[1], signal.SIGSTOP)
-        job = wait_for(lambda: (j := _job(run_id)) and j["hang_suspected"] and j,
+        job = wait_for(lambda: (j := _job(run_id)) and j["stopped"] == [1] and j,
                        timeout=10, what="the stopped rank to be seen")
         states = {r["rank"]: r["state"] for r in job["ranks"]}
         assert states == {0: "alive", 1: "stopped"}
@@ -108,6 +108,8 @@ def test_torchrun_gloo_job_ranks_and_a_stopped_rank() -> None:
 
 
 def test_job_ranks_of_an_unknown_job_is_empty_and_no_selector_is_refused() -> None:
-    assert job_probes.job_ranks(job="nope-nope") == []
+    assert job_probes.job_ranks(job="nope-nope", missing_ok=True) == []
+    with pytest.raises(ValueError):
+        job_probes.job_ranks(job="nope-nope")
     with pytest.raises(ValueError):
         job_probes.job_ranks()

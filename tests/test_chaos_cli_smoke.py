@@ -126,8 +126,9 @@ def test_gloo_hang_is_detected_and_cleaned(tmp_path: Path) -> None:
     failed = runs["fail-rank-1"]["output"]
     assert failed["backend"] == "gloo" and failed["done"] == "freeze"
     hang = runs["detect-hang"]["output"]
-    assert hang["hung"] is True and hang["frozen_ranks"] == [1]
-    assert hang["detected_after_fault_s"] < 1.0
+    assert hang["hung"] is True and [c["rank"] for c in hang["culprit_ranks"]] == [1]
+    assert sorted(hang["blocked_in"]["ranks"]) == [0, 2]
+    assert hang["detection"]["after_fault_s"] < 6.0
     cleaned = runs["cleanup-hung-job"]["output"]
     assert cleaned["not_removed"] == [], cleaned
     assert not _alive_with_tag(tag)

@@ -1,5 +1,6 @@
-"""Jobs on real gloo rings: fail/kill/freeze a rank, hang detection within a second, hang
-cleanup that leaves nothing alive and is idempotent; bad input."""
+"""Job faults and probes on the project's own gloo ring (chaosgpu.workloads.ring): freeze,
+resume, kill and fail a rank, the observed verdicts they lead to, hang cleanup that leaves
+nothing alive and is idempotent; bad and vacuous input."""
 
 import os
 import time
@@ -11,8 +12,20 @@ import pytest
 
 pytest.importorskip("torch")
 
-from chaosgpu.job import actions, hang, probes  # noqa: E402
+from chaosgpu.job import actions, probes  # noqa: E402
+from chaosgpu.job.observe import JobError  # noqa: E402
 from chaosgpu.workloads.ring import RingConfig, RingLaunch, launch_ring  # noqa: E402
+
+
+def _stop(launch: RingLaunch) -> None:
+    for proc in launch.processes:
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, 18)  # SIGCONT, then kill
+            except OSError:
+                pass
+            proc.kill()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture
@@ -25,67 +38,56 @@ def ring(tmp_path: Path) -> Iterator[tuple[str, RingLaunch]]:
         launch.wait_ready(90)
         yield tag, launch
     finally:
-        for proc in launch.processes:
-            if proc.poll() is None:
-                try:
-                    os.kill(proc.pid, 18)  # SIGCONT, then kill
-                except OSError:
-                    pass
-                proc.kill()
-            proc.wait(timeout=10)
+        _stop(launch)
 
 
-def test_frozen_rank_is_detected_within_a_second_and_cleaned_up(
-        ring: tuple[str, RingLaunch]) -> None:
+def test_frozen_rank_hangs_the_ring_and_is_cleaned_up(ring: tuple[str, RingLaunch]) -> None:
     tag, launch = ring
     assert probes.job_hung(tag=tag) is False
     assert [r["state"] for r in probes.job_ranks(tag=tag)] == ["alive"] * 3
-    failed = actions.fail_rank(tag=tag, rank=1)
-    assert failed["backend"] == "gloo" and failed["done"] == "freeze"
-    t_fault = time.time()
-    found = probes.detect_hang(tag=tag, timeout_s=10)
-    assert found["hung"] is True
-    assert found["frozen_ranks"] == [1] and found["survivor_ranks"] == [0, 2]
-    assert found["first_seen"] - t_fault < 1.0
-    assert {s["rank"] for s in found["survivors"]} == {0, 2}
-    stacks = found["python_stacks"]
-    assert stacks["available"] in (True, False)
-    if stacks["available"]:
-        assert len(stacks["stacks"]) == 3
+    frozen = actions.freeze_rank(tag=tag, rank=1)
+    assert frozen["result"] == "sent" and frozen["method"] == "sigstop"
+    found = probes.detect_hang(tag=tag, timeout_s=20)
+    assert found["hung"] is True, found["reason"]
+    assert sorted(found["blocked_in"]["ranks"]) == [0, 2]
+    assert found["blocked_in"]["kind"] in ("wait", "collective"), found["blocked_in"]
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1]
+    assert found["detection"]["after_fault_s"] < 5.0
+    assert all(b["stack"] and "ring.py" in b["stack"] for b in found["blocked"])
     assert probes.job_hung(tag=tag) is True
     started = time.monotonic()
     report = actions.cleanup_hung_job(tag=tag, grace_s=2, deadline_s=20)
     assert time.monotonic() - started < 5.0
     assert report["not_removed"] == [], report
     assert sorted(report["removed"]) == sorted(launch.pids)
-    for proc in launch.processes:
-        assert proc.poll() is not None or proc.wait(timeout=5) is not None
     again = actions.cleanup_hung_job(tag=tag)
     assert again["found"] == 0 and "nothing to clean up" in again["note"]
 
 
-def test_killed_gloo_rank_and_freeze_resume(ring: tuple[str, RingLaunch]) -> None:
+def test_freeze_then_resume_runs_again_and_a_killed_rank_fails_the_ring(
+        ring: tuple[str, RingLaunch]) -> None:
     tag, launch = ring
-    frozen = actions.freeze_rank(tag=tag, rank=2)
-    assert frozen["result"] == "sent" and frozen["method"] == "sigstop"
-    resumed = actions.resume_rank(tag=tag, rank=2)
-    assert resumed["result"] == "sent"
-    assert probes.job_hung(tag=tag) is False
+    actions.freeze_rank(tag=tag, rank=2)
+    assert actions.resume_rank(tag=tag, rank=2)["result"] == "sent"
+    assert probes.job_state(tag=tag)["verdict"] == "running"
     killed = actions.kill_rank(tag=tag, rank=0, signal="SIGKILL", wait_s=5)
     assert killed["result"] == "sent" and killed["wait"]["all_gone"]
+    found = probes.detect_hang(tag=tag, timeout_s=20)
+    assert found["verdict"] == "failed" and found["hung"] is False, found["reason"]
     report = actions.cleanup_hung_job(tag=tag, grace_s=2, deadline_s=20)
     assert report["not_removed"] == [], report
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
                     reason="needs root and the cgroup v1 freezer")
-def test_rank_frozen_by_the_freezer_is_detected_and_cleaned(
-        ring: tuple[str, RingLaunch]) -> None:
+def test_rank_frozen_by_the_freezer_is_a_frozen_culprit(ring: tuple[str, RingLaunch]) -> None:
     tag, launch = ring
     frozen = actions.freeze_rank(tag=tag, rank=1, method="freezer")
     assert frozen["freezer_state"] == "FROZEN" and frozen["frozen"] == [frozen["pid"]]
-    found = probes.detect_hang(tag=tag, timeout_s=10, stacks=False)
-    assert found["hung"] is True and found["frozen_ranks"] == [1], found
+    found = probes.detect_hang(tag=tag, timeout_s=20)
+    assert found["hung"] is True, found["reason"]
+    (culprit,) = found["culprit_ranks"]
+    assert culprit["rank"] == 1 and culprit["why"].startswith("frozen"), culprit
     # A frozen process ignores SIGKILL until thawed: the cleanup must thaw first.
     report = actions.cleanup_hung_job(tag=tag, grace_s=1, deadline_s=20)
     assert report["not_removed"] == [], report
@@ -93,14 +95,14 @@ def test_rank_frozen_by_the_freezer_is_detected_and_cleaned(
     assert sorted(report["removed"]) == sorted(launch.pids)
 
 
-def test_survivors_exit_on_their_own_with_a_short_group_timeout(tmp_path: Path) -> None:
+def test_survivors_end_by_themselves_with_a_short_group_timeout(tmp_path: Path) -> None:
     tag = f"job-test-{uuid.uuid4().hex[:8]}"
     launch = launch_ring(RingConfig(backend="gloo", world_size=3, ready_dir=str(tmp_path),
                                     tag=tag, timeout_s=3, log_dir=str(tmp_path / "logs")),
                          detach=True)
     try:
         launch.wait_ready(90)
-        job_id = actions.fail_rank(tag=tag, rank=0)["job"]
+        job_id = actions.fail_rank(tag=tag, rank=0, how="freeze")["job"]
         from chaosgpu.scope import resolve_scope
 
         assert len(resolve_scope({"job": job_id})) == 3
@@ -108,31 +110,59 @@ def test_survivors_exit_on_their_own_with_a_short_group_timeout(tmp_path: Path) 
         assert short["all_exited"] is False and short["survivors"] == [1, 2]
         waited = probes.wait_survivors_exit(tag=tag, timeout_s=60)
         assert waited["all_exited"] is True, waited
-        assert set(waited["exited_after_s"]) == {"1", "2"}
+        assert set(waited["exits"]) == {"1", "2"}
+        assert all(e["exit"]["code"] not in (None, 0) for e in waited["exits"].values())
         report = actions.cleanup_hung_job(tag=tag, grace_s=1, deadline_s=20)
         assert report["not_removed"] == [], report
-        gone = probes.wait_survivors_exit(tag=tag, timeout_s=1)
+        gone = probes.wait_survivors_exit(tag=tag, timeout_s=1, missing_ok=True)
         assert gone["all_exited"] is True
     finally:
-        for proc in launch.processes:
-            if proc.poll() is None:
-                os.kill(proc.pid, 18)
-                proc.kill()
-            proc.wait(timeout=10)
+        _stop(launch)
 
 
-def test_bad_job_input_is_refused() -> None:
-    with pytest.raises(hang.JobError, match="name the job"):
-        actions.kill_rank()
+def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
+    nope = f"nope-{uuid.uuid4().hex}"
+    with pytest.raises(TypeError):
+        actions.kill_rank(tag="x")  # type: ignore[call-arg]
+    with pytest.raises(JobError, match="name the job"):
+        actions.kill_rank(rank=0)
     with pytest.raises(ValueError, match="rank must be a non-negative integer"):
         actions.kill_rank(tag="x", rank=-1)
-    with pytest.raises(hang.JobError, match="not running"):
-        actions.kill_rank(job=f"nope-{uuid.uuid4().hex}", rank=0)
+    with pytest.raises(ValueError, match="wait_s must be"):
+        actions.kill_rank(tag="x", rank=0, wait_s=-1)
+    with pytest.raises(ValueError, match="signal must be"):
+        actions.kill_rank(tag="x", rank=0, signal="SIGNOPE")
+    with pytest.raises(JobError, match="not running"):
+        actions.kill_rank(job=nope, rank=0)
     with pytest.raises(ValueError, match="how must be"):
-        actions.fail_rank(tag="x", how="explode")
-    with pytest.raises(hang.JobError, match="non-empty string"):
+        actions.fail_rank(tag="x", rank=0, how="explode")
+    with pytest.raises(JobError, match="non-empty string"):
         probes.detect_hang(tag="")
-    quiet = probes.detect_hang(tag=f"nope-{uuid.uuid4().hex}", timeout_s=0.2)
-    assert quiet["hung"] is False and "no such job" in quiet["note"]
-    nothing = actions.cleanup_hung_job(tag=f"nope-{uuid.uuid4().hex}")
+    with pytest.raises(JobError, match="unsubstituted"):
+        probes.job_hung(job="${job}")
+    with pytest.raises(JobError, match="not running"):
+        probes.job_hung(tag=nope)
+    with pytest.raises(JobError, match="not running"):
+        probes.detect_hang(tag=nope, timeout_s=0.2)
+    assert probes.job_hung(tag=nope, missing_ok=True) is False
+    assert probes.job_state(tag=nope, missing_ok=True)["found"] is False
+    with pytest.raises(JobError, match="not running"):
+        probes.job_ranks(tag=nope)
+    assert probes.job_ranks(tag=nope, missing_ok=True) == []
+    with pytest.raises(ValueError, match="window_s must be"):
+        probes.job_state(tag="x", window_s=0)
+    with pytest.raises(ValueError, match="verdicts must be"):
+        probes.wait_job_verdict(["stuck"], tag="x")
+    nothing = actions.cleanup_hung_job(tag=nope)
     assert nothing["found"] == 0
+
+
+def test_a_job_and_a_tag_that_disagree_are_an_error(ring: tuple[str, RingLaunch]) -> None:
+    tag, _ = ring
+    job_id = probes.job_state(tag=tag)["id"]
+    assert probes.job_state(job=job_id, tag=tag)["id"] == job_id
+    with pytest.raises(JobError, match="carries tag"):
+        actions.kill_rank(job=job_id, tag="another-tag", rank=1)
+    with pytest.raises(JobError, match="carries tag"):
+        probes.job_hung(job=job_id, tag="another-tag")
+    assert probes.job_state(tag=tag)["verdict"] == "running"  # nothing was signalled

@@ -1,143 +1,187 @@
-"""Chaos Toolkit actions on distributed-training jobs: kill, freeze, resume or fail one rank,
-and clean a hung job up (a rollback).
+"""Chaos Toolkit actions on distributed-training jobs: kill, freeze, resume, partition or fail
+one rank, and clean a hung job up (a rollback).
 
-A job is named by its id (`chaosgpu snapshot` lists it: TORCHELASTIC_RUN_ID, CHAOSGPU_JOB, or
-MASTER_ADDR:MASTER_PORT) or by the tag its ranks carry (the workload's tag). This module owns
-these faults; finding jobs and cleaning up is chaosgpu.job.hang, every signal goes through the
-in-target signal program (pidfds, identity and refusal checks). Each function has a deadline.
+A job is named by its id (`chaosgpu jobs` lists it: TORCHELASTIC_RUN_ID, CHAOSGPU_JOB, or
+MASTER_ADDR:MASTER_PORT) or by the tag its ranks carry; when both are given they must agree. This
+module owns these faults; finding ranks is chaosgpu.job.observe's selection, every signal goes
+through the in-target signal program (pidfds, identity and refusal checks), and a fault that
+sent nothing fails (raises) with the kernel's or the scope's reason. Each fault is recorded in
+chaosgpu.faultlog (and on the timeline) with the target's PID and start time, so the observed
+verdict can say what chaosgpu did and time its effect. Each function has a deadline.
 """
 
 import logging
 import time
 from typing import Any
 
+from chaosgpu import faultlog
 from chaosgpu.job import hang
+from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.process.actions import _freeze_with_freezer, _thaw_freezer_groups, send, wait_gone
 
 __all__ = ["kill_rank", "freeze_rank", "resume_rank", "fail_rank", "cleanup_hung_job"]
 
 logger = logging.getLogger("chaostoolkit")
 
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIGSTOP",
+           "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
-def _rank_process(job: str | None, tag: str | None, rank: int,
-                  deadline_s: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(census, job, the rank's process), waiting up to `deadline_s` for the rank to appear."""
+
+def _check_rank(rank: Any) -> int:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
-    hang._check_selector(job, tag)
+    return rank
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _rank_process(job: str | None, tag: str | None, rank: int, deadline_s: float
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(census, job, the rank's live process), waiting up to `deadline_s` for the rank."""
+    _check_rank(rank)
+    check_selector(job, tag)
     end = time.monotonic() + deadline_s
     while True:
         census = hang._census(gpu=False)
-        found = hang.find_job(census, job, tag)
+        matches = select_jobs(census, job, tag)
+        if len(matches) > 1:
+            raise JobError(f"tag {tag!r} matches several jobs {[j['id'] for j in matches]}: "
+                           "name one with job=<id>")
+        found = matches[0] if matches else None
         if found is not None:
-            entry = next((r for r in found.get("ranks") or [] if r.get("rank") == rank), None)
+            entry = next((r for r in found.get("ranks") or [] if r.get("rank") == rank
+                          and r.get("state") not in ("zombie", "missing")), None)
             if entry is not None and entry.get("pid") is not None:
                 proc = next(p for p in census["processes"] if p["pid"] == entry["pid"])
                 return census, found, proc
         if time.monotonic() >= end:
             what = f"job {job!r}" if job else f"the job tagged {tag!r}"
             if found is None:
-                raise hang.JobError(f"{what} is not running (no such job in the census)")
-            raise hang.JobError(f"{what} has no live process for rank {rank} (ranks: "
-                                f"{[(r.get('rank'), r.get('state')) for r in found['ranks']]})")
+                note = visibility_note(census)
+                raise JobError(f"{what} is not running on this node (no such job in the census)"
+                               + (f"; {note}" if note else ""))
+            raise JobError(f"{what} has no live process for rank {rank} (ranks: "
+                           f"{[(r.get('rank'), r.get('state')) for r in found['ranks']]})")
         time.sleep(0.05)
 
 
-def _mark_fault(what: str, **extra: Any) -> None:
-    from chaosgpu.timeline.sampler import current
+def _signal_process(found: dict[str, Any], rank: int, proc: dict[str, Any], signal: str,
+                    wait_s: float) -> dict[str, Any]:
+    """Send `signal` to the rank's process; raise unless the kernel accepted it."""
+    from chaosgpu.job.exits import keep_watch
 
-    sampler = current()
-    if sampler is not None:
-        sampler.mark(f"fault:{what}", "point", **extra)
-
-
-def _signal_rank(job: str | None, tag: str | None, rank: int, signal: str,
-                 wait_s: float, find_deadline_s: float = 2.0) -> dict[str, Any]:
-    _, found, proc = _rank_process(job, tag, rank, find_deadline_s)
+    keep_watch(proc["pid"], proc["starttime"])
     report = send([proc], signal, {"job": found["id"]})
     result = report["results"][0]
-    if result["result"] == "sent":
-        _mark_fault(signal, job=found["id"], rank=rank, pid=proc["pid"])
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
            "result": result["result"], "reason": result.get("reason"),
            "sent_at": result.get("sent_at")}
-    if result["result"] == "refused":
-        raise PermissionError(f"refused to signal rank {rank} (PID {proc['pid']}): "
-                              f"{result['reason']}")
-    if wait_s > 0 and signal in ("SIGKILL", "SIGTERM") and result["result"] == "sent":
+    if result["result"] != "sent":
+        raise PermissionError(f"{signal} was not sent to rank {rank} (PID {proc['pid']}): "
+                              f"{result['result']}: {result.get('reason')}")
+    faultlog.record(signal, job=found["id"], rank=rank, pid=proc["pid"],
+                    starttime=proc["starttime"], restart_count=_restart_count(found, proc))
+    if wait_s > 0 and signal in ("SIGKILL", "SIGTERM"):
         out["wait"] = wait_gone([{"pid": proc["pid"], "starttime": proc["starttime"]}], wait_s)
     return out
 
 
-def kill_rank(job: str | None = None, rank: int = 0, tag: str | None = None,
+def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
+    entry: dict[str, Any] = next(
+        (r for r in found.get("ranks") or [] if r.get("pid") == proc["pid"]), {})
+    value = entry.get("restart_count")
+    return int(value) if isinstance(value, int) else None
+
+
+def kill_rank(rank: int, job: str | None = None, tag: str | None = None,
               signal: str = "SIGKILL", wait_s: float = 2.0,
               configuration: dict[str, Any] | None = None,
               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Kill one rank of a training job (by job id or by the ranks' tag) with `signal` (SIGKILL,
-    a crash, by default; SIGTERM for a polite stop), through a pidfd, and wait up to `wait_s`
-    for it to die. The other ranks are untouched: under NCCL they hang in their next
-    collective. Returns the job, rank, PID and what happened."""
-    return _signal_rank(job, tag, rank, signal, wait_s)
+    """Kill one rank of a training job (by job id or the ranks' tag) with `signal` (SIGKILL, a
+    crash, by default; SIGTERM for a polite stop) through a pidfd, and wait up to `wait_s` for
+    it to die. The other ranks are untouched: gloo peers see the connection close and fail
+    fast; NCCL peers hang in their next collective. Fails when the signal could not be sent
+    (gone, refused by the scope rules, or by the kernel: the reason is given)."""
+    if signal not in SIGNALS:
+        raise ValueError(f"signal must be one of {list(SIGNALS)}, got {signal!r}")
+    wait = _check_seconds("wait_s", wait_s)
+    _, found, proc = _rank_process(job, tag, rank, 2.0)
+    return _signal_process(found, rank, proc, signal, wait)
 
 
-def freeze_rank(job: str | None = None, rank: int = 0, tag: str | None = None,
+def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
                 method: str = "sigstop", configuration: dict[str, Any] | None = None,
                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Freeze one rank of a training job (SIGSTOP, or the cgroup v1 freezer with
-    method="freezer"): a peer that stops answering, which is how a gloo job reproduces an NCCL
-    hang (a gloo survivor notices a killed peer at once). Resume it with resume_rank, or clean
-    the job up with cleanup_hung_job."""
+    """Freeze one rank of a training job (SIGSTOP, or the cgroup freezer with
+    method="freezer"): a peer that stops answering while its connections stay open, so its
+    peers wait in their next collective. Resume it with resume_rank, or clean the job up with
+    cleanup_hung_job."""
     if method not in ("sigstop", "freezer"):
         raise ValueError(f"method must be 'sigstop' or 'freezer', got {method!r}")
+    _, found, proc = _rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
-        out = _signal_rank(job, tag, rank, "SIGSTOP", 0)
+        out = _signal_process(found, rank, proc, "SIGSTOP", 0)
     else:
-        _, found, proc = _rank_process(job, tag, rank, 5.0)
-        check = send([proc], "SIGCONT", {"job": found["id"]})["results"][0]
-        if check["result"] != "sent":
-            raise PermissionError(f"refused to freeze rank {rank}: {check.get('reason')}")
         frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0)
-        _mark_fault("freezer", job=found["id"], rank=rank, pid=proc["pid"])
+        faultlog.record("freezer", job=found["id"], rank=rank, pid=proc["pid"],
+                        starttime=proc["starttime"], restart_count=_restart_count(found, proc))
         out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",
                **frozen}
     out["method"] = method
     return out
 
 
-def resume_rank(job: str | None = None, rank: int = 0, tag: str | None = None,
+def resume_rank(rank: int, job: str | None = None, tag: str | None = None,
                 configuration: dict[str, Any] | None = None,
                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd)."""
+    """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). Fails when the
+    SIGCONT could not be sent."""
     _, found, proc = _rank_process(job, tag, rank, 5.0)
     thawed = _thaw_freezer_groups({proc["pid"]})
     report = send([proc], "SIGCONT", {"job": found["id"]})
-    return {"job": found["id"], "rank": rank, "pid": proc["pid"],
-            "result": report["results"][0]["result"], "thawed_cgroups": thawed}
+    result = report["results"][0]
+    if result["result"] != "sent":
+        raise PermissionError(f"SIGCONT was not sent to rank {rank} (PID {proc['pid']}): "
+                              f"{result['result']}: {result.get('reason')}")
+    return {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "sent",
+            "thawed_cgroups": thawed}
 
 
-def fail_rank(job: str | None = None, rank: int = 0, tag: str | None = None,
+def fail_rank(rank: int, job: str | None = None, tag: str | None = None,
               how: str = "auto", configuration: dict[str, Any] | None = None,
               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Make one rank fail the way that leaves its peers hung: how="kill" (SIGKILL), "freeze"
-    (SIGSTOP), or "auto": SIGKILL under NCCL (survivors hang until the NCCL timeout), SIGSTOP
-    under gloo (gloo survivors see a killed peer at once, "connection reset", so a frozen peer is
-    how gloo reproduces the hang). The result says which backend was seen and what was done."""
-    if how not in ("auto", "kill", "freeze"):
-        raise ValueError(f"how must be 'auto', 'kill' or 'freeze', got {how!r}")
-    census, found, _ = _rank_process(job, tag, rank, 5.0)
+    """Make one rank fail: how="kill" (SIGKILL: gloo peers fail fast, NCCL peers hang),
+    "freeze" (SIGSTOP: the rank stops answering), "partition" (its TCP traffic is dropped
+    silently while it lives), "node-loss" (partition, then SIGKILL: its death is invisible to
+    its peers, as when a host is lost), or "auto": kill under NCCL, node-loss under gloo (a
+    gloo peer of a killed rank sees the connection close and fails, so the hang needs a
+    silent loss). The result says which backend was seen and what was done."""
+    if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
+        raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
+                         f"got {how!r}")
+    census, found, proc = _rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
-    chosen = how if how != "auto" else ("kill" if backend == "nccl" else "freeze")
+    chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
     if chosen == "kill":
-        out = _signal_rank(found["id"], None, rank, "SIGKILL", 2.0)
+        out = _signal_process(found, rank, proc, "SIGKILL", 2.0)
+    elif chosen == "freeze":
+        out = _signal_process(found, rank, proc, "SIGSTOP", 0)
     else:
-        out = _signal_rank(found["id"], None, rank, "SIGSTOP", 0)
+        from chaosgpu.network.actions import partition_rank
+
+        out = partition_rank(rank, job=found["id"], then_kill=chosen == "node-loss")
     out.update(backend=backend, how=how, done=chosen)
     logger.info("chaosgpu: failed rank %d of %s (%s) by %s", rank, found["id"], backend, chosen)
     return out
 
 
-def cleanup_hung_job(job: str | None = None, tag: str | None = None, grace_s: float = 5.0,
-                     deadline_s: float = 30.0, configuration: dict[str, Any] | None = None,
+def cleanup_hung_job(job: str | None = None, tag: str | None = None,
+                     grace_s: float = 5.0, deadline_s: float = 30.0,
+                     configuration: dict[str, Any] | None = None,
                      secrets: dict[str, Any] | None = None) -> dict[str, Any]:
     """Roll back a hung job: thaw frozen ranks (a frozen process ignores SIGKILL until thawed),
     SIGTERM every remaining process of the job (ranks, launcher, and with a tag everything
@@ -145,4 +189,5 @@ def cleanup_hung_job(job: str | None = None, tag: str | None = None, grace_s: fl
     longer lists them (when NVML is available), all within `deadline_s`. Idempotent: a second
     call, or a call after the runner crashed, finds nothing and says so. Reports what it removed
     and, honestly, what it could not."""
+    check_selector(job, tag)
     return hang.cleanup(job=job, tag=tag, grace_s=grace_s, deadline_s=deadline_s)

@@ -18,6 +18,8 @@ __all__ = [
     "read_process",
     "process_starttime",
     "process_state",
+    "process_activity",
+    "tcp_sockets",
     "list_pids",
     "parse_container",
     "nvml_snapshot",
@@ -74,6 +76,23 @@ def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
 def process_state(pid: int, proc_root: str = "/proc") -> str | None:
     """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone."""
     result: str | None = census_module().process_state(pid, proc_root)
+    return result
+
+
+def process_activity(pid: int, proc_root: str = "/proc", threads: bool = True,
+                     sockets: bool = True) -> dict[str, Any] | None:
+    """One sample of what `pid` is doing now (state, CPU ticks, write counters, threads with
+    their names, states and wchan, socket inodes), or None when it is gone; see
+    `node_census.process_activity`."""
+    result: dict[str, Any] | None = census_module().process_activity(
+        pid, proc_root, threads=threads, sockets=sockets)
+    return result
+
+
+def tcp_sockets() -> dict[int, dict[str, Any]]:
+    """Every TCP socket of this network namespace by inode, with the kernel's byte counters and
+    timers (netlink sock_diag); raises OSError when netlink is refused."""
+    result: dict[int, dict[str, Any]] = census_module().tcp_sockets()
     return result
 
 

@@ -94,7 +94,7 @@ def render(census: dict[str, Any]) -> str:
     jobs = census.get("jobs") or []
     out.append(f"Jobs: {len(jobs)}")
     for job in jobs:
-        flag = "  HANG SUSPECTED" if job.get("hang_suspected") else ""
+        flag = f"  restart {job['restart_count']}" if job.get("restart_count") else ""
         launcher_pid = job.get("launcher_pid")
         launcher = job.get("launcher") + ("" if launcher_pid is None else f" pid {launcher_pid}")
         out.append(f"  job {job['id']}  master {job.get('master')}  world {job.get('world_size')}"
@@ -106,6 +106,13 @@ def render(census: dict[str, Any]) -> str:
                  _fmt_mib(r.get("gpu_mib"))] for r in job["ranks"]]
         out.extend("  " + line for line in _table(
             ["RANK", "LOCAL", "PID", "NS PID", "STATE", "GPU MiB"], rows))
+    from chaosgpu.job.observe import visibility_note
+
+    note = visibility_note(census)
+    if note:
+        out.append(f"  note: {note}")
+    if jobs:
+        out.append("  (a verdict, running or hung, needs observation over time: `chaosgpu jobs`)")
     unreadable = sum(1 for p in census["processes"] if p.get("unreadable"))
     if unreadable:
         out.append("")

@@ -65,15 +65,29 @@ def orphans(scope: dict[str, Any] | None = None,
 def jobs(configuration: dict[str, Any] | None = None,
          secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Return the distributed-training jobs found from process environments (TORCHELASTIC_RUN_ID,
-    CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT), each with world size, launcher, ranks and their
-    states (alive, stopped, frozen, zombie, missing) and `hang_suspected`."""
+    CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT) in one reading, each with world size, launcher,
+    restart count, ranks and their states now (alive, stopped, frozen, zombie, missing). No
+    verdict: whether a job runs or hangs is observed over time (chaosgpu.job.probes)."""
     census = take_census(gpu=True, fds=False)
     result: list[dict[str, Any]] = census["jobs"]
     return result
 
 
-def hung_jobs(configuration: dict[str, Any] | None = None,
+def hung_jobs(window_s: float = 3.0, configuration: dict[str, Any] | None = None,
               secrets: dict[str, Any] | None = None) -> list[str]:
-    """Return the ids of jobs with a hang suspected (a rank dead, stopped or frozen while
-    another is alive); an empty list is the healthy value for a steady state."""
-    return [j["id"] for j in jobs() if j["hang_suspected"]]
+    """Observe every training job on the node for about `window_s` (plus a second) and return
+    the ids of those observed hung (no progress for the window while live ranks wait in a
+    collective, barrier or rendezvous); an empty list is the healthy value for a steady state.
+    As non-root, other users' jobs are invisible (see `chaosgpu jobs`)."""
+    from chaosgpu.job.observe import Observer
+
+    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or window_s <= 0:
+        raise ValueError(f"window_s must be a number of seconds > 0, got {window_s!r}")
+    observer = Observer(window_s=float(window_s), all_jobs=True)
+    try:
+        observer.run(lambda o: bool(o.tracks) and all(
+            t.verdict in ("hung", "failed", "finished") for t in o.tracks.values()),
+            float(window_s) + 1.0)
+        return sorted(t.id for t in observer.tracks.values() if t.verdict == "hung")
+    finally:
+        observer.close()

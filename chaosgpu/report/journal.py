@@ -721,9 +721,12 @@ def _metrics(
                                                                     list):
                     # a hang cleanup's record: cleaned when nothing was left behind
                     found, value = True, not output["not_removed"]
+                detection = output.get("detection")
+                after_fault = detection.get("after_fault_s") if isinstance(detection, dict) \
+                    else output.get("detected_after_fault_s")
                 if found and metric == "hang_detected" and value is True and isinstance(
-                        output.get("detected_after_fault_s"), int | float):
-                    after_s = float(output["detected_after_fault_s"])
+                        after_fault, int | float):
+                    after_s = float(after_fault)
                     value = f"yes, {after_s:.3f} s after the fault" if after_s < 0.1 \
                         else f"yes, {after_s:.2f} s after the fault"
                 if not found and metric == "deletion_s" and _is_unix(output.get("gone")) \

@@ -86,7 +86,7 @@ def test_pod_census_sees_the_pod_from_inside(report_pod: dict[str, Any],
     assert census["pid1"]["comm"] == "sleep"
     assert census["zombie_count"] == 0 and census["process_count"] == 4  # sleep, 2 ranks, census
     job = next(j for j in census["jobs"] if j["id"] == report_pod["job"])
-    assert job["world_size"] == 2 and not job["hang_suspected"]
+    assert job["world_size"] == 2 and job["dead"] == []
     exec_request = cluster.exec.log[-1]
     assert exec_request["pod"] == "trainer-0" and exec_request["stdin"]
     full = probes.pod_census(name="trainer-0", full=True, secrets=report_pod["secrets"])
@@ -128,7 +128,7 @@ def test_kill_rank_leaves_a_zombie_under_sleep(report_pod: dict[str, Any]) -> No
     assert _ranks(census, report_pod["job"])[0] in ("zombie", "missing")
     assert _ranks(census, report_pod["job"])[1] == "alive"
     job = next(j for j in census["jobs"] if j["id"] == report_pod["job"])
-    assert job["hang_suspected"] and job["dead"] == [0]
+    assert job["dead"] == [0] and job["survivors"]
 
 
 def test_freeze_then_thaw_a_rank(report_pod: dict[str, Any]) -> None:

@@ -1,0 +1,52 @@
+"""The faults this runner injected, in order, for the observers that measure their effect.
+
+A Chaos Toolkit run executes every activity in one process: the fault actions (kill, freeze,
+partition, GPU faults) record here what they did to which process, and the job observer reads it
+to say "rank 1 was killed by chaosgpu 0.2 s before the survivors failed" and to time a detection
+from the fault. The timeline sampler, when one runs, gets the same mark. This module owns that
+log; it keeps no state on disk and signals nothing.
+"""
+
+import threading
+import time
+from typing import Any
+
+__all__ = ["record", "recent", "for_pid", "clear"]
+
+_LOCK = threading.Lock()
+_FAULTS: list[dict[str, Any]] = []
+_LIMIT = 1000
+
+
+def record(kind: str, **fields: Any) -> dict[str, Any]:
+    """Record a fault injected now (`kind`: "SIGKILL", "SIGSTOP", "freezer", "partition" ...;
+    fields such as job, rank, pid, starttime) and mark it on the running timeline."""
+    entry = {"t": time.time(), "kind": kind, **fields}
+    with _LOCK:
+        _FAULTS.append(entry)
+        del _FAULTS[:-_LIMIT]
+    from chaosgpu.timeline.sampler import current
+
+    sampler = current()
+    if sampler is not None:
+        sampler.mark(f"fault:{kind}", "point", **fields)
+    return entry
+
+
+def recent(since: float | None = None) -> list[dict[str, Any]]:
+    """The faults recorded at or after `since` (unix time; all when None), oldest first."""
+    with _LOCK:
+        return [dict(f) for f in _FAULTS if since is None or f["t"] >= since]
+
+
+def for_pid(pid: int, starttime: int | None = None) -> list[dict[str, Any]]:
+    """The faults recorded against one process (and start time, when given)."""
+    with _LOCK:
+        return [dict(f) for f in _FAULTS if f.get("pid") == pid
+                and (starttime is None or f.get("starttime") in (None, starttime))]
+
+
+def clear() -> None:
+    """Forget every recorded fault (tests)."""
+    with _LOCK:
+        _FAULTS.clear()

@@ -1,0 +1,387 @@
+"""Watching training jobs from outside: take the observations the job-state model needs.
+
+This module owns the sampling loop: which jobs are watched (by id, by tag, or every job on the
+node), and at which rate each source is read — the census (new ranks, launcher, restarts) every
+`census_every_s`, each rank's /proc activity and the node's TCP counters every `tick_s`, Python
+stacks every `stack_every_s`, exits through pidfds, the partitions and faults in place — feeding
+them to chaosgpu.job.verdict, which decides. It reads the node only through chaosgpu.node (the
+census program), py-spy (chaosgpu.job.stacks) and pidfds (chaosgpu.job.exits); it signals
+nothing. Every call has a deadline.
+"""
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from chaosgpu import faultlog
+from chaosgpu.job import flight_recorder
+from chaosgpu.job.exits import ExitWatch, read_error
+from chaosgpu.job.stacks import take_samples
+from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack
+
+__all__ = ["JobError", "Observer", "observe", "select_jobs", "visibility_note", "seen",
+           "missing_allowed"]
+
+DEFAULT_TICK_S = 0.2
+DEFAULT_STACK_EVERY_S = 0.5
+DEFAULT_CENSUS_EVERY_S = 1.0
+
+
+class JobError(ValueError):
+    """A job selection that is wrong (bad arguments, no such job, job and tag disagree)."""
+
+
+#: (job id, tag) of every job an observer of this process found: a job seen, then missing,
+#: has ended; a selection never seen matches nothing (a typo).
+_SEEN: set[tuple[str | None, str | None]] = set()
+
+
+def seen(job: str | None, tag: str | None) -> bool:
+    """Whether a job matching this selection was found earlier in this process."""
+    return any((job is None or job == j) and (tag is None or tag == t) for j, t in _SEEN)
+
+
+def missing_allowed(missing_ok: Any, job: str | None, tag: str | None) -> bool:
+    """Whether a selection that matches nothing is acceptable: `missing_ok` true, or
+    "before-method": before the experiment's method has started (the timeline control marks
+    it: the method starts the job), and after it only for a job this run has seen (it ended).
+    A selection never matched after the method started (a typo) is not acceptable."""
+    if isinstance(missing_ok, bool):
+        return missing_ok
+    if missing_ok != "before-method":
+        raise ValueError(f"missing_ok must be true, false or \"before-method\", got "
+                         f"{missing_ok!r}")
+    if seen(job, tag):
+        return True
+    from chaosgpu.timeline.sampler import current
+
+    sampler = current()
+    if sampler is None:
+        return False  # no timeline control: the method's start cannot be known
+    return sampler.event_time("method", "start") is None
+
+
+def _census() -> dict[str, Any]:
+    from chaosgpu.node import take_census
+
+    return take_census(gpu=True, fds=False, cache=True)
+
+
+def visibility_note(census: dict[str, Any]) -> str | None:
+    """For a non-root observer: how many processes of other users could not be inspected
+    (their jobs are invisible); None as root or when everything was readable."""
+    observer = census.get("observer") or {}
+    if observer.get("root"):
+        return None
+    hidden = [p for p in census.get("processes") or []
+              if "env" in (p.get("unreadable") or []) and p.get("uid") != observer.get("uid")]
+    if not hidden:
+        return None
+    return (f"{len(hidden)} processes of other users could not be inspected as UID "
+            f"{observer.get('uid')}: their training jobs are invisible to this observer (run as "
+            "root, or as the job's user, to see them)")
+
+
+def check_selector(job: str | None, tag: str | None, allow_all: bool = False) -> None:
+    """Refuse a selection that names nothing usable (raise JobError)."""
+    if job is None and tag is None and not allow_all:
+        raise JobError("name the job: give job=<id> (as `chaosgpu jobs` lists it) or "
+                       "tag=<the workload's tag>")
+    for name, value in (("job", job), ("tag", tag)):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise JobError(f"{name} must be a non-empty string, got {value!r}")
+        if "${" in value:
+            raise JobError(f"{name}={value!r} still holds an unsubstituted ${{...}}: the "
+                           "experiment's configuration does not define it")
+
+
+def select_jobs(census: dict[str, Any], job: str | None = None,
+                tag: str | None = None) -> list[dict[str, Any]]:
+    """The census jobs a selection names: by id, by tag (a rank's or the launcher's), both
+    (they must agree: JobError otherwise), or every job when neither is given."""
+    jobs = census.get("jobs") or []
+    if job is not None:
+        matches = [j for j in jobs if j.get("id") == job]
+        if tag is not None:
+            for found in matches:
+                if found.get("tag") != tag:
+                    raise JobError(f"job {job!r} carries tag {found.get('tag')!r}, not {tag!r}: "
+                                   "name one of them, or make them agree")
+        return matches
+    if tag is not None:
+        return [j for j in jobs if j.get("tag") == tag]
+    return list(jobs)
+
+
+class Observer:
+    """Watches the selected jobs and keeps one JobTrack per job."""
+
+    def __init__(self, job: str | None = None, tag: str | None = None,
+                 window_s: float = DEFAULT_WINDOW_S, tick_s: float = DEFAULT_TICK_S,
+                 stack_every_s: float = DEFAULT_STACK_EVERY_S,
+                 census_every_s: float = DEFAULT_CENSUS_EVERY_S, stacks: bool = True,
+                 all_jobs: bool = False) -> None:
+        check_selector(job, tag, allow_all=all_jobs)
+        for name, value in (("window_s", window_s), ("tick_s", tick_s),
+                            ("stack_every_s", stack_every_s),
+                            ("census_every_s", census_every_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        self.job, self.tag = job, tag
+        self.window_s = float(window_s)
+        self.tick_s = float(tick_s)
+        self.stack_every_s = float(stack_every_s)
+        self.census_every_s = float(census_every_s)
+        self.stacks = stacks
+        self.tracks: dict[str, JobTrack] = {}
+        self._by_launcher: dict[tuple[Any, Any], str] = {}
+        self._exits = ExitWatch()
+        self._last_census = 0.0
+        self._last_stacks = 0.0
+        self._frozen: dict[tuple[int, int], bool] = {}
+        self._gpu_pids: set[int] = set()
+        self.started = time.time()
+        self.visibility: str | None = None
+        self.census_errors: list[str] = []
+
+    def close(self) -> None:
+        """Release the pidfds."""
+        self._exits.close()
+
+    # ---------------------------------------------------------------- one round
+
+    def tick(self) -> None:
+        """Take one round of observations and update every job's verdict."""
+        now = time.time()
+        if now - self._last_census >= self.census_every_s or not self.tracks:
+            self._take_census(now)
+        sockets = self._sockets()
+        faults = faultlog.recent(self.started - 600)
+        partitions = _partitions()
+        for track in self.tracks.values():
+            track.update_faults(faults)
+            self._adopt_faulted(track, faults, now)
+            self._observe_processes(track, sockets, time.time())
+            track.update_partitions(partitions, now)
+        if self.stacks and time.time() - self._last_stacks >= self.stack_every_s:
+            self._last_stacks = time.time()
+            self._take_stacks()
+        now = time.time()
+        for track in self.tracks.values():
+            track.evaluate(now)
+            if track.verdict == "hung" and track.nccl_ras is None and any(
+                    r.backend == "nccl" for r in track.current_ranks()):
+                from chaosgpu.job import nccl_ras
+
+                track.nccl_ras = nccl_ras.query()
+                if track.nccl_ras.get("available"):
+                    track.sources.add("nccl-ras")
+                    track.note(now, "nccl-ras", "NCCL RAS status report taken "
+                               f"({track.nccl_ras['format']})")
+
+    def _take_census(self, now: float) -> None:
+        census = _census()
+        self._last_census = now
+        self.visibility = visibility_note(census)
+        self.census_errors = list(census.get("errors") or [])[:10]
+        processes = {p["pid"]: p for p in census.get("processes") or []}
+        self._gpu_pids = {p["pid"] for p in processes.values() if p.get("nvidia_fds")} | {
+            g["pid"] for g in census.get("gpu_processes") or [] if g.get("pid") is not None}
+        for entry in select_jobs(census, self.job, self.tag) if self.job or self.tag \
+                else census.get("jobs") or []:
+            track = self._track_for(entry, now)
+            track.update_census(entry, processes, now)
+            _SEEN.add((track.id, entry.get("tag")))
+            for rank in entry.get("ranks") or []:
+                if rank.get("pid") is not None and rank.get("starttime") is not None:
+                    self._frozen[(rank["pid"], rank["starttime"])] = rank.get("state") == "frozen"
+        if self.job is None and self.tag is not None:
+            return
+        if self.job is not None and self.job not in self.tracks:
+            # the job may be known under its launcher while it restarts (no rank, no run id)
+            for entry in census.get("jobs") or []:
+                key = (entry.get("launcher_pid"), entry.get("launcher_starttime"))
+                if key in self._by_launcher and self._by_launcher[key] == self.job:
+                    self.tracks[self.job].update_census(entry, processes, now)
+
+    def _track_for(self, entry: dict[str, Any], now: float) -> JobTrack:
+        job_id = entry["id"]
+        key = (entry.get("launcher_pid"), entry.get("launcher_starttime"))
+        known = self._by_launcher.get(key) if key[0] is not None else None
+        if known is not None and known != job_id:
+            track = self.tracks[known]
+            if job_id.startswith("torchrun:"):
+                return track  # the launcher between two attempts: keep the run id
+            if known.startswith("torchrun:"):  # first seen without ranks: take the run id
+                track.id = job_id
+                self.tracks[job_id] = self.tracks.pop(known)
+                self._by_launcher[key] = job_id
+            return track
+        existing = self.tracks.get(job_id)
+        if existing is None:
+            existing = self.tracks[job_id] = JobTrack(job_id, self.window_s, now)
+        track = existing
+        if key[0] is not None:
+            self._by_launcher[key] = job_id
+        return track
+
+    def _sockets(self) -> dict[int, dict[str, Any]] | None:
+        from chaosgpu.node import tcp_sockets
+
+        try:
+            return tcp_sockets()
+        except OSError:
+            return None
+
+    def _observe_processes(self, track: JobTrack, sockets: dict[int, dict[str, Any]] | None,
+                           now: float) -> None:
+        from chaosgpu.node import process_activity, process_starttime
+
+        for rank in list(track.ranks.values()):
+            if not rank.live:
+                continue
+            self._exits.watch(rank.pid, rank.starttime)
+            activity = process_activity(rank.pid)
+            if activity is not None and activity.get("state") in ("Z", "X"):
+                self._exits.note_zombie(rank.pid, rank.starttime, activity.get("exit_code"))
+            frozen = self._frozen.get((rank.pid, rank.starttime), False)
+            track.update_activity(rank, activity, sockets, now, frozen=frozen)
+            if not rank.live:
+                self._record_exit(track, rank, now)
+        if track.launcher is not None and track.launcher.get("starttime") is not None:
+            pid, start = track.launcher["pid"], track.launcher["starttime"]
+            self._exits.watch(pid, start)
+            alive = process_starttime(pid) == start
+            from chaosgpu.node import process_state
+
+            if alive and process_state(pid) in ("Z", "X"):
+                alive = False
+            exit_info = None if alive else self._exits.exit_of(pid, start)
+            track.update_launcher(alive, exit_info, now)
+
+    def _adopt_faulted(self, track: JobTrack, faults: list[dict[str, Any]], now: float) -> None:
+        """A rank chaosgpu faulted before this observer saw it (killed, then reaped at once by
+        its launcher) joins the job from the fault's record, so its end is accounted for."""
+        from chaosgpu.node import process_starttime, process_state
+
+        for fault in faults:
+            if fault.get("job") != track.id or fault.get("pid") is None \
+                    or fault.get("starttime") is None:
+                continue
+            key = (fault["pid"], fault["starttime"])
+            if key in track.ranks:
+                continue
+            if process_starttime(fault["pid"]) == fault["starttime"] \
+                    and process_state(fault["pid"]) not in ("Z", "X"):
+                continue  # alive: the census will list it
+            rank = RankTrack(fault.get("rank"), fault["pid"], fault["starttime"],
+                             fault.get("restart_count"), fault["t"], state="exited",
+                             last_seen=fault["t"], exited_at=fault["t"])
+            track.ranks[key] = rank
+            mine = [f for f in faults if f.get("pid") == fault["pid"]]
+            exit_info = self._exits.exit_or_fault(fault["pid"], fault["starttime"], mine)
+            track.update_exit(rank, exit_info, None, now)
+            track.note(now, exit_info.source or "faultlog",
+                       f"rank {rank.rank} (PID {rank.pid}, {fault['kind']} by chaosgpu at "
+                       f"{fault['t']:.3f}) {exit_info.describe()}", rank.rank)
+
+    def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:
+        exit_info = self._exits.exit_or_fault(rank.pid, rank.starttime, [
+            f for f in track.faults if f.get("pid") == rank.pid])
+        stderr = rank.stderr if rank.stderr and rank.stderr.startswith("/") else None
+        if stderr is not None and any(other.stderr == stderr for other in track.ranks.values()
+                                      if other is not rank):
+            stderr = None  # a log shared with other ranks says nothing of this one's error
+        roots = ((f"/proc/{track.launcher['pid']}/root",) if track.launcher else ()) + ("",)
+        if exit_info.signal is not None:
+            stderr = None  # a signalled process's last lines were not its own account
+        error = read_error(rank.pid, rank.env, stderr, roots) if exit_info.clean is not True \
+            else None
+        track.update_exit(rank, exit_info, error, now)
+        track.note(now, exit_info.source or "proc", f"rank {rank.rank} {exit_info.describe()}"
+                   + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
+        self._exits.forget(rank.pid, rank.starttime)
+
+    def _take_stacks(self) -> None:
+        wanted: dict[int, bool] = {}
+        owners: dict[int, tuple[JobTrack, RankTrack]] = {}
+        for track in self.tracks.values():
+            for rank in track.current_ranks():
+                if rank.live:
+                    wanted[rank.pid] = rank.state != "alive"
+                    owners[rank.pid] = (track, rank)
+        if not wanted:
+            return
+        samples = take_samples(wanted, timeout_s=min(3.0, max(1.0, self.window_s)))
+        now = time.time()
+        for pid, sample in samples.items():
+            track, rank = owners[pid]
+            track.update_stack(rank, sample, now, gpu=pid in self._gpu_pids)
+            summary = flight_recorder.summary_for(rank.pid, rank.env, rank.rank)
+            if summary is not None:
+                track.update_flight_recorder(rank, summary, now)
+
+    # ---------------------------------------------------------------- the loop
+
+    def run(self, until: Callable[["Observer"], bool], timeout_s: float,
+            min_s: float = 0.0) -> None:
+        """Tick until `until(self)` holds (after at least `min_s`) or `timeout_s` passes."""
+        if timeout_s < 0 or min_s < 0:
+            raise ValueError("timeout_s and min_s must be >= 0")
+        start = time.monotonic()
+        while True:
+            began = time.monotonic()
+            self.tick()
+            elapsed = time.monotonic() - start
+            if (elapsed >= min_s and until(self)) or elapsed >= timeout_s:
+                return
+            time.sleep(max(0.0, self.tick_s - (time.monotonic() - began)))
+
+
+def _partitions() -> list[dict[str, Any]]:
+    from chaosgpu.network import partitions
+
+    try:
+        return partitions.active()
+    except OSError:  # no readable state directory (another user's): no partition of ours
+        return []
+
+
+def observe(job: str | None = None, tag: str | None = None,
+            until: Callable[[Observer], bool] | None = None, timeout_s: float = 10.0,
+            min_s: float = 0.0, window_s: float = DEFAULT_WINDOW_S,
+            appear_s: float = 5.0, missing_ok: bool = False, stacks: bool = True,
+            all_jobs: bool = False) -> Observer:
+    """Watch a job (by id or tag; every job with `all_jobs`) until `until` holds or
+    `timeout_s` passes. The job must appear within `appear_s`, or JobError is raised (with
+    `missing_ok` the observer is returned with no job). Returns the observer (its `tracks`)."""
+    observer = Observer(job, tag, window_s=window_s, stacks=stacks, all_jobs=all_jobs)
+    try:
+        deadline = time.monotonic() + appear_s
+        while True:
+            observer.tick()
+            if observer.tracks or all_jobs:
+                break
+            if time.monotonic() >= deadline:
+                if missing_ok:
+                    return observer
+                raise JobError(_not_found(job, tag, observer))
+            time.sleep(observer.tick_s)
+        observer.run(until or (lambda o: False), timeout_s, min_s)
+        return observer
+    finally:
+        observer.close()
+
+
+def _not_found(job: str | None, tag: str | None, observer: Observer) -> str:
+    what = f"job {job!r}" if job else f"a job tagged {tag!r}"
+    message = (f"{what} is not running on this node (no rank or launcher of it in the "
+               "census); check the id with `chaosgpu jobs`")
+    if observer.visibility:
+        message += "; " + observer.visibility
+    if os.geteuid() != 0 and not observer.visibility:
+        message += "; as non-root, other users' jobs are invisible"
+    return message

@@ -1,0 +1,621 @@
+"""The job-state model: a verdict on a training job from what was observed over time.
+
+This module owns the rules. It is fed observations (chaosgpu.job.observe takes them: census
+entries, per-rank /proc activity, TCP counters, exits, Python stacks, Flight Recorder
+summaries) and keeps, per job, what each rank did over time; it never reads the node itself,
+never sleeps and never signals, so recorded observations can be replayed through it.
+
+Verdicts (docs/faults.md, "Job verdicts"):
+
+* ``running``: some live rank made progress within the window.
+* ``hung``: no rank made progress for at least the window while a live rank waits in a
+  collective, a barrier, a rendezvous or DDP's backward (or every live rank is stopped or
+  frozen). Evidence: the blocked ranks and where they wait, since when, and the culprit ranks
+  (exited, stopped, frozen, partitioned, missing, or alive elsewhere with their own stack).
+* ``failed``: the ranks ended and some ended badly (non-zero exit, or a signal), with no
+  restart to come; when, how soon after the fault, and the error where readable.
+* ``restarting``: the elastic agent lives and a new attempt is on its way (ranks torn down, or
+  new ranks not yet past their rendezvous); the job keeps its id and counts restarts.
+* ``finished``: every rank ended with exit code 0.
+* ``unknown``: not enough could be seen (no stacks, another user's processes, ranks waiting on
+  the GPU with no Flight Recorder, exit statuses hidden): the reason says which.
+
+Progress is something seen between two observations, never inferred from one instant: bytes
+crossing a rank's connections to its peers (the kernel's TCP counters; the store's connection
+does not count), a Python stack that moved (frames or simple local values outside the innermost
+line), CPU time or written bytes while the rank is not waiting in a known place, or a Flight
+Recorder collective that completed.
+"""
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaosgpu.job.exits import Exit
+from chaosgpu.job.stacks import Site, SourceLines, StackSample, classify, render, signature
+
+__all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S"]
+
+VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
+DEFAULT_WINDOW_S = 3.0
+#: CPU use (in cores) that counts as computing for a rank not waiting in a known place.
+COMPUTING_CORES = 0.1
+_HZ = os.sysconf("SC_CLK_TCK")
+_EVIDENCE_LIMIT = 60
+_LIVE = ("alive", "stopped", "frozen")
+
+
+@dataclass
+class RankTrack:
+    """What one rank process did over time (one process: a restarted rank is a new track)."""
+
+    rank: int | None
+    pid: int
+    starttime: int
+    restart_count: int | None
+    first_seen: float
+    state: str = "alive"
+    last_seen: float = 0.0
+    exit: Exit | None = None
+    exited_at: float | None = None
+    error: dict[str, Any] | None = None
+    last_progress: float | None = None
+    progress_how: str | None = None
+    cpu_prev: tuple[float, int] | None = None
+    cpu_cores: float | None = None
+    wchar_prev: int | None = None
+    net_prev: dict[int, int] = field(default_factory=dict)
+    net: dict[str, Any] = field(default_factory=dict)
+    signature_prev: tuple[Any, ...] | None = None
+    stack: StackSample | None = None
+    site: Site | None = None
+    site_since: float | None = None
+    backend: str | None = None
+    up: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    stderr: str | None = None
+    gpu_mib: float | None = None
+    stack_error: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """Alive, stopped or frozen (not ended)."""
+        return self.state in _LIVE
+
+    def summary(self) -> dict[str, Any]:
+        """The rank as a JSON-ready dict (no full stack)."""
+        return {"rank": self.rank, "pid": self.pid, "starttime": self.starttime,
+                "restart_count": self.restart_count, "state": self.state,
+                "backend": self.backend, "up": self.up,
+                "last_progress": self.last_progress, "progress": self.progress_how,
+                "cpu_cores": None if self.cpu_cores is None else round(self.cpu_cores, 3),
+                "waiting_in": self.site.to_json() if self.site else None,
+                "waiting_since": self.site_since,
+                "exit": self.exit.to_json() if self.exit else None,
+                "exited_at": self.exited_at, "error": self.error, "gpu_mib": self.gpu_mib,
+                "network": self.net or None, "stack_error": self.stack_error}
+
+
+def _backend_from_threads(threads: list[dict[str, Any]] | None) -> str | None:
+    for thread in threads or []:
+        name = thread.get("comm") or ""
+        if name.startswith("pt_nccl") or name.startswith("NCCL"):
+            return "nccl"
+    for thread in threads or []:
+        name = thread.get("comm") or ""
+        if name.startswith("pt_gloo") or name.startswith("gloo"):
+            return "gloo"
+    return None
+
+
+class JobTrack:
+    """One job over time: its ranks (every attempt), its launcher, the verdict and evidence."""
+
+    def __init__(self, job_id: str, window_s: float = DEFAULT_WINDOW_S,
+                 now: float | None = None) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        self.id = job_id
+        self.window_s = float(window_s)
+        self.first_seen = time.time() if now is None else now
+        self.ranks: dict[tuple[int, int], RankTrack] = {}
+        self.launcher: dict[str, Any] | None = None
+        self.launcher_alive = False
+        self.launcher_exit: Exit | None = None
+        self.world_size: int | None = None
+        self.expected_ranks: list[int] | None = None
+        self.max_restarts: int | None = None
+        self.tag: str | None = None
+        self.store_port: int | None = None
+        self.hidden_ranks = 0
+        self.verdict = "unknown"
+        self.reason = "not observed yet"
+        self.since: float | None = None
+        self.confirmed_at: float | None = None
+        self.evidence: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []
+        self.partitions: list[dict[str, Any]] = []
+        self.flight_recorder: dict[int, dict[str, Any]] = {}
+        self.nccl_ras: dict[str, Any] | None = None
+        self.faults: list[dict[str, Any]] = []
+        self.observations = 0
+        self.stack_samples = 0
+        self.sources: set[str] = set()
+        self._details: dict[str, Any] = {}
+        self._sources = SourceLines()
+
+    # ---------------------------------------------------------------- feeding observations
+
+    def note(self, now: float, source: str, what: str, rank: int | None = None,
+             **extra: Any) -> None:
+        """Add a line of evidence (kept in order, the oldest dropped past a limit)."""
+        entry = {"t": round(now, 4), "source": source, "rank": rank, "what": what, **extra}
+        self.evidence.append(entry)
+        if len(self.evidence) > _EVIDENCE_LIMIT:
+            del self.evidence[1:len(self.evidence) - _EVIDENCE_LIMIT + 1]
+
+    def update_census(self, entry: dict[str, Any], processes: dict[int, dict[str, Any]],
+                      now: float) -> None:
+        """Take the job's census entry: new rank processes, launcher, world size."""
+        self.observations += 1
+        self.world_size = entry.get("world_size") or self.world_size
+        self.expected_ranks = entry.get("expected_ranks") or self.expected_ranks
+        if entry.get("max_restarts") is not None:
+            self.max_restarts = entry["max_restarts"]
+        self.tag = entry.get("tag") or self.tag
+        self.hidden_ranks = int(entry.get("hidden_ranks") or 0)
+        if entry.get("master") and ":" in entry["master"]:
+            port = entry["master"].rsplit(":", 1)[1]
+            self.store_port = int(port) if port.isdigit() else self.store_port
+        if entry.get("launcher_pid") is not None:
+            launcher = {"pid": entry["launcher_pid"], "starttime": entry.get("launcher_starttime")}
+            if self.launcher is None or self.launcher["pid"] != launcher["pid"]:
+                self.launcher = launcher
+                self.note(now, "proc", f"launcher (torchrun) is PID {launcher['pid']}")
+            self.launcher_alive = True
+        for rank in entry.get("ranks") or []:
+            if rank.get("pid") is None or rank.get("starttime") is None or rank.get("inferred"):
+                continue
+            key = (rank["pid"], rank["starttime"])
+            track = self.ranks.get(key)
+            if track is None:
+                proc = processes.get(rank["pid"]) or {}
+                track = RankTrack(rank.get("rank"), rank["pid"], rank["starttime"],
+                                  rank.get("restart_count"), now, last_seen=now,
+                                  env=dict(proc.get("env") or {}))
+                self.ranks[key] = track
+                self.note(now, "proc", f"rank {track.rank} is PID {track.pid}"
+                          + (f" (restart {track.restart_count})" if track.restart_count else ""),
+                          track.rank)
+            track.gpu_mib = rank.get("gpu_mib")
+
+    def update_activity(self, track: RankTrack, activity: dict[str, Any] | None,
+                        sockets: dict[int, dict[str, Any]] | None, now: float,
+                        frozen: bool = False) -> None:
+        """One /proc sample of a rank (None: it is gone) with the node's TCP table."""
+        if not track.live:
+            return
+        if activity is None or activity.get("starttime") != track.starttime:
+            self._ended(track, now, "proc", "is gone")
+            return
+        track.last_seen = now
+        self.sources.add("proc")
+        state = activity["state"]
+        new_state = ("exited" if state in ("Z", "X") else "stopped" if state in ("T", "t")
+                     else "frozen" if frozen else "alive")
+        if new_state == "exited":
+            self._ended(track, now, "proc", "is a zombie (ended, not reaped yet)")
+            return
+        if new_state != track.state:
+            self.note(now, "proc", f"rank {track.rank} is {new_state} (state {state})",
+                      track.rank)
+            track.state = new_state
+        if activity.get("stderr"):
+            track.stderr = activity["stderr"]
+        backend = _backend_from_threads(activity.get("threads"))
+        if backend and track.backend is None:
+            track.backend = backend
+            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
+                      "threads)", track.rank)
+        ticks = activity.get("cpu_ticks")
+        moved: list[str] = []
+        if ticks is not None:
+            if track.cpu_prev is not None and now > track.cpu_prev[0]:
+                track.cpu_cores = (ticks - track.cpu_prev[1]) / _HZ / (now - track.cpu_prev[0])
+            track.cpu_prev = (now, ticks)
+        wchar = activity.get("wchar")
+        wrote = wchar is not None and track.wchar_prev is not None and wchar > track.wchar_prev
+        if wchar is not None:
+            track.wchar_prev = wchar
+        if sockets is not None and activity.get("socket_inodes") is not None:
+            self.sources.add("tcp")
+            net_bytes = self._network(track, activity["socket_inodes"], sockets, now)
+            if net_bytes:
+                moved.append(f"{net_bytes} bytes crossed its peer connections")
+        if track.state != "alive":
+            return  # a stopped or frozen process makes no progress, whatever a counter says
+        # CPU time is progress unless the rank waits where a loop may spin or poll (a collective,
+        # a barrier, a rendezvous, a `.wait()`, the GPU); in backward() it is the gradients'
+        # computation (a DDP rank blocked there on its all_reduce uses none)
+        waiting = track.site is not None and track.site.kind != "backward"
+        if not waiting and track.cpu_cores is not None and track.cpu_cores >= COMPUTING_CORES:
+            moved.append(f"computing ({track.cpu_cores:.2f} cores"
+                         + (", in backward)" if track.site is not None else ", not waiting)"))
+        if not waiting and wrote:
+            moved.append("writing (bytes written, not waiting)")
+        if moved:
+            self._progress(track, now, "; ".join(moved))
+
+    def _network(self, track: RankTrack, inodes: list[int],
+                 sockets: dict[int, dict[str, Any]], now: float) -> int:
+        total = 0
+        stalled = []
+        peers = 0
+        for inode in inodes:
+            sock = sockets.get(inode)
+            if sock is None or sock.get("state") != "ESTABLISHED" or "bytes_acked" not in sock:
+                continue
+            if self.store_port is not None and self.store_port in (sock["local_port"],
+                                                                    sock["remote_port"]):
+                continue  # the rendezvous store's connection is not training traffic
+            if not track.up:
+                track.up = True
+                self.note(now, "tcp", f"rank {track.rank} is connected to its peers "
+                          f"({sock['local']} -> {sock['remote']})", track.rank)
+            peers += 1
+            count = sock["bytes_acked"] + sock["bytes_received"]
+            before = track.net_prev.get(inode)
+            if before is not None and count > before:
+                total += count - before
+            track.net_prev[inode] = count
+            if sock.get("unacked") or sock.get("retransmits"):
+                stalled.append({"local": sock["local"], "remote": sock["remote"],
+                                "unacked_segments": sock.get("unacked"),
+                                "retransmits": sock.get("retransmits"),
+                                "ms_since_data_received": sock.get("ms_since_data_received")})
+        track.net = {"peer_connections": peers,
+                     "ms_since_data_received": min(
+                         (sockets[i].get("ms_since_data_received", 0) for i in inodes
+                          if i in sockets and sockets[i].get("state") == "ESTABLISHED"
+                          and "bytes_acked" in sockets[i]
+                          and self.store_port not in (sockets[i]["local_port"],
+                                                      sockets[i]["remote_port"])),
+                         default=None),
+                     "stalled_connections": stalled[:8]}
+        return total
+
+    def update_stack(self, track: RankTrack, sample: StackSample, now: float,
+                     gpu: bool = False) -> None:
+        """One Python stack sample of a rank."""
+        if not track.live:
+            return
+        self.stack_samples += 1
+        if sample.error:
+            track.stack_error = sample.error
+            return
+        self.sources.add("py-spy")
+        track.stack_error = None
+        track.stack = sample
+        site = classify(sample, self._sources, gpu=gpu)
+        if site != track.site:
+            if site is not None:
+                self.note(now, "py-spy", f"rank {track.rank} waits in {site.kind} "
+                          f"{site.what} at {site.caller or site.frame}", track.rank,
+                          source_line=site.source)
+                track.site_since = now
+            elif track.site is not None:
+                self.note(now, "py-spy", f"rank {track.rank} left {track.site.what}", track.rank)
+                track.site_since = None
+            track.site = site
+        if not track.up and track.backend is not None and (site is None
+                                                            or site.kind != "rendezvous"):
+            track.up = True
+            self.note(now, "py-spy", f"rank {track.rank} is past its rendezvous", track.rank)
+        sig = signature(sample)
+        moved = track.signature_prev is not None and sig != track.signature_prev
+        track.signature_prev = sig
+        if moved and track.state == "alive" and not sample.nonblocking:
+            self._progress(track, now, "its Python stack moved")
+
+    def update_flight_recorder(self, track: RankTrack, summary: dict[str, Any],
+                               now: float) -> None:
+        """A Flight Recorder summary of a rank: the last completed collective's sequence
+        number grew = progress; a collective started and not completed = where it waits."""
+        if not track.live or track.rank is None:
+            return
+        self.sources.add("flight-recorder")
+        before = self.flight_recorder.get(track.rank)
+        self.flight_recorder[track.rank] = summary
+        done = summary.get("last_completed_seq")
+        if before is not None and done is not None and done > (before.get("last_completed_seq")
+                                                               or -1):
+            self._progress(track, now, f"Flight Recorder: collective {done} completed")
+
+    def update_exit(self, track: RankTrack, exit_info: Exit, error: dict[str, Any] | None,
+                    now: float) -> None:
+        """How an ended rank ended (exit status, error text)."""
+        track.exit = exit_info
+        if error is not None:
+            track.error = error
+        self.sources.add(exit_info.source or "proc")
+
+    def update_launcher(self, alive: bool, exit_info: Exit | None, now: float) -> None:
+        """Whether the launcher lives (and how it ended)."""
+        if self.launcher_alive and not alive:
+            self.note(now, "proc", "launcher ended" + (f" ({exit_info.describe()})"
+                                                       if exit_info else ""))
+            self.launcher_exit = exit_info
+        self.launcher_alive = alive
+
+    def update_partitions(self, partitions: list[dict[str, Any]], now: float) -> None:
+        """The network partitions in place on the node (chaosgpu's nftables records)."""
+        mine = {(t.pid, t.starttime) for t in self.ranks.values()}
+        found = [p for p in partitions
+                 if any((t.get("pid"), t.get("starttime")) in mine for t in p.get("targets", []))]
+        if found and not self.partitions:
+            self.note(now, "nftables", "a network partition drops the traffic of "
+                      + ", ".join(f"rank {t.get('rank')}" for p in found
+                                  for t in p.get("targets", [])))
+        self.partitions = found
+
+    def update_faults(self, faults: list[dict[str, Any]]) -> None:
+        """The faults this runner injected (chaosgpu.faultlog)."""
+        mine = {(t.pid, t.starttime) for t in self.ranks.values()}
+        self.faults = [f for f in faults if (f.get("pid"), f.get("starttime")) in mine
+                       or f.get("job") == self.id]
+
+    def _ended(self, track: RankTrack, now: float, source: str, how: str) -> None:
+        track.state = "exited"
+        track.exited_at = now
+        track.site = None
+        self.note(now, source, f"rank {track.rank} (PID {track.pid}) {how}", track.rank)
+
+    def _progress(self, track: RankTrack, now: float, how: str) -> None:
+        if track.last_progress is None or now - track.last_progress >= self.window_s / 2:
+            self.note(now, "progress", f"rank {track.rank}: {how}", track.rank)
+        track.last_progress = now
+        track.progress_how = how
+
+    # ---------------------------------------------------------------- the verdict
+
+    def current_ranks(self) -> list[RankTrack]:
+        """The ranks of the newest attempt (the highest restart count seen)."""
+        if not self.ranks:
+            return []
+        newest = max((t.restart_count or 0) for t in self.ranks.values())
+        return sorted((t for t in self.ranks.values() if (t.restart_count or 0) == newest),
+                      key=lambda t: (t.rank is None, t.rank or 0, t.pid))
+
+    def restart_count(self) -> int | None:
+        """How many times the elastic agent restarted the ranks (None: not an elastic job)."""
+        counts = [t.restart_count for t in self.ranks.values() if t.restart_count is not None]
+        return max(counts) if counts else None
+
+    def evaluate(self, now: float) -> str:
+        """Decide the verdict from everything observed so far; returns it."""
+        verdict, reason, since, details = self._decide(now)
+        if verdict != self.verdict:
+            self.history.append({"t": round(now, 4), "verdict": verdict, "reason": reason})
+            self.note(now, "verdict", f"{verdict}: {reason}")
+            self.confirmed_at = now
+            self.since = since if since is not None else now
+        self.verdict, self.reason, self._details = verdict, reason, details
+        return verdict
+
+    def _decide(self, now: float) -> tuple[str, str, float | None, dict[str, Any]]:
+        ranks = self.current_ranks()
+        live = [t for t in ranks if t.live]
+        restarts = self.restart_count()
+        if not ranks:
+            if self.launcher_alive and self.hidden_ranks:
+                return ("unknown", f"the launcher's {self.hidden_ranks} child processes cannot "
+                        "be inspected by this observer (another user's): their ranks are "
+                        "invisible", None, {})
+            if self.launcher_alive:
+                return ("restarting", "the elastic agent lives with no rank: it is starting or "
+                        "restarting them", None, {})
+            return "unknown", "no rank of this job has been seen", None, {}
+        if not live:
+            return self._ended_verdict(ranks, restarts, now)
+        last = max((t.last_progress for t in live if t.last_progress is not None), default=None)
+        quiet_since = last if last is not None else max(self.first_seen,
+                                                         min(t.first_seen for t in live))
+        quiet_for = now - quiet_since
+        if quiet_for >= self.window_s:
+            decided = self._no_progress(ranks, live, quiet_since, quiet_for, last is None)
+            if decided is not None:
+                return decided
+        failed_here = [t for t in ranks if not t.live and t.exit is not None
+                       and t.exit.clean is False]
+        can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
+        if self.launcher_alive and self.launcher is not None and failed_here and can_restart:
+            return ("restarting", f"attempt {restarts or 0}: "
+                    + ", ".join(f"rank {t.rank} {t.exit.describe() if t.exit else ''}"
+                                for t in failed_here)
+                    + f"; the elastic agent lives (max restarts {self.max_restarts})",
+                    min(t.exited_at or now for t in failed_here), {})
+        if self.launcher_alive and restarts and not all(t.up for t in live):
+            return ("restarting", f"attempt {restarts}: new ranks not past their rendezvous yet",
+                    min(t.first_seen for t in live), {})
+        ended = [t for t in ranks if not t.live]
+        extra = ""
+        if ended:
+            extra = "; ended: " + ", ".join(f"rank {t.rank} {t.exit.describe() if t.exit else ''}"
+                                             for t in ended)
+        if last is None:
+            return ("unknown", f"watching: observed for {now - quiet_since:.1f} s, no progress "
+                    f"seen yet (window {self.window_s:g} s)" + extra, None, {})
+        return "running", f"progress {now - last:.2f} s ago" + extra, None, {}
+
+    def _ended_verdict(self, ranks: list[RankTrack], restarts: int | None,
+                       now: float) -> tuple[str, str, float | None, dict[str, Any]]:
+        bad = [t for t in ranks if t.exit is not None and t.exit.clean is False]
+        unknown = [t for t in ranks if t.exit is None or t.exit.clean is None]
+        first_end = min((t.exited_at for t in ranks if t.exited_at is not None), default=None)
+        can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
+        if self.launcher_alive and bad and can_restart and self.launcher is not None:
+            return ("restarting", f"every rank of attempt {restarts or 0} ended; the elastic "
+                    f"agent lives (max restarts {self.max_restarts})", first_end, {})
+        if bad:
+            return "failed", self._failure_story(ranks, bad), first_end, {}
+        if unknown:
+            return ("unknown", "the ranks ended but their exit status is not visible: "
+                    + "; ".join(f"rank {t.rank}: {t.exit.describe() if t.exit else 'not seen'}"
+                                for t in unknown), first_end, {})
+        return "finished", f"every rank exited 0 ({len(ranks)} ranks)", first_end, {}
+
+    def _failure_story(self, ranks: list[RankTrack], bad: list[RankTrack]) -> str:
+        first = min(bad, key=lambda t: t.exited_at or 0)
+        parts = []
+        for track in sorted(ranks, key=lambda t: t.exited_at or 0):
+            by_us = [f for f in self.faults if f.get("pid") == track.pid]
+            who = ""
+            if track.exit and track.exit.signal:
+                who = " (chaosgpu's fault)" if by_us else " (not sent by chaosgpu)"
+            after = ""
+            if track is not first and first.exited_at and track.exited_at:
+                after = f", {track.exited_at - first.exited_at:.2f} s after rank {first.rank}"
+            parts.append(f"rank {track.rank} "
+                         f"{track.exit.describe() if track.exit else 'ended'}{who}{after}")
+        return "; ".join(parts)
+
+    def _no_progress(self, ranks: list[RankTrack], live: list[RankTrack], since: float,
+                     quiet_for: float, never: bool
+                     ) -> tuple[str, str, float | None, dict[str, Any]] | None:
+        alive = [t for t in live if t.state == "alive"]
+        waiting = [t for t in alive if t.site is not None and t.site.kind != "gpu-wait"]
+        gpu_waiting = [t for t in alive if t.site is not None and t.site.kind == "gpu-wait"]
+        fr_pending = [t for t in alive if t.rank in self.flight_recorder
+                      and self.flight_recorder[t.rank].get("pending")]
+        if not alive and not (self.stack_samples or "proc" in self.sources):
+            return None
+        if not waiting and not fr_pending and alive:
+            if all(t.stack is None for t in alive):
+                errors = sorted({t.stack_error for t in alive if t.stack_error})
+                return ("unknown", f"no progress for {quiet_for:.1f} s and no stack could be "
+                        "read to tell where the ranks wait" + (f" ({errors[0]})" if errors else ""),
+                        since, {})
+            if gpu_waiting:
+                return ("unknown", f"no progress seen for {quiet_for:.1f} s; ranks "
+                        f"{[t.rank for t in gpu_waiting]} wait on the GPU, and without Flight "
+                        "Recorder a long kernel cannot be told from a hung one", since, {})
+            return ("unknown", f"no progress for {quiet_for:.1f} s, but no rank waits in a "
+                    "collective, barrier or rendezvous (idle or sleeping?)", since, {})
+        blocked = waiting + [t for t in fr_pending if t not in waiting]
+        details = self._hang_details(ranks, live, blocked, since)
+        what = details["blocked_in"]
+        if blocked:
+            reason = (f"ranks {[t.rank for t in blocked]} wait in {what['kind']} "
+                      f"{what['what']} with no progress for {quiet_for:.1f} s")
+        else:
+            reason = f"every live rank is stopped or frozen, for {quiet_for:.1f} s"
+        if details["culprit_ranks"]:
+            reason += "; culprits: " + "; ".join(
+                f"rank {c['rank']} {c['why']}" for c in details["culprit_ranks"])
+        if never:
+            reason += " (no progress seen since the observation began)"
+        return "hung", reason, since, details
+
+    def _hang_details(self, ranks: list[RankTrack], live: list[RankTrack],
+                      blocked: list[RankTrack], since: float) -> dict[str, Any]:
+        blocked_in: dict[str, Any] = {"kind": None, "what": None, "frame": None, "ranks": []}
+        if blocked:
+            sites = [t.site for t in blocked if t.site is not None]
+            if sites:
+                strongest = min(sites, key=lambda s: ("collective", "barrier", "rendezvous",
+                                                      "backward", "wait").index(s.kind)
+                                if s.kind in ("collective", "barrier", "rendezvous", "backward",
+                                              "wait") else 9)
+                blocked_in.update(strongest.to_json())
+            else:
+                blocked_in.update(kind="collective", what="(Flight Recorder: pending)")
+            blocked_in["ranks"] = [t.rank for t in blocked]
+        culprits = []
+        partitioned = {(t.get("pid"), t.get("starttime")): p.get("id")
+                       for p in self.partitions for t in p.get("targets", [])}
+        for track in ranks:
+            why = None
+            if (track.pid, track.starttime) in partitioned:
+                why = (f"partitioned: its TCP traffic is dropped (nftables, partition "
+                       f"{partitioned[(track.pid, track.starttime)]})")
+            elif not track.live:
+                why = "ended: " + (track.exit.describe() if track.exit else "exit not seen")
+                if any(f.get("pid") == track.pid for f in self.faults):
+                    why += " (chaosgpu's fault)"
+            elif track.state == "stopped":
+                why = "stopped (SIGSTOP or a debugger)"
+            elif track.state == "frozen":
+                why = "frozen (cgroup freezer)"
+            elif track not in blocked:
+                why = "alive, not in a collective" + self._where(track)
+            if why is not None:
+                culprits.append({"rank": track.rank, "pid": track.pid, "why": why,
+                                 "stack": render(track.stack) if track.stack else None})
+        present = {t.rank for t in ranks}
+        for missing in sorted(set(self.expected_ranks or []) - present):
+            culprits.append({"rank": missing, "pid": None, "why": "missing (never seen here)",
+                             "stack": None})
+        if not culprits and blocked:
+            culprits_note = ("every rank seen here waits: the culprit is elsewhere (another "
+                             "node, or the network between them)")
+        else:
+            culprits_note = None
+        return {"blocked_in": blocked_in,
+                "blocked": [{"rank": t.rank, "pid": t.pid,
+                             "waiting_in": t.site.to_json() if t.site else None,
+                             "waiting_since": t.site_since, "network": t.net or None,
+                             "stack": render(t.stack) if t.stack else None,
+                             "flight_recorder": self.flight_recorder.get(t.rank)
+                             if t.rank is not None else None}
+                            for t in blocked],
+                "culprit_ranks": culprits, "culprits_note": culprits_note}
+
+    def _where(self, track: RankTrack) -> str:
+        if track.stack is None or not track.stack.threads or not track.stack.threads[0].frames:
+            return ""
+        inner = track.stack.threads[0].frames[0]
+        source = self._sources.line(track.pid, inner.filename, inner.line)
+        return f": at {inner.where()}" + (f" `{source}`" if source else "")
+
+    # ---------------------------------------------------------------- reporting
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        """The job's verdict with its evidence (`chaosgpu.job.verdict/1`)."""
+        now = time.time() if now is None else now
+        details = self._details
+        fault = self.faults[-1] if self.faults else None
+        detection: dict[str, Any] = {}
+        if self.confirmed_at is not None and self.since is not None:
+            detection["after_hang_began_s"] = round(self.confirmed_at - self.since, 4)
+        if fault is not None and self.confirmed_at is not None \
+                and self.confirmed_at >= fault["t"]:
+            detection["after_fault_s"] = round(self.confirmed_at - fault["t"], 4)
+        return {
+            "schema": "chaosgpu.job.verdict/1",
+            "id": self.id, "verdict": self.verdict, "reason": self.reason,
+            "since": self.since, "confirmed_at": self.confirmed_at,
+            "window_s": self.window_s, "observed_for_s": round(now - self.first_seen, 3),
+            "restart_count": self.restart_count(), "max_restarts": self.max_restarts,
+            "world_size": self.world_size, "tag": self.tag,
+            "launcher": dict(self.launcher or {}, alive=self.launcher_alive,
+                             exit=self.launcher_exit.to_json() if self.launcher_exit else None)
+            if self.launcher else None,
+            "backend": next((t.backend for t in self.current_ranks() if t.backend), None),
+            "ranks": [t.summary() for t in self.current_ranks()],
+            "earlier_attempts": [t.summary() for t in self.ranks.values()
+                                 if t not in self.current_ranks()],
+            "blocked_in": details.get("blocked_in"),
+            "blocked": details.get("blocked", []),
+            "culprit_ranks": details.get("culprit_ranks", []),
+            "culprits_note": details.get("culprits_note"),
+            "detection": detection,
+            "fault": fault,
+            "partitions": self.partitions,
+            "flight_recorder": {str(k): v for k, v in self.flight_recorder.items()} or None,
+            "nccl_ras": self.nccl_ras,
+            "evidence": list(self.evidence),
+            "history": list(self.history),
+            "sources": sorted(self.sources),
+            "observations": self.observations, "stack_samples": self.stack_samples,
+        }

@@ -1,0 +1,94 @@
+"""Chaos Toolkit actions: partition a training rank (or any declared processes) from the
+network, and heal the partition (a rollback).
+
+A partition silently drops every TCP packet of the target's connections in both directions
+(nftables, in the target's network namespace): its peers see no connection reset, only silence,
+which is how a lost host looks to them, and a gloo or NCCL peer then hangs instead of failing
+fast. `partition_rank(..., then_kill=True)` is a node loss: the rank is partitioned, then
+SIGKILLed, and its death stays invisible to its peers. This module owns these actions' public
+face; the rules are chaosgpu.network.partitions, ranks are found through chaosgpu.job.observe's
+selection, processes through the declared scope (chaosgpu.scope), and the kill goes through the
+job actions' one signal path.
+"""
+
+from typing import Any
+
+from chaosgpu import faultlog
+from chaosgpu.network import partitions
+
+__all__ = ["partition_rank", "partition_processes", "heal_partition", "heal_all_partitions"]
+
+
+def _target(proc: dict[str, Any], rank: int | None = None,
+            job: str | None = None) -> dict[str, Any]:
+    return {"pid": proc["pid"], "starttime": proc["starttime"], "rank": rank, "job": job,
+            "comm": proc.get("comm")}
+
+
+def partition_rank(rank: int, job: str | None = None, tag: str | None = None,
+                   then_kill: bool = False,
+                   configuration: dict[str, Any] | None = None,
+                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Partition one rank of a training job (by job id or the ranks' tag) from the network:
+    drop every TCP connection it holds and new connections to its listening ports, in its
+    network namespace, so its peers see silence and no reset. With `then_kill` the rank is
+    then SIGKILLed (a node loss: its death stays invisible to its peers). Returns the
+    partition's id (for heal_partition), the connections dropped and, with then_kill, the
+    kill. Raises when the rank is not found or nothing could be dropped."""
+    from chaosgpu.job.actions import _rank_process, _signal_process
+
+    _, found, proc = _rank_process(job, tag, rank, 5.0)
+    target = _target(proc, rank, found["id"])
+    record = partitions.create([target], reason=f"partition rank {rank} of {found['id']}")
+    faultlog.record("partition", job=found["id"], rank=rank, pid=proc["pid"],
+                    starttime=proc["starttime"], partition=record["id"])
+    out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": rank,
+                           "pid": proc["pid"], "connections": record["connections"],
+                           "listening": record["listening"], "table": record["table"],
+                           "at": record["created_at"]}
+    if then_kill:
+        out["kill"] = _signal_process(found, rank, proc, "SIGKILL", 2.0)
+    return out
+
+
+def partition_processes(scope: dict[str, Any],
+                        configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Partition every process of a declared scope (`{"tag": ...}`, `{"sandbox": ...}`,
+    `{"pids": [...]}` ...; the scope rules refuse the host's init, the runner and other users'
+    processes) from the network: their TCP connections and listening ports are dropped
+    silently. Returns the partition's id and what was dropped. Raises when the scope matches
+    nothing or nothing could be dropped."""
+    from chaosgpu.scope import ScopeError, describe_scope, resolve_scope, validate_scope
+
+    checked = validate_scope(scope)
+    processes = resolve_scope(checked)
+    if not processes:
+        raise ScopeError(f"{describe_scope(checked)} matches no process: nothing partitioned")
+    targets = [_target(p) for p in processes if not p.get("zombie")]
+    record = partitions.create(targets, reason=f"partition {describe_scope(checked)}")
+    for target in targets:
+        faultlog.record("partition", pid=target["pid"], starttime=target["starttime"],
+                        partition=record["id"])
+    return {"partition": record["id"], "pids": [t["pid"] for t in targets],
+            "connections": record["connections"], "listening": record["listening"],
+            "table": record["table"], "at": record["created_at"]}
+
+
+def heal_partition(partition: str, configuration: dict[str, Any] | None = None,
+                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Remove one partition (its nftables table and record) by the id partition_rank or
+    partition_processes returned. Idempotent: healing a partition already gone says so."""
+    if not isinstance(partition, str) or not partition.strip() or "${" in partition:
+        raise ValueError(f"partition must be the id a partition action returned, got "
+                         f"{partition!r}")
+    return partitions.remove(partition.strip())
+
+
+def heal_all_partitions(configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Remove every partition chaosgpu recorded on this node (a rollback that needs no id; safe
+    to run twice or after a crashed runner). Tables chaosgpu did not create are never touched.
+    Returns what was removed."""
+    removed = partitions.remove_all()
+    return {"removed": removed, "count": len(removed)}

@@ -1,0 +1,159 @@
+"""Start the test training job (tests/jobs/train.py) under torchrun or bare, for the verdict
+tests, and remove it afterwards whatever happened (SIGCONT + SIGKILL to its process group and to
+anything carrying its tag)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TRAIN = Path(__file__).resolve().parent / "train.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Job:
+    """A started job: its run id (torchrun) or master address (bare), tag, processes, folders."""
+
+    run_id: str
+    tag: str
+    workdir: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    world_size: int = 2
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.workdir / "progress"
+
+    def progress(self) -> dict[int, dict[str, Any]]:
+        """The ranks' own account of their steps (ground truth for assertions)."""
+        found = {}
+        for rank in range(self.world_size):
+            path = self.progress_dir / f"rank{rank}.json"
+            try:
+                found[rank] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def wait_steps(self, steps: int = 2, timeout_s: float = 120.0,
+                   restart: str | None = None) -> dict[int, dict[str, Any]]:
+        """Wait until every rank reported `steps` steps (of restart attempt `restart`)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            seen = self.progress()
+            if len(seen) == self.world_size and all(
+                    p["step"] >= steps and (restart is None or p.get("restart") == restart)
+                    for p in seen.values()):
+                return seen
+            if all(p.poll() is not None for p in self.processes):
+                raise RuntimeError(f"the job ended before {steps} steps: {self.logs()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"no {steps} steps within {timeout_s} s: {self.progress()} "
+                           f"{self.logs()}")
+
+    def logs(self) -> str:
+        text = []
+        for path in sorted(self.workdir.glob("*.log")):
+            text.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
+        return "\n".join(text)
+
+    def wait_exit(self, timeout_s: float = 60.0) -> list[int | None]:
+        """Wait for the launched processes to exit; their exit codes (None: still running)."""
+        deadline = time.monotonic() + timeout_s
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        return [proc.poll() for proc in self.processes]
+
+    def stop(self) -> None:
+        """Remove every process of the job (resume stopped ones first)."""
+        for proc in self.processes:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                except OSError:
+                    pass
+        needle = f"CHAOSGPU_TAG={self.tag}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if needle in handle.read().split(b"\0"):
+                        os.kill(int(entry), signal.SIGCONT)
+                        os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _env(tag: str) -> dict[str, str]:
+    env = dict(os.environ, CHAOSGPU_TAG=tag, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    return env
+
+
+def start_torchrun(workdir: Path, args: list[str], nproc: int = 2, max_restarts: int = 0,
+                   standalone: bool = False, extra_env: dict[str, str] | None = None) -> Job:
+    """torchrun --nproc-per-node `nproc` train.py `args` (c10d rendezvous on loopback, a known
+    run id unless `standalone`)."""
+    tag = f"verdict-{uuid.uuid4().hex[:8]}"
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    job = Job(run_id, tag, workdir, world_size=nproc)
+    job.progress_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "--monitor-interval=0.1"]
+    if standalone:
+        argv.append("--standalone")
+    else:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                 f"--rdzv-id={run_id}"]
+    argv += [str(TRAIN), "--progress-dir", str(job.progress_dir), *args]
+    env = _env(tag)
+    env.update(extra_env or {})
+    with open(workdir / "torchrun.log", "wb") as log:
+        job.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log,
+                                              stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
+    return job
+
+
+def start_bare(workdir: Path, args: list[str], world_size: int = 2,
+               netns: str | None = None) -> Job:
+    """`world_size` plain processes (no launcher) with RANK/WORLD_SIZE/MASTER_* set; with
+    `netns`, inside that named network namespace (`ip netns exec`)."""
+    tag = f"verdict-{uuid.uuid4().hex[:8]}"
+    port = free_port() if netns is None else 29500
+    job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
+    job.progress_dir.mkdir(parents=True, exist_ok=True)
+    for rank in range(world_size):
+        env = _env(tag)
+        env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        with open(workdir / f"rank{rank}.log", "wb") as log:
+            prefix = ["ip", "netns", "exec", netns] if netns else []
+            job.processes.append(subprocess.Popen(
+                [*prefix, sys.executable, str(TRAIN), "--progress-dir", str(job.progress_dir),
+                 *args],
+                env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                start_new_session=True))
+    return job

@@ -1,0 +1,198 @@
+"""The sources the job verdicts are built from, each checked against the real thing: the kernel's
+TCP counters (sock_diag) against `ss`, a process's /proc activity, exit statuses of processes
+that were not our children (pidfd), Flight Recorder dumps read as data only, and what a non-root
+observer is told."""
+
+import json
+import os
+import pickle
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaosgpu.job import flight_recorder
+from chaosgpu.job.exits import ExitWatch
+from chaosgpu.node import process_activity, process_starttime, tcp_sockets
+
+
+def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    return server, client, accepted
+
+
+def test_tcp_counters_match_ss_for_a_real_connection() -> None:
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed")
+    server, client, accepted = _pair()
+    try:
+        client.sendall(b"x" * 100_000)
+        received = 0
+        while received < 100_000:
+            received += len(accepted.recv(65536))
+        accepted.sendall(b"y" * 1234)
+        assert len(client.recv(65536)) > 0
+        time.sleep(0.2)
+        inode = os.fstat(client.fileno()).st_ino
+        entry = tcp_sockets()[inode]
+        port = client.getsockname()[1]
+        assert entry["state"] == "ESTABLISHED" and entry["local_port"] == port
+        assert entry["remote_port"] == server.getsockname()[1]
+        assert entry["bytes_acked"] >= 100_000 and entry["bytes_received"] >= 1234
+        out = subprocess.run(["ss", "-tinH", "state", "established", f"sport = :{port}"],
+                             capture_output=True, text=True, check=True).stdout
+        acked = int(re.search(r"bytes_acked:(\d+)", out).group(1))  # type: ignore[union-attr]
+        got = int(re.search(r"bytes_received:(\d+)", out).group(1))  # type: ignore[union-attr]
+        assert (acked, got) == (entry["bytes_acked"], entry["bytes_received"])
+        listening = [s for s in tcp_sockets().values()
+                     if s["state"] == "LISTEN" and s["local_port"] == server.getsockname()[1]]
+        assert listening
+    finally:
+        for sock in (client, accepted, server):
+            sock.close()
+
+
+def test_process_activity_sees_cpu_writes_sockets_and_stderr(tmp_path: Path) -> None:
+    log = tmp_path / "err.log"
+    code = ("import socket, sys, time\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+            "end = time.monotonic() + 1.5\n"
+            "while time.monotonic() < end: pass\n"
+            "sys.stdout.write('z' * 50000); sys.stdout.flush()\n"
+            "time.sleep(30)\n")
+    with open(log, "wb") as err, open(tmp_path / "out.log", "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err)
+    try:
+        time.sleep(2.5)
+        first = process_activity(proc.pid)
+        assert first is not None and first["errors"] == {}
+        assert first["starttime"] == process_starttime(proc.pid)
+        assert first["cpu_ticks"] >= 20  # 1.5 s of busy loop (100 ticks/s), on a busy machine
+        assert first["wchar"] >= 50000 and first["syscw"] >= 1
+        assert first["stderr"] == str(log)
+        assert first["socket_inodes"], first
+        assert first["threads"] and first["threads"][0]["tid"] == proc.pid
+        assert first["state"] in ("S", "R")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_activity(proc.pid) is None
+
+
+def test_the_exit_status_of_a_process_reaped_by_someone_else_is_seen() -> None:
+    code = ("import subprocess, sys\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5);"
+            " raise SystemExit(3)'])\n"
+            "print(child.pid, flush=True)\n"
+            "child.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        start = process_starttime(pid)
+        assert start is not None
+        watch = ExitWatch()
+        assert watch.watch(pid, start)
+        assert parent.wait(timeout=30) == 0  # its parent reaped it: it is not our child
+        found = watch.exit_of(pid, start)
+        if watch.supported is False:
+            pytest.skip("this kernel has no PIDFD_INFO_EXIT (Linux < 6.15)")
+        assert (found.code, found.signal, found.source) == (3, None, "pidfd")
+        assert found.describe() == "exit 3"
+        watch.close()
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_a_reused_pid_is_never_watched() -> None:
+    watch = ExitWatch()
+    assert watch.watch(os.getpid(), (process_starttime(os.getpid()) or 0) + 1) is False
+    assert watch.watch(2 ** 22 + 12345, 1) is False  # no such process
+    watch.close()
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/chaosgpu-pwned",))
+
+
+def test_flight_recorder_dumps_are_read_as_data_only(tmp_path: Path) -> None:
+    prefix = str(tmp_path / "trace_rank_")
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "p"),
+           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+    assert flight_recorder.enabled(env) and not flight_recorder.enabled({})
+    now = time.time()
+    dump = {"version": "2.9", "pg_config": {}, "entries": [
+        {"collective_seq_id": 1, "state": "completed", "profiling_name": "nccl:all_reduce",
+         "time_created_ns": int((now - 5) * 1e9)},
+        {"collective_seq_id": 2, "state": "completed", "profiling_name": "nccl:all_reduce",
+         "time_created_ns": int((now - 4) * 1e9)},
+        {"collective_seq_id": 3, "state": "started", "profiling_name": "nccl:all_reduce",
+         "time_created_ns": int((now - 3) * 1e9)}]}
+    Path(prefix + "0").write_bytes(pickle.dumps(dump))
+    found = flight_recorder.read_dump(os.getpid(), env, 0)
+    assert found is not None
+    summary = flight_recorder.summarise(found[0], now)
+    assert summary["last_completed_seq"] == 2 and summary["last_started_seq"] == 3
+    assert summary["pending"]["seq"] == 3 and summary["pending"]["name"] == "nccl:all_reduce"
+    assert 2.5 < summary["pending"]["age_s"] < 3.5
+    marker = Path("/tmp/chaosgpu-pwned")
+    marker.unlink(missing_ok=True)
+    Path(prefix + "1").write_bytes(pickle.dumps({"entries": [_Evil()]}))
+    assert flight_recorder.read_dump(os.getpid(), env, 1) is None
+    assert not marker.exists()
+    # the dump pipe must be a FIFO: a regular file of that name is never written
+    (tmp_path / "p0.pipe").write_text("")
+    assert flight_recorder.request_dump(os.getpid(), env, 0) is False
+    assert (tmp_path / "p0.pipe").read_text() == ""
+    os.mkfifo(tmp_path / "p1.pipe")
+    assert flight_recorder.request_dump(os.getpid(), env, 1) is False  # no reader: no block
+
+
+def test_a_non_root_observer_is_told_other_users_jobs_are_invisible(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to observe as another user")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29999", CHAOSGPU_TAG="root-job")
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    state = tmp_path / "nobody-state"
+    state.mkdir(mode=0o700)
+    os.chown(state, 65534, 65534)
+    os.chmod(tmp_path, 0o755)
+    as_nobody = ["env", f"CHAOSGPU_STATE_DIR={state}", "setpriv", "--reuid=65534",
+                 "--regid=65534", "--clear-groups"]
+    try:
+        probe = subprocess.run(as_nobody + [sys.executable, "-c", "print(1)"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"cannot run Python as nobody here: {probe.stderr[-200:]}")
+        listed = subprocess.run(as_nobody + [sys.executable, "-m", "chaosgpu.cli", "jobs",
+                                             "--json", "--observe", "0.5"],
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        out = json.loads(listed.stdout)
+        assert not [j for j in out["jobs"] if j["tag"] == "root-job"]
+        # another user's launcher is listed by its command line, with no verdict on it
+        assert all(j["verdict"] == "unknown" for j in out["jobs"]), out["jobs"]
+        assert "could not be inspected as UID 65534" in out["visibility"]
+        kill = subprocess.run(as_nobody + [sys.executable, "-c",
+                                           "from chaosgpu.job import actions\n"
+                                           "actions.kill_rank(tag='root-job', rank=0)"],
+                              capture_output=True, text=True, timeout=60)
+        assert kill.returncode != 0
+        assert "not running on this node" in kill.stderr
+        assert "could not be inspected" in kill.stderr
+        assert job.poll() is None  # nothing was signalled
+    finally:
+        job.kill()
+        job.wait()

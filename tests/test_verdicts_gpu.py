@@ -1,0 +1,108 @@
+"""Observed job verdicts on the GPU (run with `pytest -m gpu` where NVML and a GPU exist): a
+gloo job with CUDA tensors, and a world-size-1 NCCL job with PyTorch's Flight Recorder and a
+dump pipe (NCCL RAS queried where the installed NCCL serves it)."""
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from jobs.launch import Job, start_torchrun  # noqa: E402
+
+from chaosgpu.job import actions, nccl_ras, probes  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+EVIDENCE = os.environ.get("CHAOSGPU_GPU_EVIDENCE")  # a folder to keep the verdicts in
+
+
+def keep(name: str, verdict: dict) -> None:
+    if EVIDENCE:
+        Path(EVIDENCE).mkdir(parents=True, exist_ok=True)
+        Path(EVIDENCE, f"{name}.json").write_text(json.dumps(verdict, indent=1, default=str))
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    started: list[Job] = []
+    try:
+        yield started
+    finally:
+        for job in started:
+            job.stop()
+
+
+def _fr_env(tmp_path: Path) -> dict[str, str]:
+    return {"TORCH_FR_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "fr_pipe_"),
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "fr_dump_"),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
+def test_gloo_with_cuda_tensors_a_stopped_rank_hangs_its_peer(tmp_path: Path,
+                                                              jobs: list[Job]) -> None:
+    job = start_torchrun(tmp_path, ["--device", "cuda", "--mib", "512"])
+    jobs.append(job)
+    job.wait_steps(3)
+    state = probes.job_state(job=job.run_id)
+    keep("gloo-gpu-running", state)
+    assert state["verdict"] == "running", state["reason"]
+    assert all((r["gpu_mib"] or 0) > 500 for r in state["ranks"]), state["ranks"]
+    actions.freeze_rank(job=job.run_id, rank=1)
+    found = probes.detect_hang(job=job.run_id, timeout_s=30)
+    keep("gloo-gpu-hung", found)
+    assert found["verdict"] == "hung", found["reason"]
+    assert found["detection"]["after_fault_s"] < 6.0
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1]
+
+
+def test_nccl_world_size_1_runs_with_flight_recorder_progress(tmp_path: Path,
+                                                             jobs: list[Job]) -> None:
+    job = start_torchrun(tmp_path, ["--backend", "nccl", "--device", "cuda", "--mib", "256"],
+                         nproc=1, extra_env=_fr_env(tmp_path))
+    jobs.append(job)
+    job.wait_steps(3)
+    state = probes.job_state(job=job.run_id, window_s=4)
+    ras = nccl_ras.query()
+    keep("nccl-ws1-running", dict(state, nccl_ras_query=ras))
+    assert state["verdict"] == "running", state["reason"]
+    assert state["backend"] == "nccl"
+    assert "flight-recorder" in state["sources"], state["sources"]
+    summary = state["flight_recorder"]["0"]
+    assert summary["last_completed_seq"] and summary["entries"] > 0
+
+
+def test_nccl_world_size_1_gpu_stall_is_hung_from_flight_recorder(tmp_path: Path,
+                                                                  jobs: list[Job]) -> None:
+    job = start_torchrun(tmp_path, ["--backend", "nccl", "--device", "cuda",
+                                    "--gpu-hang-at", "15", "--gpu-hang-s", "120"],
+                         nproc=1, extra_env=_fr_env(tmp_path))
+    jobs.append(job)
+    job.wait_steps(3)
+    found = probes.wait_job_verdict(["hung"], job=job.run_id, timeout_s=60)
+    keep("nccl-ws1-gpu-stall", found)
+    assert found["verdict"] == "hung", found["reason"]
+    assert "flight-recorder" in found["sources"]
+    pending = found["flight_recorder"]["0"]["pending"]
+    assert pending is not None and "all_reduce" in (pending["name"] or ""), pending
+
+
+def test_nccl_world_size_1_stopped_then_finished(tmp_path: Path, jobs: list[Job]) -> None:
+    job = start_torchrun(tmp_path, ["--backend", "nccl", "--device", "cuda", "--steps", "400"],
+                         nproc=1, extra_env=_fr_env(tmp_path))
+    jobs.append(job)
+    job.wait_steps(3)
+    actions.freeze_rank(job=job.run_id, rank=0)
+    found = probes.detect_hang(job=job.run_id, timeout_s=30)
+    keep("nccl-ws1-stopped", found)
+    assert found["verdict"] == "hung" and "stopped" in found["reason"], found["reason"]
+    actions.resume_rank(job=job.run_id, rank=0)
+    started = time.monotonic()
+    done = probes.wait_job_verdict(["finished", "failed"], job=job.run_id, timeout_s=120)
+    keep("nccl-ws1-finished", done)
+    assert done["verdict"] == "finished", (done["reason"], time.monotonic() - started)
