@@ -22,12 +22,12 @@ def gpu_section() -> dict[str, Any]:
     """The NVML view of this node's GPUs (census `gpu` section); raises when none is visible.
 
     With CHAOSGPU_NVML_REPLAY=FILE the section comes from a recorded JSON file instead: either
-    a `gpu` section itself, or a recording with a "held"/"idle" section (tests/data)."""
+    a `gpu` section itself, or a recording with an "idle" (else "held") section (tests/data)."""
     replay = os.environ.get(REPLAY_ENV)
     if replay:
         with open(replay, encoding="utf-8") as handle:
             data = json.load(handle)
-        for key in ("gpu", "held", "idle"):
+        for key in ("gpu", "idle", "held"):
             if isinstance(data.get(key), dict) and "devices" in data[key]:
                 data = data[key]
                 break

@@ -121,9 +121,10 @@ def start(kind: str, tag: str, program: str, args: list[str], config: dict[str, 
         state.write_record(KIND, tag, record)
         document = wait_ready(ready, timeout_s, pid=entry["pid"])
     except Exception as error:
+        output = tail(log)
         stop_workload(tag, grace_s=0)
         shutil.rmtree(workdir, ignore_errors=True)
-        raise RuntimeError(f"{kind} {tag!r} did not start: {error} {tail(log)}") from None
+        raise RuntimeError(f"{kind} {tag!r} did not start: {error} {output}") from None
     return {"record": record, "ready": document}
 
 
