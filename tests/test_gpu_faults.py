@@ -300,7 +300,7 @@ def test_cuda_oom_seen_reads_the_injector_marks_of_a_tag(tmp_path: Path) -> None
         probes.cuda_oom_seen("")
     with pytest.raises(ValueError, match="no chaosgpu ring workload tagged"):
         probes.job_progress("nobody", window_s=0.1)
-    assert probes.job_progressing("nobody", window_s=0.1) is False
+    assert probes.job_stalled("nobody", window_s=0.1) is False
 
 
 # ------------------------------------------------------------- the CUDA injection library

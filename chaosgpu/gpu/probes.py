@@ -16,8 +16,8 @@ from chaosgpu.gpu import devices, monitor
 from chaosgpu.node import nvml_snapshot, take_census
 
 __all__ = ["gpu_available", "gpu_memory_used", "gpu_processes", "process_gpu_memory",
-           "gpu_utilization", "xid_events", "job_progress", "job_progressing", "job_slowdown",
-           "cuda_oom_seen", "gpu_faults"]
+           "gpu_utilization", "gpu_usable", "xid_events", "job_progress", "job_stalled",
+           "job_slowdown", "cuda_oom_seen", "gpu_faults"]
 
 _baselines: dict[str, dict[str, Any]] = {}
 
@@ -80,11 +80,16 @@ def gpu_utilization(device: int | str = 0, window_s: float = 2.0, interval_s: fl
     """Sample GPU `device`'s utilisation through NVML every `interval_s` for `window_s`: SM busy
     % (share of time a kernel ran) and memory busy % (share of time device memory was read or
     written, NVML's stand-in for bandwidth use; it is not GB/s). Returns mean/min/max of each,
-    the share of readings with the SMs >= 90 % busy, and the series."""
+    the share of readings with the SMs >= 90 % busy, and the series. Without NVML it returns
+    {"available": false, "reason": ...} (nothing to sample), so an experiment's other
+    measurements still run."""
     from chaosgpu.gpu import nvml
 
     devices.check_duration(window_s, allow_none=False, name="window_s")
     devices.check_number("interval_s", interval_s, minimum=0.001, maximum=window_s)
+    ok, why = nvml.available()
+    if not ok:
+        return {"available": False, "reason": why, "device": device}
     index = int(devices.resolve_device(device)["index"])
     readings = []
     end = time.monotonic() + window_s
@@ -92,8 +97,31 @@ def gpu_utilization(device: int | str = 0, window_s: float = 2.0, interval_s: fl
         readings.append(nvml.utilization(index))
         time.sleep(interval_s)
     summary = monitor.summarize_utilization(readings)
-    summary["device"] = index
+    summary.update(device=index, available=True)
     return summary
+
+
+def gpu_usable(device: int | str = 0, timeout_s: float = 60.0,
+               configuration: dict[str, Any] | None = None,
+               secrets: dict[str, Any] | None = None) -> bool:
+    """True when GPU `device` (NVML index or UUID) allocates memory and runs a kernel in a fresh
+    process (chaosgpu's XID program in check mode); false when it does not or there is no GPU."""
+    import json
+
+    from chaosgpu.gpu import launch
+
+    try:
+        entry = devices.resolve_device(device)
+    except (RuntimeError, ValueError):
+        return False
+    uuid = ["--uuid", str(entry["uuid"])] if entry.get("uuid") else []
+    run = launch.run_to_end("xid", launch.check_tag(None, "gpu-check"), "xid",
+                            ["--check", *uuid], {"device": entry.get("index"), "check": True},
+                            float(timeout_s))
+    try:
+        return bool(json.loads(run["stdout"] or "{}").get("usable"))
+    except json.JSONDecodeError:
+        return False
 
 
 def xid_events(device: int | str | None = None, timeout_s: float = 5.0,
@@ -146,15 +174,20 @@ def job_progress(tag: str = "", window_s: float = 2.0, stall_factor: float = 0.5
     return result
 
 
-def job_progressing(tag: str = "", window_s: float = 2.0,
-                    configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> bool:
-    """True when every rank of the chaosgpu ring `tag` advanced during `window_s` (the steady
-    state "the job makes progress"; a rank blocked on its GPU, or gone, makes it false)."""
+def job_stalled(tag: str = "", window_s: float = 2.0,
+                configuration: dict[str, Any] | None = None,
+                secrets: dict[str, Any] | None = None) -> bool:
+    """True when the chaosgpu ring `tag` runs (is recorded) and a rank did not advance during
+    `window_s` (blocked on its GPU, holding the GIL, waiting for a stuck peer, or gone); false
+    when every rank advanced, or when there is no such ring. The steady state "no stalled
+    job" uses tolerance false."""
     try:
-        return bool(job_progress(tag, window_s)["progressing"])
+        folder = _ring_folder(tag)
     except ValueError:
         return False
+    if not monitor.read_progress(folder):
+        return False  # started but not stepping yet: nothing to judge
+    return not bool(job_progress(tag, window_s)["progressing"])
 
 
 def job_slowdown(tag: str = "", window_s: float = 2.0,

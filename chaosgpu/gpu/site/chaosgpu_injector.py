@@ -339,7 +339,7 @@ def _segfault(request, detail):
 
     def crash():
         sys.stderr.flush()
-        ctypes.c_int.from_address(16).value  # a load from the unmapped first page: SIGSEGV
+        return ctypes.c_int.from_address(16).value  # a load from the unmapped first page: SIGSEGV
 
     return crash
 
