@@ -347,3 +347,35 @@ def test_cuda_library_without_cupti_or_dir_is_not_armed(cuda_library: Path,
     armed = [json.loads(p.read_text()) for p in tmp_path.glob("*.cuda-armed")]
     assert len(armed) == 1 and armed[0]["state"] == "not armed"
     assert "libcupti" in armed[0]["error"] or armed[0]["error"]
+
+
+def test_every_ptx_kernel_compiles_for_hopper() -> None:
+    """The PTX the fault programs and the injector load compiles for sm_90 (ptxas from triton's
+    wheel where it is installed; the driver compiles the same text at load time)."""
+    import glob
+    import importlib.util
+
+    from chaosgpu.gpu import driver
+
+    found = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "triton",
+                                   "backends", "nvidia", "bin", "ptxas"))
+    if not found:
+        pytest.skip("no ptxas here")
+    spec = importlib.util.spec_from_file_location(
+        "injector_ptx", injector.SITE_DIR / "chaosgpu_injector.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, ptx in (("spin", driver.PTX_SPIN), ("bad_write", driver.PTX_BAD_WRITE),
+                      ("trap", driver.PTX_TRAP), ("fill", driver.PTX_FILL),
+                      ("hang", module.HANG_PTX)):
+        source = Path(os.environ.get("TMPDIR", "/tmp")) / f"chaosgpu-{name}-{os.getpid()}.ptx"
+        source.write_text(ptx)
+        try:
+            done = subprocess.run([found[0], "-arch=sm_90", str(source), "-o",
+                                   str(source.with_suffix(".cubin"))], capture_output=True,
+                                  text=True, timeout=60)
+        finally:
+            source.unlink()
+            source.with_suffix(".cubin").unlink(missing_ok=True)
+        assert done.returncode == 0, (name, done.stderr)

@@ -28,16 +28,16 @@ PTX_SPIN = """
 .visible .entry chaosgpu_spin(.param .u64 out, .param .u32 iters)
 {
   .reg .pred %p;
-  .reg .b32 %i, %n, %tid, %ntid, %ctaid;
+  .reg .b32 %i, %n, %t, %nt, %ct;
   .reg .f32 %a, %b, %c;
   .reg .b64 %o, %off;
   ld.param.u64 %o, [out];
   ld.param.u32 %n, [iters];
-  mov.u32 %tid, %tid.x;
-  mov.u32 %ntid, %ntid.x;
-  mov.u32 %ctaid, %ctaid.x;
-  mad.lo.u32 %tid, %ctaid, %ntid, %tid;
-  cvt.rn.f32.u32 %a, %tid;
+  mov.u32 %t, %tid.x;
+  mov.u32 %nt, %ntid.x;
+  mov.u32 %ct, %ctaid.x;
+  mad.lo.u32 %t, %ct, %nt, %t;
+  cvt.rn.f32.u32 %a, %t;
   mov.f32 %b, 0f3F7FFFEF;
   mov.f32 %c, 0f3F800000;
   mov.u32 %i, 0;
@@ -55,7 +55,7 @@ LOOP:
   add.u32 %i, %i, 1;
   bra LOOP;
 DONE:
-  mul.wide.u32 %off, %tid, 4;
+  mul.wide.u32 %off, %t, 4;
   add.u64 %o, %o, %off;
   st.global.f32 [%o], %a;
   ret;
@@ -72,7 +72,7 @@ PTX_BAD_WRITE = """
   .reg .b64 %a;
   .reg .b32 %v;
   ld.param.u64 %a, [where];
-  mov.u32 %v, 3735928559;
+  mov.u32 %v, 0xDEADBEEF;
   st.global.u32 [%a], %v;
   ret;
 }
@@ -98,18 +98,18 @@ PTX_FILL = """
 .visible .entry chaosgpu_fill(.param .u64 out, .param .u32 n, .param .u32 value)
 {
   .reg .pred %p;
-  .reg .b32 %tid, %ntid, %ctaid, %n, %v;
+  .reg .b32 %t, %nt, %ct, %n, %v;
   .reg .b64 %o, %off;
   ld.param.u64 %o, [out];
   ld.param.u32 %n, [n];
   ld.param.u32 %v, [value];
-  mov.u32 %tid, %tid.x;
-  mov.u32 %ntid, %ntid.x;
-  mov.u32 %ctaid, %ctaid.x;
-  mad.lo.u32 %tid, %ctaid, %ntid, %tid;
-  setp.ge.u32 %p, %tid, %n;
+  mov.u32 %t, %tid.x;
+  mov.u32 %nt, %ntid.x;
+  mov.u32 %ct, %ctaid.x;
+  mad.lo.u32 %t, %ct, %nt, %t;
+  setp.ge.u32 %p, %t, %n;
   @%p bra DONE;
-  mul.wide.u32 %off, %tid, 4;
+  mul.wide.u32 %off, %t, 4;
   add.u64 %o, %o, %off;
   st.global.u32 [%o], %v;
 DONE:
