@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from chaosgpu.gpu import actions, injector, nvml, probes
+from chaosgpu.gpu import actions, nvml, probes
 from chaosgpu.node import nvml_device_memory, nvml_gpu_processes
 from chaosgpu.workloads.actions import start_ring, stop_workload
 
@@ -101,7 +101,10 @@ def test_memory_bandwidth_contention_with_a_duty_cycle(gpu_baseline: float) -> N
             {"ready": out["ready"], "utilization": utilization, "stop": stopped})
     result = stopped["result"]
     assert 0.35 <= result["achieved_duty_cycle"] <= 0.7, result
-    assert utilization["memory_pct"]["max"] > 20, utilization
+    # HBM bandwidth while busy, counted by the program (bytes read + written per copy); NVML's
+    # memory utilisation is recorded for what it says, it is not a bandwidth measure
+    assert result["copy_gb_per_s"] > 1000, result
+    assert utilization["available"] is True
 
 
 def test_trap_xid_and_the_device_stays_usable(gpu_baseline: float) -> None:
@@ -165,33 +168,27 @@ def test_oom_mode_fails_torch_allocations_for_a_while(gpu_baseline: float) -> No
         stop_workload(tag, grace_s=1)
 
 
-@pytest.mark.parametrize("strategy", ["params", "return"])
-def test_cuda_library_fails_the_next_allocations(gpu_baseline: float, strategy: str) -> None:
-    tag = f"cuda-alloc-{strategy}"
-    from chaosgpu.gpu import cudainject
-
-    env = cudainject.environment(str(injector.inject_dir()), strategy)
-    previous = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the ring's ranks inherit it, like a job started with it
-    try:
-        start_ring(world_size=1, backend="gloo", step_mib=64, on_oom="skip", iters_per_s=20,
-                   tag=tag, timeout_s=180)
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+def test_cuda_library_fails_the_next_allocations(gpu_baseline: float) -> None:
+    tag = "cuda-alloc"
+    start_ring(world_size=1, backend="gloo", step_mib=64, on_oom="skip", iters_per_s=20,
+               inject="cuda", tag=tag, timeout_s=180)
     try:
         _wait_progress(tag)
+        pid = probes.job_progress(tag, window_s=0.2)["ranks"]
+        before = {p["pid"]: p["used_mib"] for p in nvml_gpu_processes()}
         fault = actions.inject_cuda_fault(fault="alloc", count=3, tag=tag, rank=0)
         time.sleep(2.0)
         progress = probes.job_progress(tag, window_s=1.0)
         seen = probes.cuda_oom_seen(tag)
-        _record(f"gpu_cuda_alloc_{strategy}.json", {"fault": fault, "progress": progress,
-                                                    "seen": seen})
+        after = {p["pid"]: p["used_mib"] for p in nvml_gpu_processes()}
+        _record("gpu_cuda_alloc.json", {"fault": fault, "progress": progress, "seen": seen,
+                                        "nvml_mib_before": before, "nvml_mib_after": after,
+                                        "ranks": pid})
         assert len(seen["cuda_injector"]) == 3, seen
         assert (progress["ranks"]["0"]["ooms"] or 0) >= 1, progress
+        # what the driver gave to the failed calls was freed: the rank holds no more than before
+        rank_pid = fault["pid"]
+        assert after.get(rank_pid, 0) <= before.get(rank_pid, 0) + 64, (before, after)
     finally:
         stop_workload(tag, grace_s=1)
 

@@ -51,10 +51,16 @@ for step in "${steps[@]}"; do
       dmesg 2>&1 | grep -i -E 'xid|nvrm' | tail -40; } >"$results/dmesg-after-tests.txt"
     ;;
   catalog)
-    for name in gpu-rank-hang gpu-memory-pressure gpu-memory-pressure-oom-handler \
-                gpu-compute-contention gpu-xid gpu-cuda-alloc-fault; do
+    # CATALOG="name ..." runs only those experiments.
+    for name in ${CATALOG:-gpu-rank-hang gpu-memory-pressure gpu-memory-pressure-oom-handler \
+                gpu-compute-contention gpu-xid gpu-cuda-alloc-fault}; do
       vars=()
-      [ "$name" = gpu-compute-contention ] && vars=(--var contention_s:float=10)
+      case "$name" in
+        gpu-compute-contention) vars=(--var contention_s:float=10) ;;
+        # one GPU: NCCL refuses two ranks on it, so this measures the remediation under gloo
+        gpu-rank-hang-nccl-timeout) vars=(--var backend:str=gloo --var pg_timeout_s:float=10
+                                          --var settle_timeout_s:float=25) ;;
+      esac
       {
         header "chaos --no-version-check run ${vars[*]} experiments/$name.json"
         start=$(date +%s%N)

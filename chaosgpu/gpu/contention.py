@@ -28,7 +28,7 @@ __all__ = ["build_parser", "main", "run_duty_cycle", "TARGETS"]
 
 TARGETS = ("sm", "memory", "both")
 MIB = 1024 * 1024
-LAUNCH_TARGET_S = 0.005
+LAUNCH_TARGET_S = 0.01
 COPY_MIB = 512
 
 
@@ -74,13 +74,19 @@ class _GpuWork:
         self.block = 256
         self.out = self.device.alloc(self.grid * self.block * 4)
         self.spin = self.device.function(PTX_SPIN, "chaosgpu_spin")
-        self.iters = 64
+        self.iters = 1024
+        self.launches = 0
+        self.copies = 0
         if target in ("sm", "both"):
+            self.device.timed(self.spin, self.grid, self.block, self._args(16))  # load, warm up
             took = self.device.timed(self.spin, self.grid, self.block, self._args(self.iters))
-            while took < LAUNCH_TARGET_S / 4 and self.iters < 1 << 24:
-                self.iters *= 4
+            # Grow until one launch clearly outlasts launch and synchronisation costs (~10 us).
+            while took < LAUNCH_TARGET_S / 2 and self.iters < 1 << 26:
+                self.iters *= 2
                 took = self.device.timed(self.spin, self.grid, self.block, self._args(self.iters))
             self.iters = max(1, int(self.iters * LAUNCH_TARGET_S / max(took, 1e-6)))
+            self.launch_s = self.device.timed(self.spin, self.grid, self.block,
+                                              self._args(self.iters))
         if target in ("memory", "both"):
             self.src = self.device.alloc(COPY_MIB * MIB)
             self.dst = self.device.alloc(COPY_MIB * MIB)
@@ -94,8 +100,10 @@ class _GpuWork:
         while time.monotonic() < until:
             if self.target in ("sm", "both"):
                 self.device.launch(self.spin, self.grid, self.block, self._args(self.iters))
+                self.launches += 1
             if self.target in ("memory", "both"):
                 self.device.copy(self.dst, self.src, COPY_MIB * MIB)
+                self.copies += 1
             code = self.device.synchronize()
             if code:
                 raise RuntimeError(f"contention work failed on the device (result {code})")
@@ -104,7 +112,18 @@ class _GpuWork:
 
     def describe(self) -> dict[str, Any]:
         return {"uuid": self.device.uuid, "ordinal": self.device.ordinal, "grid": self.grid,
-                "block": self.block, "iters_per_launch": self.iters, "copy_mib": COPY_MIB}
+                "block": self.block, "iters_per_launch": self.iters, "copy_mib": COPY_MIB,
+                "launch_s": round(getattr(self, "launch_s", 0.0), 6)}
+
+    def totals(self, busy_s: float) -> dict[str, Any]:
+        """What the work did: launches, FMAs (8 per thread per iteration), bytes copied (read
+        + written) and the rates over the busy time."""
+        fmas = self.launches * self.grid * self.block * self.iters * 8
+        moved = self.copies * COPY_MIB * MIB * 2
+        busy = max(busy_s, 1e-9)
+        return {"launches": self.launches, "copies": self.copies,
+                "fma_tflops": round(2 * fmas / busy / 1e12, 2),
+                "copy_gb_per_s": round(moved / busy / 1e9, 1)}
 
     def close(self) -> None:
         self.device.close()
@@ -122,6 +141,9 @@ class _HostWork:
 
     def describe(self) -> dict[str, Any]:
         return {"uuid": None}
+
+    def totals(self, busy_s: float) -> dict[str, Any]:
+        return {}
 
     def close(self) -> None:
         pass
@@ -169,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                                 lambda: stopped["flag"])
     finally:
         work.close()
-    result.update(stopped_by_sigterm=stopped["flag"], t_end=time.time())
+    result.update(stopped_by_sigterm=stopped["flag"], t_end=time.time(),
+                  **work.totals(result["busy_s"]))
     if args.result_file:
         write_ready(args.result_file, dict(document, result=result))
     print(f"contention: {json.dumps(result)}", file=sys.stderr)

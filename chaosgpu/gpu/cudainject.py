@@ -88,13 +88,10 @@ def build(force: bool = False) -> Path:
     return target
 
 
-def environment(inject_dir: str, strategy: str = "params") -> dict[str, str]:
+def environment(inject_dir: str) -> dict[str, str]:
     """The environment that makes a CUDA program load the library at cuInit and listen in
-    `inject_dir`: CUDA_INJECTION64_PATH, CHAOSGPU_INJECT_DIR, CHAOSGPU_CUPTI_LIBRARY, strategy."""
-    if strategy not in ("params", "return"):
-        raise ValueError(f"strategy must be 'params' or 'return', got {strategy!r}")
-    env = {"CUDA_INJECTION64_PATH": str(build()), "CHAOSGPU_INJECT_DIR": inject_dir,
-           "CHAOSGPU_CUDA_INJECT_STRATEGY": strategy}
+    `inject_dir`: CUDA_INJECTION64_PATH, CHAOSGPU_INJECT_DIR, CHAOSGPU_CUPTI_LIBRARY."""
+    env = {"CUDA_INJECTION64_PATH": str(build()), "CHAOSGPU_INJECT_DIR": inject_dir}
     cupti = cupti_library()
     if cupti:
         env["CHAOSGPU_CUPTI_LIBRARY"] = cupti

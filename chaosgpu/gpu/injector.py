@@ -47,7 +47,7 @@ def inject_dir() -> Path:
 
 
 def environment(base: dict[str, str] | None = None, folder: str | None = None,
-                cuda: bool = False, cuda_strategy: str = "params") -> dict[str, str]:
+                cuda: bool = False) -> dict[str, str]:
     """The variables that arm a job started with them: PYTHONPATH gets the injector's site folder
     first (the job's own PYTHONPATH after it), CHAOSGPU_INJECT_DIR names the trigger folder; with
     `cuda`, CUDA_INJECTION64_PATH (the CUDA injector, built here) too. `base` is the environment
@@ -61,7 +61,7 @@ def environment(base: dict[str, str] | None = None, folder: str | None = None,
     if cuda:
         from chaosgpu.gpu import cudainject
 
-        env.update(cudainject.environment(target, cuda_strategy))
+        env.update(cudainject.environment(target))
     return env
 
 

@@ -8,12 +8,11 @@
  * CHAOSGPU_INJECT_DIR and key = "<pid namespace inode>-<pid>-<start time>" (the same key as the
  * Python injector: a trigger names one process). Once triggered, the next COUNT allocations
  * (cudaMalloc, cudaMallocAsync, cuMemAlloc_v2, cuMemAllocAsync) or launches (cudaLaunchKernel,
- * cuLaunchKernel, and their Ex forms) fail:
- *   strategy "params" (default): the call's parameters are changed on entry (an impossible size,
- *     a zero grid) so the driver itself refuses it with its own error;
- *   strategy "return": the call runs, and its return value is replaced on exit by
- *     CUDA_ERROR_OUT_OF_MEMORY / CUDA_ERROR_LAUNCH_FAILED (cudaErrorMemoryAllocation /
- *     cudaErrorLaunchFailure); an allocation failed this way leaks what the driver gave.
+ * cuLaunchKernel, and their Ex forms) fail: the call runs, then on exit its return value is
+ * replaced by cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY (allocations: the memory the
+ * driver gave is freed at once and the pointer cleared) or cudaErrorLaunchFailure /
+ * CUDA_ERROR_LAUNCH_FAILED (launches: the kernel did run). Changing a call's parameters on entry
+ * instead was tried on driver 580 with cudaMalloc: the call did not see the change.
  * Each fault that hits is appended to <dir>/<key>.cuda-events.jsonl. libcupti is opened with
  * dlopen (CHAOSGPU_CUPTI_LIBRARY, else libcupti.so, libcupti.so.13, libcupti.so.12). Without a
  * trigger nothing changes but the callbacks' cost (one atomic read per call).
@@ -93,7 +92,6 @@ typedef int cudaError_t;
 #define cudaErrorLaunchFailure 719
 
 #define EXPORT __attribute__((visibility("default")))
-#define IMPOSSIBLE_SIZE (((size_t)1) << 60)
 
 typedef CUptiResult (*subscribe_fn)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
 typedef CUptiResult (*enable_fn)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain,
@@ -102,7 +100,10 @@ typedef CUptiResult (*result_string_fn)(CUptiResult, const char **);
 
 static atomic_int fail_alloc = 0;
 static atomic_int fail_launch = 0;
-static int strategy_return = 0;
+typedef CUresult (*mem_free_fn)(CUdeviceptr);
+typedef CUresult (*mem_free_async_fn)(CUdeviceptr, CUstream);
+static mem_free_fn mem_free = NULL;
+static mem_free_async_fn mem_free_async = NULL;
 static char inject_dir[3072];
 static char key[128];
 static char tag[64];
@@ -183,9 +184,9 @@ static void record_hit(const char *what, const char *api, int remaining) {
     pthread_mutex_lock(&file_lock);
     FILE *f = fopen(path, "a");
     if (f) {
-        fprintf(f, "{\"t\": %.6f, \"fault\": \"%s\", \"api\": \"%s\", \"strategy\": \"%s\", "
-                   "\"remaining\": %d, \"pid\": %d, \"tag\": \"%s\"}\n", now_s(), what, api,
-                strategy_return ? "return" : "params", remaining, (int)getpid(), tag);
+        fprintf(f, "{\"t\": %.6f, \"fault\": \"%s\", \"api\": \"%s\", \"remaining\": %d, "
+                   "\"pid\": %d, \"tag\": \"%s\"}\n", now_s(), what, api, remaining, (int)getpid(),
+                tag);
         fclose(f);
     }
     pthread_mutex_unlock(&file_lock);
@@ -219,30 +220,34 @@ static int is_launch(CUpti_CallbackDomain domain, CUpti_CallbackId cbid) {
            cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx;
 }
 
-/* On entry with strategy "params": make the driver refuse the call by itself. */
-static int break_params(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, void *params) {
+/* Free what a failed-on-purpose allocation got, so the fault leaks nothing; clear the pointer. */
+static void release_allocation(CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                               const void *params) {
+    CUdeviceptr pointer = 0;
+    CUstream stream = NULL;
+    int async = 0;
     if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
         if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMalloc_v3020) {
-            ((cudaMalloc_v3020_params *)params)->size = IMPOSSIBLE_SIZE; return 1;
+            void **where = ((const cudaMalloc_v3020_params *)params)->devPtr;
+            if (where) { pointer = (CUdeviceptr)(uintptr_t)*where; *where = NULL; }
+        } else {
+            const cudaMallocAsync_v11020_params *p = params;
+            if (p->devPtr) { pointer = (CUdeviceptr)(uintptr_t)*p->devPtr; *p->devPtr = NULL; }
+            stream = (CUstream)p->hStream;
+            async = 1;
         }
-        if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaMallocAsync_v11020) {
-            ((cudaMallocAsync_v11020_params *)params)->size = IMPOSSIBLE_SIZE; return 1;
-        }
-        if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000) {
-            ((cudaLaunchKernel_v7000_params *)params)->gridDim.x = 0; return 1;
-        }
-        return 0;
+    } else if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2) {
+        CUdeviceptr *where = ((const cuMemAlloc_v2_params *)params)->dptr;
+        if (where) { pointer = *where; *where = 0; }
+    } else {
+        const cuMemAllocAsync_params *p = params;
+        if (p->dptr) { pointer = *p->dptr; *p->dptr = 0; }
+        stream = p->hStream;
+        async = 1;
     }
-    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAlloc_v2) {
-        ((cuMemAlloc_v2_params *)params)->bytesize = IMPOSSIBLE_SIZE; return 1;
-    }
-    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemAllocAsync) {
-        ((cuMemAllocAsync_params *)params)->bytesize = IMPOSSIBLE_SIZE; return 1;
-    }
-    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel) {
-        ((cuLaunchKernel_params *)params)->gridDimX = 0; return 1;
-    }
-    return 0; /* the Ex forms take a const config: only the "return" strategy reaches them */
+    if (!pointer) return;
+    if (async && mem_free_async) mem_free_async(pointer, stream);
+    else if (!async && mem_free) mem_free(pointer);
 }
 
 static void CUPTIAPI callback(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
@@ -258,9 +263,7 @@ static void CUPTIAPI callback(void *userdata, CUpti_CallbackDomain domain, CUpti
         int remaining = 0;
         if (!take_shot(alloc ? &fail_alloc : &fail_launch, &remaining)) return;
         const char *what = alloc ? "alloc" : "launch";
-        if (strategy_return || !break_params(domain, cbid, (void *)data->functionParams)) {
-            pending_return = alloc ? 1 : 2;
-        }
+        pending_return = alloc ? 1 : 2;
         record_hit(what, data->functionName ? data->functionName : "?", remaining);
         return;
     }
@@ -268,6 +271,10 @@ static void CUPTIAPI callback(void *userdata, CUpti_CallbackDomain domain, CUpti
     if (runtime) in_runtime = 0;
     else if (in_runtime) return;
     if (pending_return && data->functionReturnValue) {
+        int succeeded = runtime ? *(cudaError_t *)data->functionReturnValue == 0
+                                : *(CUresult *)data->functionReturnValue == CUDA_SUCCESS;
+        if (pending_return == 1 && succeeded)
+            release_allocation(domain, cbid, data->functionParams);
         if (runtime)
             *(cudaError_t *)data->functionReturnValue =
                 pending_return == 1 ? cudaErrorMemoryAllocation : cudaErrorLaunchFailure;
@@ -297,8 +304,8 @@ static void *watch(void *unused) {
         if (rc == 0) {
             atomic_store(strcmp(what, "alloc") == 0 ? &fail_alloc : &fail_launch, count);
             snprintf(ack, sizeof(ack), "{\"id\": \"%s\", \"accepted\": true, \"fault\": \"%s\", "
-                     "\"count\": %d, \"pid\": %d, \"t\": %.6f, \"strategy\": \"%s\"}\n", id, what,
-                     count, (int)getpid(), now_s(), strategy_return ? "return" : "params");
+                     "\"count\": %d, \"pid\": %d, \"t\": %.6f}\n", id, what, count,
+                     (int)getpid(), now_s());
         } else {
             strcpy(id, "invalid");
             snprintf(ack, sizeof(ack), "{\"id\": \"invalid\", \"accepted\": false, \"error\": "
@@ -325,16 +332,19 @@ static void *open_cupti(void) {
 static void armed_file(const char *state, const char *error) {
     char text[1024];
     snprintf(text, sizeof(text), "{\"pid\": %d, \"key\": \"%s\", \"state\": \"%s\", "
-             "\"error\": \"%s\", \"t\": %.6f, \"strategy\": \"%s\"}\n", (int)getpid(), key, state,
-             error ? error : "", now_s(), strategy_return ? "return" : "params");
+             "\"error\": \"%s\", \"t\": %.6f}\n", (int)getpid(), key, state,
+             error ? error : "", now_s());
     write_file("cuda-armed", text);
 }
 
 /* Called by libcuda at cuInit when CUDA_INJECTION64_PATH names this library. */
 EXPORT int InitializeInjection(void) {
     const char *dir = getenv("CHAOSGPU_INJECT_DIR");
-    const char *strategy = getenv("CHAOSGPU_CUDA_INJECT_STRATEGY");
-    strategy_return = strategy && strcmp(strategy, "return") == 0;
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD); /* loaded: it calls us */
+    if (driver) {
+        mem_free = (mem_free_fn)dlsym(driver, "cuMemFree_v2");
+        mem_free_async = (mem_free_async_fn)dlsym(driver, "cuMemFreeAsync");
+    }
     if (!dir || !dir[0] || strlen(dir) >= sizeof(inject_dir)) {
         fprintf(stderr, "chaosgpu cuda injector: CHAOSGPU_INJECT_DIR not set: not armed\n");
         return 1;
