@@ -379,3 +379,24 @@ def test_every_ptx_kernel_compiles_for_hopper() -> None:
             source.unlink()
             source.with_suffix(".cubin").unlink(missing_ok=True)
         assert done.returncode == 0, (name, done.stderr)
+
+
+def test_recorded_h200_readings_read_as_the_faults_they_were() -> None:
+    """Readings recorded on the H200 (tests/data/nvml_h200_gpu_faults.json) fed to the logic:
+    a GPU-hung rank and SM contention read as a device 100 % busy, memory copies at a 0.5 duty
+    cycle as a partly busy memory controller, and the XIDs as what they are."""
+    data = json.loads((DATA / "nvml_h200_gpu_faults.json").read_text())
+    hung = monitor.summarize_utilization(data["utilization_gpu_hang"])
+    assert hung["gpu_pct"]["min"] == 100 and hung["busy_share"] == 1.0
+    loaded = monitor.summarize_utilization(data["utilization_sm_contention"])
+    assert loaded["busy_share"] == 1.0 and loaded["memory_pct"]["max"] < 20
+    copies = monitor.summarize_utilization(data["utilization_memory_contention_duty_0_5"])
+    assert 0 < copies["busy_share"] < 1 and copies["memory_pct"]["max"] > copies["gpu_pct"]["min"]
+    assert data["memory_contention_result"]["copy_gb_per_s"] > 1000
+    illegal = monitor.describe_xids(data["xid_illegal_address"]["xids"])
+    assert [x["xid"] for x in illegal] == [31] and "page fault" in illegal[0]["meaning"]
+    trap = monitor.describe_xids(data["xid_trap"]["xids"], after=0.0)
+    assert [x["xid"] for x in trap] == [43] and "stopped processing" in trap[0]["meaning"]
+    assert monitor.describe_xids(trap, after=trap[0]["t"] + 1) == []
+    assert monitor.describe_xids([{"t": 1.0, "xid": 999}])[0]["meaning"] == \
+        "not in chaosgpu's list"

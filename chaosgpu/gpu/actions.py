@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from chaosgpu import state
-from chaosgpu.gpu import devices, injector, launch
+from chaosgpu.gpu import devices, injector, launch, monitor
 
 __all__ = [
     "start_memory_pressure",
@@ -340,7 +340,8 @@ def trigger_xid(device: int | str = 0, kind: str = "illegal-address",
             raise RuntimeError(f"the XID program found no usable GPU: {program.get('error')} "
                                f"{run['log']}")
         _mark("xid", device=entry.get("index"), kind=kind, error=program.get("error"))
-        xids = watch.wait(watch_s, after=fault_at) if watch and watch.registered else []
+        seen = watch.wait(watch_s, after=fault_at) if watch and watch.registered else []
+        xids = monitor.describe_xids(seen, after=fault_at)
     finally:
         if watch is not None:
             watch.stop()

@@ -14,7 +14,24 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["summarize_utilization", "progress_rates", "read_progress", "OOM_PATTERNS",
-           "oom_lines"]
+           "oom_lines", "XID_NAMES", "describe_xids"]
+
+# What common XIDs mean (NVIDIA's XID catalogue, in brief). 31 and 43 are what chaosgpu's XID
+# program raised on an H200 (illegal address, trap).
+XID_NAMES = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault (MMU fault: illegal address)",
+    43: "GPU stopped processing (a kernel faulted; the channel was reset)",
+    45: "preemptive cleanup after a fault",
+    48: "double-bit ECC error",
+    63: "row remapping pending",
+    64: "row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+}
 
 # How CUDA out-of-memory reads in a rank's output (torch's message, the CUDA error names).
 OOM_PATTERNS = (
@@ -97,3 +114,9 @@ def oom_lines(text: str, limit: int = 20) -> list[str]:
     lines = [line.strip() for line in text.splitlines()
              if any(p.search(line) for p in OOM_PATTERNS)]
     return lines[:limit]
+
+
+def describe_xids(events: list[dict[str, Any]], after: float = 0.0) -> list[dict[str, Any]]:
+    """XID events at or after unix time `after`, each with the XID's meaning where known."""
+    return [dict(e, meaning=XID_NAMES.get(int(e.get("xid", -1)), "not in chaosgpu's list"))
+            for e in events if float(e.get("t", 0.0)) >= after]

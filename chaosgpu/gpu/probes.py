@@ -140,8 +140,8 @@ def xid_events(device: int | str | None = None, timeout_s: float = 5.0,
         seen = watch.wait(timeout_s) if watch.registered else []
     finally:
         watch.stop()
-    return {"xids": seen, "registered": watch.registered, "unsupported": watch.unsupported,
-            "error": watch.error, "window_s": timeout_s}
+    return {"xids": monitor.describe_xids(seen), "registered": watch.registered,
+            "unsupported": watch.unsupported, "error": watch.error, "window_s": timeout_s}
 
 
 def _ring_folder(tag: str) -> Path:
