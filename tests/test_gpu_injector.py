@@ -240,3 +240,41 @@ def test_the_two_sides_agree_on_modes_and_exceptions() -> None:
     # the key the injector computes for itself is the key chaosgpu computes from the census
     own = read_process(os.getpid())
     assert own is not None and module.process_key() == injector.process_key(own)
+
+
+@pytest.mark.slow
+def test_an_armed_worker_inside_a_local_pod_is_reached_by_its_namespace_key(
+        tmp_path: Path) -> None:
+    """The key is built from the PID namespace and the PID inside it: a worker exec'd into a
+    local pod (PID namespace of its own, /proc mounted for it) computes the same key chaosgpu
+    computes from the host's census, so the trigger reaches it, and only it."""
+    from chaosgpu.sandbox import actions as sandbox
+
+    tag = f"inj-pod-{uuid.uuid4().hex[:6]}"
+    name = f"injpod{uuid.uuid4().hex[:6]}"
+    folder = tmp_path / "inject"
+    folder.mkdir()
+    env = dict(injector.environment(folder=str(folder)), CHAOSGPU_TAG=tag)
+    script = "import time\nwhile True:\n    time.sleep(0.01)\n"
+    sandbox.create_sandbox(name=name, init="sleep", grace_s=1.0)
+    try:
+        started = sandbox.exec_in_sandbox(name=name, argv=[sys.executable, "-c", script],
+                                          detached=True, env=env, timeout_s=60)
+        host_pid, ns_pid = started["host_pids"][0], started["ns_pids"][0]
+        assert host_pid != ns_pid
+        deadline = time.monotonic() + 60
+        while not list(folder.glob("*.armed")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        armed = [json.loads(p.read_text()) for p in folder.glob("*.armed")]
+        assert [a["pid"] for a in armed] == [ns_pid], armed  # the PID the worker sees
+        record = read_process(host_pid)
+        assert record is not None and injector.process_key(record) == armed[0]["key"]
+        out = actions.inject_rank_fault(mode="raise", tag=tag, rank=None, timeout_s=10)
+        assert out["pid"] == host_pid and out["ack"]["pid"] == ns_pid
+        deadline = time.monotonic() + 20
+        while read_process(host_pid) is not None and read_process(host_pid)["state"] != "Z" \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_process(host_pid) is None or read_process(host_pid)["state"] == "Z"
+    finally:
+        sandbox.remove_sandbox(name=name)
