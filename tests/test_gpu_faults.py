@@ -400,3 +400,27 @@ def test_recorded_h200_readings_read_as_the_faults_they_were() -> None:
     assert monitor.describe_xids(trap, after=trap[0]["t"] + 1) == []
     assert monitor.describe_xids([{"t": 1.0, "xid": 999}])[0]["meaning"] == \
         "not in chaosgpu's list"
+
+
+def test_memory_pressure_inside_a_local_pod(replay: dict) -> None:
+    """The holder can run inside a local pod (its own PID namespace), recorded by host PID."""
+    import uuid
+
+    from chaosgpu.sandbox import actions as sandbox
+
+    name = f"presspod{uuid.uuid4().hex[:6]}"
+    sandbox.create_sandbox(name=name, init="sleep", grace_s=1.0)
+    try:
+        out = actions.start_memory_pressure(mib=16, backend="host", sandbox=name,
+                                            tag="press-pod")
+        record = state.read_record("workloads", "press-pod")
+        entry = record["processes"][0]
+        assert entry["pid"] == out["pid"] and entry["ns_pid"] not in (None, out["pid"])
+        proc = read_process(out["pid"])
+        assert proc is not None and proc["env"].get("CHAOSGPU_SANDBOX") == name
+        stopped = actions.stop_gpu_fault("press-pod", grace_s=5)
+        assert stopped["processes"] == {str(out["pid"]): "exited on SIGTERM"}, stopped
+    finally:
+        sandbox.remove_sandbox(name=name)
+    with pytest.raises(ValueError, match="no sandbox named"):
+        actions.start_memory_pressure(mib=16, backend="host", sandbox="no-such-pod")
