@@ -21,6 +21,7 @@ ACTIVITY_MODULES = (
     "chaosgpu.job.actions",
     "chaosgpu.sandbox.actions",
     "chaosgpu.workloads.actions",
+    "chaosgpu.gpu.actions",
     "chaosgpu.k8s.actions",
     "chaosgpu.node.probes",
     "chaosgpu.gpu.probes",

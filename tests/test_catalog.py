@@ -37,6 +37,15 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "nccl-rank-kill": {},
     "rank-freeze": {},
     "nccl-timeout-remediation": {"pg_timeout_s": 5.0, "settle_timeout_s": 40.0},
+    # GPU faults (tests/test_gpu_catalog.py checks their figures); those tagged needs:gpu run
+    # only where NVML sees a GPU, needs:gpus:2 where it sees two.
+    "gpu-rank-hang": {"mode": "hold-gil", "matmul": 64},
+    "gpu-rank-hang-nccl-timeout": {},
+    "gpu-memory-pressure": {},
+    "gpu-memory-pressure-oom-handler": {},
+    "gpu-compute-contention": {},
+    "gpu-xid": {},
+    "gpu-cuda-alloc-fault": {},
 }
 
 
@@ -64,6 +73,23 @@ def expectation(experiment: dict) -> str:
     return tags[0].split(":", 1)[1]
 
 
+def skip_unless_hardware(experiment: dict) -> None:
+    """Skip an experiment tagged needs:gpu (needs:gpus:N) where NVML sees fewer GPUs."""
+    needed = 0
+    for tag in experiment.get("tags", []):
+        if tag == "needs:gpu":
+            needed = max(needed, 1)
+        elif tag.startswith("needs:gpus:"):
+            needed = max(needed, int(tag.rsplit(":", 1)[1]))
+    if not needed:
+        return
+    from chaosgpu.node import nvml_snapshot
+
+    seen = len(nvml_snapshot(with_processes=False).get("devices") or [])
+    if seen < needed:
+        pytest.skip(f"needs {needed} GPU(s), NVML sees {seen}")
+
+
 def test_catalog_is_complete() -> None:
     """The catalog covers every scenario and remediation of the field report."""
     names = {p.stem for p in EXPERIMENTS}
@@ -88,6 +114,7 @@ def test_chaos_validate(path: Path, tmp_path: Path) -> None:
 def test_catalog_experiment(path: Path, tmp_path: Path) -> None:
     """Run the experiment for real; check outcome, measurements and that nothing is left."""
     experiment = json.loads(path.read_text())
+    skip_unless_hardware(experiment)
     expected = expectation(experiment)
     code, journal = run_experiment(path, tmp_path, OVERRIDES[path.stem])
     log = (tmp_path / "chaostoolkit.log").read_text()[-4000:]
@@ -110,7 +137,11 @@ def check_measurements(name: str, experiment: dict, out: dict[str, Any],
                        overrides: dict[str, Any]) -> None:
     """Assert the figures each scenario exists to measure, with bounds for a noisy machine."""
     config = {**experiment["configuration"], **overrides}
-    if name.startswith(("pod-delete", "non-root", "driver-api")):
+    if name.startswith("gpu-"):
+        from test_gpu_catalog import check_gpu_measurements
+
+        check_gpu_measurements(name, out, config)
+    elif name.startswith(("pod-delete", "non-root", "driver-api")):
         grace = float(config["grace_s"])
         release = out["release-time-after-delete"]["output"]
         held = out["gb-seconds-held-during-delete"]["output"]

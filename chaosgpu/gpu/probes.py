@@ -1,15 +1,25 @@
-"""Chaos Toolkit probes on GPU memory through NVML.
+"""Chaos Toolkit probes on GPUs and on what GPU faults do to jobs.
 
-This module owns the GPU probes that experiments call. Every NVML reading goes through
-`chaosgpu.node` (the census in probes/node_census.py): it must not import pynvml itself. NVML
-absent is a normal state: `gpu_available` says so, memory probes raise a clear error naming why.
+This module owns the GPU probes that experiments call: memory and processes (through
+`chaosgpu.node`, the census), utilisation over time and XID events (through chaosgpu.gpu.nvml,
+the thin layer for the readings the census does not take), and the victim's side of a GPU
+fault: a ring job's progress and stragglers (its own step counter), CUDA out-of-memory seen in a
+job. It must not import pynvml itself, and must not signal or start anything. NVML absent is a
+normal state: `gpu_available` says so, NVML probes raise a clear error naming why.
 """
 
+import time
+from pathlib import Path
 from typing import Any
 
+from chaosgpu.gpu import devices, monitor
 from chaosgpu.node import nvml_snapshot, take_census
 
-__all__ = ["gpu_available", "gpu_memory_used", "gpu_processes", "process_gpu_memory"]
+__all__ = ["gpu_available", "gpu_memory_used", "gpu_processes", "process_gpu_memory",
+           "gpu_utilization", "gpu_usable", "xid_events", "job_progress", "job_stalled",
+           "job_slowdown", "cuda_oom_seen", "gpu_faults"]
+
+_baselines: dict[str, dict[str, Any]] = {}
 
 
 def _snapshot(device: int | None) -> dict[str, Any]:
@@ -62,3 +72,187 @@ def process_gpu_memory(pid: int = 0, device: int | None = None,
     return float(sum(p["used_mib"] or 0.0 for d in snapshot["devices"]
                      if device is None or d["index"] == device
                      for p in d["processes"] if p["pid"] == pid))
+
+
+def gpu_utilization(device: int | str = 0, window_s: float = 2.0, interval_s: float = 0.1,
+                    configuration: dict[str, Any] | None = None,
+                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Sample GPU `device`'s utilisation through NVML every `interval_s` for `window_s`: SM busy
+    % (share of time a kernel ran) and memory busy % (share of time device memory was read or
+    written, NVML's stand-in for bandwidth use; it is not GB/s). Returns mean/min/max of each,
+    the share of readings with the SMs >= 90 % busy, and the series. Without NVML it returns
+    {"available": false, "reason": ...} (nothing to sample), so an experiment's other
+    measurements still run."""
+    from chaosgpu.gpu import nvml
+
+    devices.check_duration(window_s, allow_none=False, name="window_s")
+    devices.check_number("interval_s", interval_s, minimum=0.001, maximum=window_s)
+    ok, why = nvml.available()
+    if not ok:
+        return {"available": False, "reason": why, "device": device}
+    index = int(devices.resolve_device(device)["index"])
+    readings = []
+    end = time.monotonic() + window_s
+    while time.monotonic() < end:
+        readings.append(nvml.utilization(index))
+        time.sleep(interval_s)
+    summary = monitor.summarize_utilization(readings)
+    summary.update(device=index, available=True)
+    return summary
+
+
+def gpu_usable(device: int | str = 0, timeout_s: float = 60.0,
+               configuration: dict[str, Any] | None = None,
+               secrets: dict[str, Any] | None = None) -> bool:
+    """True when GPU `device` (NVML index or UUID) allocates memory and runs a kernel in a fresh
+    process (chaosgpu's XID program in check mode); false when it does not or there is no GPU."""
+    import json
+
+    from chaosgpu.gpu import launch
+
+    try:
+        entry = devices.resolve_device(device)
+    except (RuntimeError, ValueError):
+        return False
+    uuid = ["--uuid", str(entry["uuid"])] if entry.get("uuid") else []
+    run = launch.run_to_end("xid", launch.check_tag(None, "gpu-check"), "xid",
+                            ["--check", *uuid], {"device": entry.get("index"), "check": True},
+                            float(timeout_s))
+    try:
+        return bool(json.loads(run["stdout"] or "{}").get("usable"))
+    except json.JSONDecodeError:
+        return False
+
+
+def xid_events(device: int | str | None = None, timeout_s: float = 5.0,
+               configuration: dict[str, Any] | None = None,
+               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Wait up to `timeout_s` for XID events (NVML critical XID errors) on GPU `device` (all
+    GPUs when None), from the moment the probe starts: {"xids": [{"t", "device", "xid"}],
+    "registered": [devices], "unsupported": {device: why}}. An empty list after registration
+    means NVML delivered none in the window; where registration is refused, it says so."""
+    from chaosgpu.gpu import nvml
+
+    devices.check_number("timeout_s", timeout_s, minimum=0)
+    indexes = None if device is None else [int(devices.resolve_device(device)["index"])]
+    watch = nvml.XidWatch(indexes)
+    try:
+        seen = watch.wait(timeout_s) if watch.registered else []
+    finally:
+        watch.stop()
+    return {"xids": monitor.describe_xids(seen), "registered": watch.registered,
+            "unsupported": watch.unsupported, "error": watch.error, "window_s": timeout_s}
+
+
+def _ring_folder(tag: str) -> Path:
+    from chaosgpu import state
+
+    record = state.read_record("workloads", tag) if isinstance(tag, str) and tag else None
+    if record is None or record.get("kind") != "ring" or not record.get("workdir"):
+        raise ValueError(f"no chaosgpu ring workload tagged {tag!r}: progress is read from the "
+                         "ring's own step counter (start it with start_ring)")
+    return Path(record["workdir"])
+
+
+def job_progress(tag: str = "", window_s: float = 2.0, stall_factor: float = 0.5,
+                 configuration: dict[str, Any] | None = None,
+                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure how fast each rank of the chaosgpu ring `tag` advances over `window_s` (from the
+    ranks' own step counters): iterations/s per rank, stalled ranks (no step in the window), the
+    straggler (slowest rank below `stall_factor` x the others' median), OOMs the ranks handled,
+    and "progressing". The first measurement of a tag in this run is kept as its baseline for
+    job_slowdown."""
+    devices.check_duration(window_s, allow_none=False, name="window_s")
+    folder = _ring_folder(tag)
+    before = monitor.read_progress(folder)
+    started = time.monotonic()
+    time.sleep(window_s)
+    after = monitor.read_progress(folder)
+    result = monitor.progress_rates(before, after, time.monotonic() - started, stall_factor)
+    result["tag"] = tag
+    _baselines.setdefault(tag, result)
+    return result
+
+
+def job_stalled(tag: str = "", window_s: float = 2.0,
+                configuration: dict[str, Any] | None = None,
+                secrets: dict[str, Any] | None = None) -> bool:
+    """True when the chaosgpu ring `tag` runs (is recorded) and a rank did not advance during
+    `window_s` (blocked on its GPU, holding the GIL, waiting for a stuck peer, or gone); false
+    when every rank advanced, or when there is no such ring. The steady state "no stalled
+    job" uses tolerance false."""
+    try:
+        folder = _ring_folder(tag)
+    except ValueError:
+        return False
+    if not monitor.read_progress(folder):
+        return False  # started but not stepping yet: nothing to judge
+    return not bool(job_progress(tag, window_s)["progressing"])
+
+
+def job_slowdown(tag: str = "", window_s: float = 2.0,
+                 configuration: dict[str, Any] | None = None,
+                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measure the ring `tag` now (as job_progress) and compare with its first measurement in
+    this run (the baseline, taken before the fault): per-rank rate now / before, the slowest
+    rank's slowdown factor (before / now), and the straggler."""
+    if tag not in _baselines:
+        raise ValueError(f"no baseline for {tag!r}: call job_progress before the fault")
+    baseline = _baselines[tag]
+    now = job_progress(tag, window_s)
+    ratios: dict[str, float | None] = {}
+    for rank, entry in now["ranks"].items():
+        before = (baseline["ranks"].get(rank) or {}).get("rate_per_s")
+        rate = entry.get("rate_per_s")
+        ratios[rank] = round(rate / before, 3) if before and rate is not None else None
+    known = [r for r in ratios.values() if r is not None]
+    worst = min(known) if known else None
+    return {"tag": tag, "baseline": baseline, "now": now, "rate_ratio": ratios,
+            "slowdown_factor": round(1.0 / worst, 3) if worst else None,
+            "straggler_rank": now["straggler_rank"], "stalled_ranks": now["stalled_ranks"]}
+
+
+def cuda_oom_seen(tag: str = "", configuration: dict[str, Any] | None = None,
+                  secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Whether processes tagged `tag` hit CUDA out-of-memory, from what reaches outside the job:
+    torch's OOM observer (ranks started with chaosgpu's Python injector), allocations failed by
+    chaosgpu's CUDA injector, the OOMs a chaosgpu ring reports in its step counter, and the
+    lines of the workload's logs that name an OOM. Returns "seen" and each source's evidence;
+    a job reached by none of these paths reads "seen": false with "reached" saying so."""
+    from chaosgpu import state
+    from chaosgpu.gpu import injector
+
+    if not isinstance(tag, str) or not tag:
+        raise ValueError("tag must name the workload (its CHAOSGPU_TAG)")
+    events = injector.tagged_events(tag)
+    record = state.read_record("workloads", tag)
+    logs: dict[str, list[str]] = {}
+    progress_ooms: dict[str, Any] = {}
+    reached = ["injector files"]
+    if record is not None and record.get("workdir"):
+        reached.append("workload logs")
+        folder = Path(record["workdir"])
+        for path in sorted(folder.glob("*.log")):
+            try:
+                lines = monitor.oom_lines(path.read_text(errors="replace"))
+            except OSError:
+                continue
+            if lines:
+                logs[path.name] = lines
+        progress_ooms = {str(r): d.get("ooms") for r, d in monitor.read_progress(folder).items()
+                         if d.get("ooms")}
+    seen = bool(events["oom"] or logs or progress_ooms or any(
+        e.get("fault") == "alloc" for e in events["cuda"]))
+    return {"tag": tag, "seen": seen, "torch_observer": events["oom"],
+            "cuda_injector": events["cuda"], "ring_ooms": progress_ooms, "logs": logs,
+            "reached": reached}
+
+
+def gpu_faults(configuration: dict[str, Any] | None = None,
+               secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The GPU fault programs chaosgpu has recorded (memory pressure, contention, XID), each with
+    its tag, kind, configuration and whether its process is still alive."""
+    from chaosgpu.gpu.launch import FAULT_KINDS
+    from chaosgpu.workloads.actions import list_workloads
+
+    return [w for w in list_workloads() if w.get("kind") in FAULT_KINDS]

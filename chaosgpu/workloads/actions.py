@@ -370,6 +370,10 @@ def start_ring(
     tag: str | None = None,
     job_id: str | None = None,
     timeout_s: float = 120.0,
+    matmul: int = 0,
+    step_mib: int = 0,
+    on_oom: str = "fail",
+    inject: str = "none",
     configuration: dict[str, Any] | None = None,
     secrets: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -380,11 +384,16 @@ def start_ring(
     `async_error_handling` and `sigterm_handler` ("destroy": destroy_process_group on SIGTERM) are
     the remediations under test. Every rank carries CHAOSGPU_JOB=`job_id` (default: the tag) and
     CHAOSGPU_TAG. Waits up to `timeout_s`; returns the tag, job id, backend, rank and agent PIDs.
+    GPU-fault victims: `matmul` (an NxN matmul per iteration on the rank's GPU), `step_mib` (a
+    fresh allocation per iteration), `on_oom` (fail or skip the step), `inject` ("python",
+    "cuda" or "both": ranks start armed with chaosgpu's fault injectors, see
+    chaosgpu.gpu.actions.inject_rank_fault and inject_cuda_fault; "none" by default).
     """
     from chaosgpu.workloads.ring import RingConfig, launch_ring
 
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    injector_env = _injector_env(inject)
     tag = _check_tag(tag, "ring")
     workdir = _workdir(tag, None)
     config = RingConfig(
@@ -400,6 +409,10 @@ def start_ring(
         tag=tag,
         job_id=job_id or tag,
         log_dir=str(workdir),
+        matmul=matmul,
+        step_mib=step_mib,
+        on_oom=on_oom,
+        extra_env=injector_env,
     )
     try:
         config.validate()
@@ -447,6 +460,19 @@ def start_ring(
         "ranks": {str(d["rank"]): d["pid"] for d in documents},
         "ready": documents,
     }
+
+
+def _injector_env(inject: str) -> dict[str, str]:
+    if inject in ("none", None, False):
+        return {}
+    if inject not in ("python", "cuda", "both"):
+        raise ValueError(f"unknown inject {inject!r}: none, python, cuda or both")
+    from chaosgpu.gpu.injector import environment
+
+    env = environment(cuda=inject in ("cuda", "both"))
+    if inject == "cuda":
+        env.pop("PYTHONPATH")
+    return env
 
 
 def stop_workload(

@@ -8,7 +8,10 @@ not import torch and must not start processes.
 import ctypes
 from typing import Any
 
-__all__ = ["CudaDriverError", "DriverAllocation", "driver_available", "gpu_count"]
+__all__ = [
+    "CudaDriverError", "DriverAllocation", "check_result", "driver_available", "gpu_count",
+    "load_library",
+]
 
 CUDA_SUCCESS = 0
 
@@ -36,6 +39,16 @@ def _check(lib: Any, result: int, call: str) -> None:
     except Exception:
         label = str(result)
     raise CudaDriverError(f"{call} failed: {label} ({result})")
+
+
+def load_library() -> Any:
+    """Return libcuda.so.1 loaded through ctypes (CudaDriverError when there is no driver)."""
+    return _load()
+
+
+def check_result(lib: Any, result: int, call: str) -> None:
+    """Raise CudaDriverError naming `call` and the error's name unless `result` is success."""
+    _check(lib, result, call)
 
 
 def driver_available() -> tuple[bool, str | None]:

@@ -64,6 +64,9 @@ class RingConfig:
     sigterm_handler: str = "none"
     mib: int = 0
     iters_per_s: float = 10.0
+    matmul: int = 0
+    step_mib: int = 0
+    on_oom: str = "fail"
     ready_dir: str | None = None
     tag: str | None = None
     job_id: str | None = None
@@ -89,6 +92,11 @@ class RingConfig:
             raise ValueError(f"mib must be >= 0, got {self.mib}")
         if self.iters_per_s <= 0:
             raise ValueError(f"iters per second must be > 0, got {self.iters_per_s}")
+        if self.matmul < 0 or self.step_mib < 0:
+            raise ValueError(f"matmul and step_mib must be >= 0, got {self.matmul}, "
+                             f"{self.step_mib}")
+        if self.on_oom not in ("fail", "skip"):
+            raise ValueError(f"unknown on_oom {self.on_oom!r} (fail or skip)")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -135,6 +143,9 @@ def _rank_args(config: RingConfig) -> list[str]:
         "--iters-per-s", f"{config.iters_per_s:g}",
         "--launcher", config.launcher,
     ]  # fmt: skip
+    if config.matmul or config.step_mib or config.on_oom != "fail":
+        args += ["--matmul", str(config.matmul), "--step-mib", str(config.step_mib),
+                 "--on-oom", config.on_oom]
     if config.ready_dir:
         args += ["--ready-dir", config.ready_dir]
     return args
@@ -261,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="MiB each rank holds (GPU when there is one, host memory otherwise)",
     )  # fmt: skip
     parser.add_argument("--iters-per-s", type=float, default=10.0)
+    _add_step_options(parser)
     parser.add_argument("--ready-dir", help="each rank writes rank<R>.json here once running")
     parser.add_argument("--tag", help="CHAOSGPU_TAG for every rank")
     parser.add_argument("--job-id", help="CHAOSGPU_JOB for every rank (default: generated)")
@@ -290,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         sigterm_handler=args.sigterm_handler,
         mib=args.mib,
         iters_per_s=args.iters_per_s,
+        matmul=args.matmul,
+        step_mib=args.step_mib,
+        on_oom=args.on_oom,
         ready_dir=args.ready_dir,
         tag=args.tag,
         job_id=args.job_id,
@@ -328,6 +343,20 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------- the rank program
 
 
+def _add_step_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--matmul", type=int, default=0,
+                        help="each iteration also multiplies two NxN matrices on the rank's "
+                             "device and waits for the result (GPU work a GPU fault can slow or "
+                             "block)")
+    parser.add_argument("--step-mib", type=int, default=0,
+                        help="each iteration allocates a fresh tensor of this many MiB on the "
+                             "rank's device and empties torch's cache afterwards (a job whose "
+                             "memory need varies, which memory pressure can hit)")
+    parser.add_argument("--on-oom", choices=("fail", "skip"), default="fail",
+                        help="on CUDA out-of-memory in a step: fail (exit 1) or skip the step "
+                             "and go on (a job that handles OOM)")
+
+
 def _rank_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chaosgpu.workloads rank")
     parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="gloo")
@@ -335,6 +364,7 @@ def _rank_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sigterm-handler", choices=("none", "destroy"), default="none")
     parser.add_argument("--mib", type=int, default=0)
     parser.add_argument("--iters-per-s", type=float, default=10.0)
+    _add_step_options(parser)
     parser.add_argument("--ready-dir")
     parser.add_argument("--launcher", default="bare")
     return parser
@@ -370,7 +400,7 @@ def rank_main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", device_index)
     else:
         device = torch.device("cpu")
-        if args.mib > 0 and gpus > 0:
+        if (args.mib > 0 or args.matmul > 0 or args.step_mib > 0) and gpus > 0:
             device_index = local_rank % gpus
     if args.mib > 0:
         if device_index is not None:
@@ -403,12 +433,31 @@ def rank_main(argv: list[str] | None = None) -> int:
     except Exception as error:
         _fail(rank, f"init_process_group failed: {error}")
     tensor = torch.ones(1024, device=device)
+    step_device = torch.device("cuda", device_index) if device_index is not None else device
+    if args.matmul > 0:
+        left = torch.rand(args.matmul, args.matmul, device=step_device)
+        right = torch.rand(args.matmul, args.matmul, device=step_device)
+    oom_errors = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    ooms = 0
     period = 1.0 / args.iters_per_s
     own_limit = args.timeout_s + OWN_TIMEOUT_MARGIN_S if args.timeout_s > 0 else None
     iteration = 0
     last_progress = 0.0
     while True:
         started = time.monotonic()
+        if args.matmul > 0 or args.step_mib > 0:
+            try:
+                _step(torch, step_device, args, left if args.matmul else None,
+                      right if args.matmul else None)
+            except oom_errors as error:
+                ooms += 1
+                print(f"rank {rank}: CUDA out of memory at iteration {iteration} "
+                      f"({ooms} so far): {str(error).splitlines()[0][:200]}",
+                      file=sys.stderr, flush=True)
+                if args.on_oom == "fail":
+                    _fail(rank, "giving up after CUDA out of memory (--on-oom fail)")
+                if step_device.type == "cuda":
+                    torch.cuda.empty_cache()
         try:
             work = dist.all_reduce(tensor, async_op=True)
             assert work is not None
@@ -450,8 +499,23 @@ def rank_main(argv: list[str] | None = None) -> int:
             last_progress = time.monotonic()
             write_ready(
                 os.path.join(args.ready_dir, f"rank{rank}.progress"),
-                {"iteration": iteration, "t": time.time(), "pid": os.getpid()},
+                {"iteration": iteration, "t": time.time(), "pid": os.getpid(), "ooms": ooms},
             )
         rest = period - (time.monotonic() - started)
         if rest > 0:
             time.sleep(rest)
+
+
+def _step(torch: Any, device: Any, args: argparse.Namespace, left: Any, right: Any) -> None:
+    """One step's own work: a matmul waited for, and/or a fresh allocation released after."""
+    if left is not None:
+        product = left @ right
+        float(product[0, 0].item())
+    if args.step_mib > 0:
+        scratch = torch.empty(args.step_mib * MIB, dtype=torch.uint8, device=device)
+        scratch.fill_(1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        del scratch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,363 @@
+"""Chaos Toolkit actions that inject GPU faults from outside a job: memory pressure, compute
+contention, an in-process fault in one rank (GPU hang, GIL held, exception, segfault, OOM), a
+failed CUDA call in any CUDA program, and a genuine XID.
+
+This module owns the faults' public face: validating arguments (a device that exists, MiB that
+fit it, durations > 0) before anything starts, choosing the target (a device by NVML index or
+UUID; a rank by job id or tag), marking each fault on the experiment's timeline, and the
+rollbacks. Fault programs run as chaosgpu-started, tagged, recorded processes (chaosgpu.gpu.launch);
+in-process faults go through the injectors' trigger channel (chaosgpu.gpu.injector). It must not
+signal any process itself: stopping goes through chaosgpu.workloads.actions.stop_workload.
+"""
+
+import logging
+import time
+from typing import Any
+
+from chaosgpu import state
+from chaosgpu.gpu import devices, injector, launch, monitor
+
+__all__ = [
+    "start_memory_pressure",
+    "start_compute_contention",
+    "stop_gpu_fault",
+    "stop_all_gpu_faults",
+    "inject_rank_fault",
+    "release_rank_fault",
+    "inject_cuda_fault",
+    "trigger_xid",
+]
+
+logger = logging.getLogger("chaostoolkit")
+
+BACKENDS = ("driver", "host")
+RELEASE_POLL_S = 0.01
+
+
+def _mark(name: str, **extra: Any) -> None:
+    from chaosgpu.timeline.sampler import current
+
+    sampler = current()
+    if sampler is not None:
+        sampler.mark(f"fault:{name}", "point", **extra)
+
+
+def _check_backend(backend: Any) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: 'driver' (the GPU, through the CUDA "
+                         "driver API) or 'host' (host memory / a CPU core: machines without GPU)")
+    return str(backend)
+
+
+def _check_timeout(timeout_s: Any) -> float:
+    return float(devices.check_number("timeout_s", timeout_s, minimum=0, strict_minimum=True))
+
+
+def start_memory_pressure(device: int | str = 0, mib: int | None = None,
+                          leave_mib: int | None = None, duration_s: float | None = None,
+                          backend: str = "driver", chunk_mib: int = 1024,
+                          sandbox: str | None = None, tag: str | None = None,
+                          timeout_s: float = 120.0,
+                          configuration: dict[str, Any] | None = None,
+                          secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Take GPU memory from outside any job: `mib` MiB, or all of the device's free memory but
+    `leave_mib` MiB, on GPU `device` (NVML index or UUID), held by a chaosgpu process until
+    `duration_s` has passed (None: until stop_gpu_fault / rollback). With `sandbox` the holder
+    runs inside that local pod. Waits up to `timeout_s` until the memory is held; returns the
+    tag, PID, MiB held and the device's free MiB after. backend="host" holds host memory
+    instead (machines without a GPU)."""
+    backend = _check_backend(backend)
+    devices.check_duration(duration_s)
+    timeout = _check_timeout(timeout_s)
+    devices.check_number("chunk_mib", chunk_mib, minimum=2, integer=True)
+    entry = devices.resolve_device(device)
+    request = devices.check_mib(entry, mib, leave_mib)
+    if backend == "host" and mib is None:
+        raise ValueError("backend 'host' needs mib (there is no device to leave memory on)")
+    tag = launch.check_tag(tag, "pressure")
+    args = ["--backend", backend, "--chunk-mib", str(chunk_mib),
+            "--duration-s", str(duration_s or 0)]
+    args += ["--mib", str(mib)] if mib is not None else ["--leave-mib", str(leave_mib)]
+    if entry.get("uuid"):
+        args += ["--uuid", str(entry["uuid"])]
+    config = {"device": entry.get("index"), "uuid": entry.get("uuid"), "backend": backend,
+              **request, "duration_s": duration_s}
+    started = launch.start("memory-pressure", tag, "pressure", args, config, timeout, sandbox)
+    ready = started["ready"]
+    pid = started["record"]["processes"][0]["pid"]
+    _mark("memory-pressure", tag=tag, pid=pid, held_mib=ready.get("held_mib"),
+          device=entry.get("index"))
+    logger.info("chaosgpu: holding %s MiB of GPU %s (tag %s)", ready.get("held_mib"),
+                entry.get("index"), tag)
+    return {"tag": tag, "kind": "memory-pressure", "pid": pid, "device": entry.get("index"),
+            "uuid": entry.get("uuid"), "backend": backend, "held_mib": ready.get("held_mib"),
+            "free_mib_after": ready.get("free_mib_after"),
+            "free_mib_before": ready.get("free_mib_before"), "total_mib": request["total_mib"],
+            "duration_s": duration_s, "ready": ready}
+
+
+def start_compute_contention(device: int | str = 0, duration_s: float = 30.0,
+                             duty_cycle: float = 1.0, target: str = "sm",
+                             period_s: float = 0.1, backend: str = "driver",
+                             tag: str | None = None, timeout_s: float = 60.0,
+                             configuration: dict[str, Any] | None = None,
+                             secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Keep GPU `device` (NVML index or UUID) busy for `duration_s` seconds from outside any job:
+    `target` "sm" (every multiprocessor runs FMA kernels), "memory" (device-to-device copies:
+    HBM bandwidth) or "both", for `duty_cycle` (0 < d <= 1) of every `period_s`. Jobs sharing
+    the device slow down; measure them with chaosgpu.gpu.probes.job_progress. Waits up to
+    `timeout_s` until the work runs; stop it early with stop_gpu_fault. backend="host" spins a
+    CPU core instead (machines without a GPU)."""
+    from chaosgpu.gpu.contention import TARGETS
+
+    backend = _check_backend(backend)
+    devices.check_duration(duration_s, allow_none=False)
+    devices.check_number("duty_cycle", duty_cycle, minimum=0, maximum=1, strict_minimum=True)
+    devices.check_number("period_s", period_s, minimum=0, strict_minimum=True)
+    if period_s > duration_s:
+        raise ValueError(f"period_s ({period_s:g}) must not exceed duration_s ({duration_s:g})")
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
+    timeout = _check_timeout(timeout_s)
+    entry = devices.resolve_device(device)
+    tag = launch.check_tag(tag, "contention")
+    args = ["--backend", backend, "--target", target, "--duty-cycle", str(duty_cycle),
+            "--period-s", str(period_s), "--duration-s", str(duration_s)]
+    if entry.get("uuid"):
+        args += ["--uuid", str(entry["uuid"])]
+    config = {"device": entry.get("index"), "uuid": entry.get("uuid"), "backend": backend,
+              "target": target, "duty_cycle": duty_cycle, "period_s": period_s,
+              "duration_s": duration_s}
+    started = launch.start("compute-contention", tag, "contention", args, config, timeout)
+    pid = started["record"]["processes"][0]["pid"]
+    _mark("compute-contention", tag=tag, pid=pid, device=entry.get("index"),
+          duty_cycle=duty_cycle, target=target)
+    return {"tag": tag, "kind": "compute-contention", "pid": pid, "device": entry.get("index"),
+            "uuid": entry.get("uuid"), **config, "ready": started["ready"]}
+
+
+def _gpu_pids_left(pids: list[int]) -> list[int]:
+    from chaosgpu.node import nvml_gpu_processes
+
+    listed = {p["pid"] for p in nvml_gpu_processes()}
+    return [pid for pid in pids if pid in listed]
+
+
+def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
+                   configuration: dict[str, Any] | None = None,
+                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Stop the GPU fault program of `tag` (memory pressure, contention; a rollback): SIGTERM
+    (it frees and exits at once), SIGKILL after `grace_s`, then wait up to `deadline_s` until
+    NVML no longer lists it on any GPU (its memory is back). Idempotent: a tag with no record
+    returns {"stopped": false}. Returns what happened to each process, the program's result
+    (contention: achieved duty cycle) and how long the GPU took to drop it."""
+    from chaosgpu.workloads.actions import stop_workload
+
+    devices.check_number("grace_s", grace_s, minimum=0)
+    devices.check_number("deadline_s", deadline_s, minimum=0, strict_minimum=True)
+    record = state.read_record("workloads", tag) if isinstance(tag, str) else None
+    if record is None:
+        return {"tag": tag, "stopped": False, "note": "no such GPU fault (already stopped?)"}
+    if record.get("kind") not in launch.FAULT_KINDS:
+        raise ValueError(f"tag {tag!r} is a {record.get('kind')!r} workload, not a GPU fault: "
+                         "stop it with stop_workload")
+    from chaosgpu.node import nvml_snapshot
+    from chaosgpu.workloads.readiness import read_ready
+
+    pids = [int(p["pid"]) for p in record.get("processes", [])]
+    started = time.monotonic()
+    stopped = stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s)
+    result_file = launch.result_file(tag)
+    result = read_ready(result_file)
+    result_file.unlink(missing_ok=True)
+    left: list[int] | None = None
+    if nvml_snapshot(with_processes=False).get("available"):
+        left = _gpu_pids_left(pids)
+        while left and time.monotonic() - started <= deadline_s:
+            time.sleep(RELEASE_POLL_S)
+            left = _gpu_pids_left(pids)
+    out = dict(stopped, kind=record.get("kind"), result=(result or {}).get("result"),
+               gpu_released=None if left is None else not left,
+               still_on_gpu=left or [], took_s=round(time.monotonic() - started, 3))
+    if left is None:
+        out["note"] = "NVML not available here: GPU release not checked"
+    return out
+
+
+def stop_all_gpu_faults(grace_s: float = 0.0, deadline_s: float = 10.0,
+                        configuration: dict[str, Any] | None = None,
+                        secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Stop every recorded GPU fault program (a rollback of last resort), as stop_gpu_fault."""
+    return [stop_gpu_fault(tag, grace_s=grace_s, deadline_s=deadline_s)
+            for tag, record in state.list_records("workloads").items()
+            if record.get("kind") in launch.FAULT_KINDS]
+
+
+def _rank_process(job: str | None, tag: str | None, rank: int | None,
+                  deadline_s: float = 3.0) -> dict[str, Any]:
+    """The census record of the target process: rank `rank` of the job (by id or tag), or, with
+    rank None, the one process carrying `tag`. Waits up to `deadline_s` for it to appear."""
+    from chaosgpu.job import hang
+    from chaosgpu.node import take_census
+
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ValueError(f"rank must be a non-negative integer or null, got {rank!r}")
+    if rank is None and (tag is None or job is not None):
+        raise ValueError("name the target: job=<id> or tag=<tag> with rank=<R>, or tag=<tag> "
+                         "alone for the single process carrying it")
+    hang._check_selector(job, tag)
+    end = time.monotonic() + deadline_s
+    while True:
+        census = take_census(gpu=False, fds=False)
+        by_pid = {p["pid"]: p for p in census["processes"]}
+        if rank is None:
+            tagged = [p for p in census["processes"] if p.get("tag") == tag and not p["zombie"]
+                      and (p.get("env") or {}).get("CHAOSGPU_INJECT_DIR")]
+            if len(tagged) == 1:
+                return dict(tagged[0], job=None, rank=None)
+            if len(tagged) > 1:
+                raise ValueError(f"{len(tagged)} armed processes carry tag {tag!r} "
+                                 f"({[p['pid'] for p in tagged]}): name a rank")
+        else:
+            found = hang.find_job(census, job, tag)
+            if found is not None:
+                entry = next((r for r in found.get("ranks") or [] if r.get("rank") == rank
+                              and r.get("state") == "alive" and r.get("pid") in by_pid), None)
+                if entry is not None:
+                    return dict(by_pid[entry["pid"]], job=found["id"], rank=rank)
+        if time.monotonic() >= end:
+            what = f"job {job!r}" if job else f"tag {tag!r}"
+            raise ValueError(f"{what} has no live " + (f"rank {rank}" if rank is not None
+                                                          else "armed process"))
+        time.sleep(0.05)
+
+
+def inject_rank_fault(mode: str, rank: int | None = 0, tag: str | None = None,
+                      job: str | None = None, duration_s: float | None = None,
+                      device: int | None = None, exception: str | None = None,
+                      timeout_s: float = 5.0,
+                      configuration: dict[str, Any] | None = None,
+                      secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fire an in-process fault in one rank of a Python job started armed (chaosgpu's injector
+    on PYTHONPATH, e.g. start_ring(inject="python")): `mode` "gpu-hang" (a kernel that never
+    ends, or lasts `duration_s`, blocks the rank's GPU stream; the process stays alive),
+    "hold-gil" (every Python thread stops), "raise" (`exception` RuntimeError,
+    OutOfMemoryError or KeyboardInterrupt in the main thread), "segfault", or "oom" (the rank's
+    next CUDA allocations fail). The rank is named by job id or tag and `rank`. Waits up to
+    `timeout_s` for the rank's acknowledgement: a fault not acknowledged is an error, never
+    reported as done. `device`: the CUDA ordinal when the rank uses several GPUs."""
+    if mode not in injector.MODES:
+        raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(injector.MODES)}")
+    devices.check_duration(duration_s)
+    devices.check_number("device", device, minimum=0, integer=True, allow_none=True)
+    timeout = _check_timeout(timeout_s)
+    if exception is not None and (mode != "raise" or exception not in injector.EXCEPTIONS):
+        raise ValueError(f"exception applies to mode 'raise' and is one of "
+                         f"{', '.join(injector.EXCEPTIONS)}, got {exception!r} for mode "
+                         f"{mode!r}")
+    process = _rank_process(job, tag, rank)
+    ack = injector.trigger(process, mode, duration_s=duration_s, device=device,
+                           exception=exception, timeout_s=timeout)
+    _mark(mode, job=process.get("job"), rank=rank, pid=process["pid"])
+    logger.info("chaosgpu: %s injected in rank %s (PID %d)", mode, rank, process["pid"])
+    return {"job": process.get("job"), "rank": rank, "pid": process["pid"], "mode": mode,
+            "delivered": True, "ack_after_s": ack.get("ack_after_s"), "ack": ack}
+
+
+def release_rank_fault(rank: int | None = 0, tag: str | None = None,
+                       job: str | None = None, timeout_s: float = 5.0,
+                       configuration: dict[str, Any] | None = None,
+                       secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """End a gpu-hang or an oom fault in one rank early (the rank's kernel returns, its
+    allocations work again); returns what the rank's injector released."""
+    timeout = _check_timeout(timeout_s)
+    process = _rank_process(job, tag, rank)
+    answer = injector.release(process, timeout_s=timeout)
+    _mark("release", job=process.get("job"), rank=rank, pid=process["pid"])
+    return {"job": process.get("job"), "rank": rank, "pid": process["pid"], **answer}
+
+
+def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: int | None = 0,
+                      tag: str | None = None, job: str | None = None,
+                      timeout_s: float = 5.0,
+                      configuration: dict[str, Any] | None = None,
+                      secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Make the next `count` CUDA allocations (fault="alloc") or kernel launches ("launch") of a
+    CUDA program fail, through chaosgpu's CUDA injection library (CUDA_INJECTION64_PATH, loaded
+    by libcuda at cuInit: any CUDA program, e.g. start_ring(inject="cuda")). The target is rank
+    `rank` of a job (by id or tag), or with rank null the one armed process carrying `tag`.
+    Waits up to `timeout_s` for the library's acknowledgement."""
+    timeout = _check_timeout(timeout_s)
+    if fault not in injector.CUDA_FAULTS:
+        raise ValueError(f"unknown CUDA fault {fault!r}: one of {', '.join(injector.CUDA_FAULTS)}")
+    devices.check_number("count", count, minimum=1, maximum=1_000_000, integer=True)
+    process = _rank_process(job, tag, rank)
+    ack = injector.trigger_cuda(process, fault, count=count, timeout_s=timeout)
+    _mark(f"cuda-{fault}", job=process.get("job"), rank=rank, pid=process["pid"], count=count)
+    return {"job": process.get("job"), "rank": rank, "pid": process["pid"], "fault": fault,
+            "count": count, "delivered": True, "ack": ack}
+
+
+def trigger_xid(device: int | str = 0, kind: str = "illegal-address",
+                watch_s: float = 10.0, check: bool = True, timeout_s: float = 60.0,
+                configuration: dict[str, Any] | None = None,
+                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Make GPU `device` (NVML index or UUID) raise a genuine exception in a short-lived chaosgpu
+    process: kind "illegal-address" (a store to an unmapped address: an MMU fault) or "trap".
+    Watches NVML's XID events on that device from before the fault, for up to `watch_s` after
+    it, and with `check` then proves the device still allocates and runs kernels in a fresh
+    process. Returns the CUDA error the process saw, the XIDs NVML delivered (an empty list
+    means NVML delivered none here, which the result says), and whether the device is usable."""
+    import json
+
+    from chaosgpu.gpu import nvml
+    from chaosgpu.gpu.xid import KINDS
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+    devices.check_number("watch_s", watch_s, minimum=0)
+    timeout = _check_timeout(timeout_s)
+    entry = devices.resolve_device(device)
+    uuid = ["--uuid", str(entry["uuid"])] if entry.get("uuid") else []
+    watch = None
+    watch_note = None
+    try:
+        watch = nvml.XidWatch([int(entry["index"])])
+        if not watch.registered:
+            watch_note = f"NVML refused XID event registration: {watch.unsupported}"
+    except Exception as error:
+        watch_note = f"NVML XID events unavailable: {error}"
+    try:
+        fault_at = time.time()
+        run = launch.run_to_end("xid", launch.check_tag(None, "xid"), "xid",
+                                ["--kind", kind, *uuid], {"device": entry.get("index"),
+                                                          "kind": kind}, timeout)
+        try:
+            program = json.loads(run["stdout"] or "{}")
+        except json.JSONDecodeError:
+            program = {"error": f"unreadable output: {run['stdout'][-300:]}"}
+        if run["rc"] == 3 or (program.get("error") or "").startswith("no usable GPU"):
+            raise RuntimeError(f"the XID program found no usable GPU: {program.get('error')} "
+                               f"{run['log']}")
+        _mark("xid", device=entry.get("index"), kind=kind, error=program.get("error"))
+        seen = watch.wait(watch_s, after=fault_at) if watch and watch.registered else []
+        xids = monitor.describe_xids(seen, after=fault_at)
+    finally:
+        if watch is not None:
+            watch.stop()
+    usable = None
+    checked = None
+    if check:
+        checked_run = launch.run_to_end("xid", launch.check_tag(None, "xid-check"), "xid",
+                                        ["--check", *uuid], {"device": entry.get("index"),
+                                                             "check": True}, timeout)
+        try:
+            checked = json.loads(checked_run["stdout"] or "{}")
+        except json.JSONDecodeError:
+            checked = {"error": checked_run["stdout"][-300:]}
+        usable = bool(checked.get("usable"))
+    return {"device": entry.get("index"), "uuid": entry.get("uuid"), "kind": kind,
+            "cuda_error": program.get("error"), "seen_expected_error": program.get(
+                "seen_expected"), "program": program, "xids": xids,
+            "xid_seen": bool(xids), "xid_watch": watch_note or "registered",
+            "device_usable": usable, "check": checked}
