@@ -17,9 +17,13 @@ def check_gpu_measurements(name: str, out: dict[str, Any], config: dict[str, Any
         assert before["progressing"] is True, before
         assert int(config["hang_rank"]) in after["stalled_ranks"], after
         assert _output(out, "hang-rank-on-gpu")["delivered"] is True
-        census = _output(out, "census-hang-check")
-        # every rank is alive: the census-based detector has nothing dead or stopped to see
-        assert census["hung"] is False, census
+        hang = _output(out, "detect-hang")
+        # every rank is alive, and the observed verdict is still "hung": no progress while the
+        # peers wait in all_reduce
+        assert hang["verdict"] == "hung", hang["reason"]
+        assert all(r["state"] == "alive" for r in hang["ranks"]), hang["ranks"]
+        involved = set(hang["blocked_in"]["ranks"]) | {c["rank"] for c in hang["culprit_ranks"]}
+        assert involved == {0, 1}, hang
     elif name.startswith("gpu-memory-pressure"):
         assert _output(out, "take-gpu-memory")["held_mib"] > 0
         assert _output(out, "give-gpu-memory-back")["gpu_released"] is True

@@ -35,11 +35,10 @@ RELEASE_POLL_S = 0.01
 
 
 def _mark(name: str, **extra: Any) -> None:
-    from chaosgpu.timeline.sampler import current
+    """Record the fault (chaosgpu.faultlog: the observed verdicts and the timeline read it)."""
+    from chaosgpu import faultlog
 
-    sampler = current()
-    if sampler is not None:
-        sampler.mark(f"fault:{name}", "point", **extra)
+    faultlog.record(name, **extra)
 
 
 def _check_backend(backend: Any) -> str:
@@ -205,7 +204,9 @@ def _rank_process(job: str | None, tag: str | None, rank: int | None,
     if rank is None and (tag is None or job is not None):
         raise ValueError("name the target: job=<id> or tag=<tag> with rank=<R>, or tag=<tag> "
                          "alone for the single process carrying it")
-    hang._check_selector(job, tag)
+    from chaosgpu.job.observe import check_selector
+
+    check_selector(job, tag)
     end = time.monotonic() + deadline_s
     while True:
         census = take_census(gpu=False, fds=False)
@@ -258,7 +259,8 @@ def inject_rank_fault(mode: str, rank: int | None = 0, tag: str | None = None,
     process = _rank_process(job, tag, rank)
     ack = injector.trigger(process, mode, duration_s=duration_s, device=device,
                            exception=exception, timeout_s=timeout)
-    _mark(mode, job=process.get("job"), rank=rank, pid=process["pid"])
+    _mark(mode, job=process.get("job"), rank=rank, pid=process["pid"],
+          starttime=process.get("starttime"))
     logger.info("chaosgpu: %s injected in rank %s (PID %d)", mode, rank, process["pid"])
     return {"job": process.get("job"), "rank": rank, "pid": process["pid"], "mode": mode,
             "delivered": True, "ack_after_s": ack.get("ack_after_s"), "ack": ack}
@@ -293,7 +295,8 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: int | None = 0
     devices.check_number("count", count, minimum=1, maximum=1_000_000, integer=True)
     process = _rank_process(job, tag, rank)
     ack = injector.trigger_cuda(process, fault, count=count, timeout_s=timeout)
-    _mark(f"cuda-{fault}", job=process.get("job"), rank=rank, pid=process["pid"], count=count)
+    _mark(f"cuda-{fault}", job=process.get("job"), rank=rank, pid=process["pid"],
+          starttime=process.get("starttime"), count=count)
     return {"job": process.get("job"), "rank": rank, "pid": process["pid"], "fault": fault,
             "count": count, "delivered": True, "ack": ack}
 
