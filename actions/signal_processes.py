@@ -250,10 +250,12 @@ def _reaped(pid, starttime):
 def _wait_reaped(entries, end):
     """Wait until the given exited targets are reaped (gone from /proc) or `end` passes."""
     pending = list(entries)
+    for entry in entries:
+        entry["reaped"] = False
     while pending:
-        pending = [e for e in pending if not _reaped(e["pid"], e["starttime"])]
-        for entry in entries:
-            entry["reaped"] = entry not in pending
+        for entry in [e for e in pending if _reaped(e["pid"], e["starttime"])]:
+            entry.update(reaped=True, reaped_at=time.time())
+            pending.remove(entry)
         if not pending or time.monotonic() >= end:
             return
         time.sleep(0.001)
@@ -312,7 +314,8 @@ def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=1
     `targets`: a list of {"pid", "starttime"} (PIDs as this process sees them; the start time is
     mandatory). `cont_first`: SIGCONT first (a stopped process cannot act on SIGTERM). `until`:
     "sent" (send the signals in turn without waiting), "exit" (wait for exits, escalating)
-    or "reaped" (then also wait, within the deadline, until the dead are gone from /proc).
+    or "reaped" (then also wait, within the deadline, until the dead are gone from /proc:
+    `reaped` and `reaped_at` say when).
     Returns one outcome per distinct target (see the module docstring); every outcome has
     `signals`, the list of {"signal", "at"} sent. Raises SignalInputError on bad input, before
     anything is sent.

@@ -68,6 +68,7 @@ class Outcome:
     exited_at: float | None = None
     exited_on: str | None = None
     reaped: bool | None = None
+    reaped_at: float | None = None
 
     @property
     def first_sent_at(self) -> float | None:
@@ -92,6 +93,7 @@ def _outcome(raw: dict[str, Any]) -> Outcome:
         signals=tuple(SignalSent(str(s["signal"]), float(s["at"]))
                       for s in raw.get("signals") or []),
         exited_at=raw.get("exited_at"), exited_on=raw.get("exited_on"), reaped=raw.get("reaped"),
+        reaped_at=raw.get("reaped_at"),
     )  # fmt: skip
 
 
