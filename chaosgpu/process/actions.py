@@ -122,8 +122,7 @@ def freeze_processes(scope: dict[str, Any] | None = None, method: str = "sigstop
     if method not in FREEZE_METHODS:
         raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
                          f"to choose the cgroup version), got {method!r}")
-    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or deadline_s < 0:
-        raise ValueError(f"deadline_s must be a number of seconds >= 0, got {deadline_s!r}")
+    freezer.check_seconds("deadline_s", deadline_s)
     checked = validate_scope(scope)
     version = "auto" if method in ("sigstop", "freezer") else method[len("freezer-"):]
     if method != "sigstop":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "v2_root", "available"]
+__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "v2_root", "available", "check_seconds"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -62,6 +62,14 @@ def available(version: str) -> tuple[str | None, str | None]:
               "v2": "no cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified",
               "auto": "neither the cgroup v1 freezer nor a cgroup v2 hierarchy is mounted"}
     return None, f"{wanted[version]}; use method='sigstop'"
+
+
+def check_seconds(label: str, value: object) -> float:
+    """Return `value` as seconds, or raise ValueError naming `label` (negative, NaN, not a
+    number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{label} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def _write(path: Path, text: str) -> None:
@@ -127,8 +135,7 @@ def freeze(name: str, processes: list[dict[str, Any]], deadline_s: float,
     `name`, waiting up to `deadline_s` until the kernel reports them frozen. Returns
     {"method", "cgroup_version", "cgroup", "cgroups", "frozen", "failed", "freezer_state",
     "took_s"}; freezer_state is "FROZEN" only when every group is frozen."""
-    if isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float) or deadline_s < 0:
-        raise ValueError(f"deadline_s must be a number of seconds >= 0, got {deadline_s!r}")
+    check_seconds("deadline_s", deadline_s)
     chosen, problem = available(version)
     if chosen is None:
         raise RuntimeError(problem)
