@@ -5,9 +5,9 @@ A job is named by its id (`chaosgpu jobs` lists it: TORCHELASTIC_RUN_ID, CHAOSGP
 MASTER_ADDR:MASTER_PORT) or by the tag its ranks carry; when both are given they must agree. This
 module owns these faults; finding ranks is chaosgpu.job.observe's selection, every signal goes
 through the terminate primitive (chaosgpu.process.terminate: pidfds, identity and refusal
-checks), and a fault that sent nothing fails (raises) with the kernel's or the scope's reason. Each fault is recorded in
-chaosgpu.faultlog (and on the timeline) with the target's PID and start time, so the observed
-verdict can say what chaosgpu did and time its effect. Each function has a deadline.
+checks), and a fault that sent nothing fails (raises) with the kernel's or the scope's reason.
+Each fault is recorded in chaosgpu.faultlog (and on the timeline) with the target's PID and
+start time, so the observed verdict can say what chaosgpu did and time its effect. Each function has a deadline.
 """
 
 import logging
