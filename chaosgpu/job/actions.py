@@ -7,7 +7,8 @@ module owns these faults; finding ranks is chaosgpu.job.observe's selection, eve
 through the terminate primitive (chaosgpu.process.terminate: pidfds, identity and refusal
 checks), and a fault that sent nothing fails (raises) with the kernel's or the scope's reason.
 Each fault is recorded in chaosgpu.faultlog (and on the timeline) with the target's PID and
-start time, so the observed verdict can say what chaosgpu did and time its effect. Each function has a deadline.
+start time, so the observed verdict can say what chaosgpu did and time its effect. Each
+function has a deadline.
 """
 
 import logging
