@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -65,12 +65,28 @@ def _via_program(targets: list[dict[str, int]], signals: list[str], grace_s: flo
 
 
 Runner = Callable[..., list[dict[str, Any]]]
+Spawn = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start processes (see _start) that are killed and reaped after the test."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def _spawn(code: str = "import time; time.sleep(60)") -> subprocess.Popen[bytes]:
+        started.append(_start(code))
+        return started[-1]
+
+    yield _spawn
+    for proc in started:
+        proc.kill()
+        proc.wait()
 RUNNERS = pytest.mark.parametrize("run", [_via_package, _via_program], ids=["package", "program"])
 
 
 @RUNNERS
-def test_exit_within_grace_needs_no_sigkill(run: Runner) -> None:
-    proc = _start()
+def test_exit_within_grace_needs_no_sigkill(run: Runner, spawn: Spawn) -> None:
+    proc = spawn()
     t0 = time.monotonic()
     (out,) = run([_target(proc)], ["SIGTERM", "SIGKILL"], 5.0, 10.0)
     assert out["result"] == "exited" and out["exited_on"] == "SIGTERM"
@@ -80,8 +96,8 @@ def test_exit_within_grace_needs_no_sigkill(run: Runner) -> None:
 
 
 @RUNNERS
-def test_sigterm_ignored_escalates_to_sigkill_after_the_grace(run: Runner) -> None:
-    proc = _start(IGNORE_TERM)
+def test_sigterm_ignored_escalates_to_sigkill_after_the_grace(run: Runner, spawn: Spawn) -> None:
+    proc = spawn(IGNORE_TERM)
     t0 = time.monotonic()
     (out,) = run([_target(proc)], ["SIGTERM", "SIGKILL"], 0.5, 10.0)
     took = time.monotonic() - t0
@@ -92,37 +108,29 @@ def test_sigterm_ignored_escalates_to_sigkill_after_the_grace(run: Runner) -> No
 
 
 @RUNNERS
-def test_one_deadline_bounds_the_whole_escalation(run: Runner) -> None:
-    proc = _start(IGNORE_TERM)
-    try:
-        t0 = time.monotonic()
-        # SIGTERM only, ignored: the grace (30 s) is cut by the deadline (0.5 s).
-        (out,) = run([_target(proc)], ["SIGTERM"], 30.0, 0.5)
-        assert out["result"] == "alive" and out["signals"] == ["SIGTERM"]
-        assert time.monotonic() - t0 < 5.0
-        assert alive(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
+def test_one_deadline_bounds_the_whole_escalation(run: Runner, spawn: Spawn) -> None:
+    proc = spawn(IGNORE_TERM)
+    t0 = time.monotonic()
+    # SIGTERM only, ignored: the grace (30 s) is cut by the deadline (0.5 s).
+    (out,) = run([_target(proc)], ["SIGTERM"], 30.0, 0.5)
+    assert out["result"] == "alive" and out["signals"] == ["SIGTERM"]
+    assert time.monotonic() - t0 < 5.0
+    assert alive(proc.pid)
 
 
 @RUNNERS
-def test_a_reused_pid_is_refused_and_left_alone(run: Runner) -> None:
-    proc = _start()
-    try:
-        target = _target(proc)
-        target["starttime"] += 1  # what a recycled PID looks like
-        (out,) = run([target], ["SIGKILL"], 0.0, 1.0)
-        assert out["result"] == "refused" and out["reason_code"] == "reused"
-        assert out["signals"] == [] and alive(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
+def test_a_reused_pid_is_refused_and_left_alone(run: Runner, spawn: Spawn) -> None:
+    proc = spawn()
+    target = _target(proc)
+    target["starttime"] += 1  # what a recycled PID looks like
+    (out,) = run([target], ["SIGKILL"], 0.0, 1.0)
+    assert out["result"] == "refused" and out["reason_code"] == "reused"
+    assert out["signals"] == [] and alive(proc.pid)
 
 
 @RUNNERS
-def test_the_caller_pid1_and_a_dead_target(run: Runner) -> None:
-    proc = _start()
+def test_the_caller_pid1_and_a_dead_target(run: Runner, spawn: Spawn) -> None:
+    proc = spawn()
     dead = _target(proc)
     proc.kill()
     proc.wait()
@@ -135,18 +143,14 @@ def test_the_caller_pid1_and_a_dead_target(run: Runner) -> None:
 
 
 @RUNNERS
-def test_the_null_signal_checks_only(run: Runner) -> None:
-    proc = _start()
-    try:
-        os.kill(proc.pid, signal.SIGSTOP)
-        assert wait_until(lambda: open(f"/proc/{proc.pid}/stat").read().split()[2] == "T")
-        (out,) = run([_target(proc)], ["0"], 0.0, 0.0, until="sent")
-        assert out["result"] == "sent" and out["signals"] == ["0"]
-        time.sleep(0.2)
-        assert open(f"/proc/{proc.pid}/stat").read().split()[2] == "T"  # still stopped
-    finally:
-        proc.kill()
-        proc.wait()
+def test_the_null_signal_checks_only(run: Runner, spawn: Spawn) -> None:
+    proc = spawn()
+    os.kill(proc.pid, signal.SIGSTOP)
+    assert wait_until(lambda: open(f"/proc/{proc.pid}/stat").read().split()[2] == "T")
+    (out,) = run([_target(proc)], ["0"], 0.0, 0.0, until="sent")
+    assert out["result"] == "sent" and out["signals"] == ["0"]
+    time.sleep(0.2)
+    assert open(f"/proc/{proc.pid}/stat").read().split()[2] == "T"  # still stopped
 
 
 def test_cont_first_lets_a_stopped_process_act_on_sigterm() -> None:
@@ -213,16 +217,13 @@ def test_wait_exits_polls_pidfds() -> None:
      (["SIGTERM"], 1.0, 1.0, "forever", "until must be one of")],
 )
 def test_bad_input_is_refused_before_anything_is_sent(
-        signals: list[str], grace_s: float, deadline_s: float, until: str, message: str) -> None:
-    proc = _start()
-    try:
-        with pytest.raises(ValueError, match=message):
-            terminate.terminate([terminate.Target(**_target(proc))], signals, grace_s,
-                                deadline_s, terminate.Rules(), until=until)
-        assert alive(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
+        signals: list[str], grace_s: float, deadline_s: float, until: str, message: str,
+        spawn: Spawn) -> None:
+    proc = spawn()
+    with pytest.raises(ValueError, match=message):
+        terminate.terminate([terminate.Target(**_target(proc))], signals, grace_s,
+                            deadline_s, terminate.Rules(), until=until)
+    assert alive(proc.pid)
 
 
 def test_a_target_without_a_start_time_cannot_be_named() -> None:
