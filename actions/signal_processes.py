@@ -52,7 +52,7 @@ PF_KTHREAD = 0x00200000
 # The signals a chaos experiment has a reason to send. Anything else is refused as bad input.
 # "0" is the null signal: the kernel checks that the signal could be sent and sends nothing.
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT", "SIGINT", "SIGQUIT", "SIGHUP",
-           "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP", "SIGSEGV")
+           "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP")
 NULL_SIGNAL = "0"
 UNTIL = ("sent", "exit", "reaped")
 
