@@ -8,7 +8,6 @@ node census (chaosgpu.node); the termination timings from the sandbox runtime.
 
 import os
 import pwd
-import signal
 import subprocess
 import sys
 import time
@@ -76,7 +75,7 @@ def test_step2_and_step3_sleep_as_pid1(pod: str, workers: int, user: str) -> Non
             assert record["uid"] == uid
     # Step 3: kill -9 of every worker: each stays a zombie (sleep never reaps).
     for pid in worker_pids:
-        assert runtime.send_signal(pid, None, signal.SIGKILL)
+        assert runtime.kill(pid, runtime.process_starttime(pid))
     assert _wait(lambda: _census(pod)["zombies"] == worker_pids)
     time.sleep(0.3)
     seen = _census(pod)
@@ -98,7 +97,7 @@ def test_step3_an_init_reaps(pod: str, init: str, workers: int) -> None:
     assert _census(pod)["orphans"] == set(started["pids"])
     killed = time.monotonic()
     for pid in started["pids"]:
-        runtime.send_signal(pid, None, signal.SIGKILL)
+        runtime.kill(pid, runtime.process_starttime(pid))
     assert _wait(lambda: not (set(started["pids"]) & _census(pod)["pids"]), 5.0)  # type: ignore[operator]
     assert time.monotonic() - killed < 2.0
     assert not _census(pod)["zombies"]

@@ -105,6 +105,34 @@ def test_stop_all_workloads() -> None:
     assert actions.list_workloads() == []
 
 
+def test_stop_all_workloads_tries_every_one_and_names_every_failure() -> None:
+    # Records another version (or a hand edit) left unreadable fail to stop; the workload
+    # listed between them must still be stopped, and the error must name both failures.
+    for tag in ("a-broken", "z-broken"):
+        state.write_record("workloads", tag, {"tag": tag, "processes": [{"pid": "not-a-pid"}]})
+    started = actions.start_holders(count=2, mib=1, via="host", tag="m-fine")
+    try:
+        with pytest.raises(RuntimeError, match=r"2 of 3 workload\(s\) could not be stopped.*"
+                                               r"a-broken: ValueError.*z-broken: ValueError"):
+            actions.stop_all_workloads()
+        assert not any(_alive(p) for p in started["pids"])
+        assert state.read_record("workloads", "m-fine") is None
+    finally:
+        for tag in ("a-broken", "z-broken"):
+            state.remove_record("workloads", tag)
+        actions.stop_workload("m-fine", grace_s=0)
+
+
+def test_stop_all_workloads_bad_input_changes_nothing() -> None:
+    started = actions.start_holders(count=1, mib=1, via="host", tag="h-keep")
+    try:
+        with pytest.raises(ValueError, match="grace_s must be >= 0"):
+            actions.stop_all_workloads(grace_s=-1)
+        assert _alive(started["pids"][0])
+    finally:
+        actions.stop_workload("h-keep", grace_s=0)
+
+
 @pytest.mark.parametrize(
     "init, count, on_sigterm, fast",
     [("dumb-init", 10, "cleanup", True), ("none", 1, "cleanup", True),

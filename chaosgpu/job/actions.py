@@ -4,10 +4,11 @@ one rank, and clean a hung job up (a rollback).
 A job is named by its id (`chaosgpu jobs` lists it: TORCHELASTIC_RUN_ID, CHAOSGPU_JOB, or
 MASTER_ADDR:MASTER_PORT) or by the tag its ranks carry; when both are given they must agree. This
 module owns these faults; finding ranks is chaosgpu.job.observe's selection, every signal goes
-through the in-target signal program (pidfds, identity and refusal checks), and a fault that
-sent nothing fails (raises) with the kernel's or the scope's reason. Each fault is recorded in
-chaosgpu.faultlog (and on the timeline) with the target's PID and start time, so the observed
-verdict can say what chaosgpu did and time its effect. Each function has a deadline.
+through the terminate primitive (chaosgpu.process.terminate: pidfds, identity and refusal
+checks), and a fault that sent nothing fails (raises) with the kernel's or the scope's reason.
+Each fault is recorded in chaosgpu.faultlog (and on the timeline) with the target's PID and
+start time, so the observed verdict can say what chaosgpu did and time its effect. Each
+function has a deadline.
 """
 
 import logging
@@ -17,7 +18,14 @@ from typing import Any
 from chaosgpu import faultlog
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
-from chaosgpu.process.actions import _freeze_with_freezer, _thaw_freezer_groups, send, wait_gone
+from chaosgpu.process.actions import (
+    FREEZE_METHODS,
+    _freeze_with_freezer,
+    _thaw_freezer_groups,
+    send,
+    wait_gone,
+)
+from chaosgpu.process.terminate import NULL_SIGNAL
 
 __all__ = ["kill_rank", "freeze_rank", "resume_rank", "fail_rank", "cleanup_hung_job"]
 
@@ -34,7 +42,7 @@ def _check_rank(rank: Any) -> int:
 
 
 def _check_seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN
         raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
     return float(value)
 
@@ -120,13 +128,22 @@ def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
     method="freezer"): a peer that stops answering while its connections stay open, so its
     peers wait in their next collective. Resume it with resume_rank, or clean the job up with
     cleanup_hung_job."""
-    if method not in ("sigstop", "freezer"):
-        raise ValueError(f"method must be 'sigstop' or 'freezer', got {method!r}")
+    if method not in FREEZE_METHODS:
+        raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
+                         f"to choose the cgroup version), got {method!r}")
     _, found, proc = _rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
         out = _signal_process(found, rank, proc, "SIGSTOP", 0)
     else:
-        frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0)
+        # The refusal rules hold for the freezer too: checked with the null signal (a SIGCONT
+        # would resume a rank stopped on purpose).
+        check = send([proc], NULL_SIGNAL, {"job": found["id"]})["results"][0]
+        if check["result"] != "sent":
+            raise PermissionError(f"rank {rank} (PID {proc['pid']}) may not be frozen: "
+                                  f"{check['result']}: {check.get('reason')}")
+        version = "auto" if method == "freezer" else method[len("freezer-"):]
+        frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0,
+                                      version)
         faultlog.record("freezer", job=found["id"], rank=rank, pid=proc["pid"],
                         starttime=proc["starttime"], restart_count=_restart_count(found, proc))
         out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",

@@ -11,10 +11,8 @@ a record it wrote.
 import logging
 import os
 import re
-import select
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosgpu import state
+from chaosgpu.process import terminate
 from chaosgpu.workloads.readiness import wait_all_ready
 
 __all__ = [
@@ -494,49 +493,38 @@ def stop_workload(
     record = state.read_record(KIND, tag)
     if record is None:
         return {"tag": tag, "stopped": False, "note": "no such workload"}
-    runtime = _proc()
-    fds: dict[int, int] = {}
     outcome: dict[str, str] = {}
+    targets = []
     for entry in record.get("processes", []):
-        pid = int(entry["pid"])
+        pid, starttime = int(entry["pid"]), entry.get("starttime")
         # No start time recorded: the worker had exited before it was recorded, so whatever has
-        # this PID now is a stranger (and open_pidfd would check nothing): never signal it.
-        starttime = entry.get("starttime")
-        fd = runtime.open_pidfd(pid, starttime) if starttime is not None else None
-        if fd is None:
+        # this PID now is a stranger: never signal it.
+        if starttime is None:
             outcome[str(pid)] = "already gone"
-            continue
-        fds[pid] = fd
-    stuck: set[int] = set()
-    try:
-        for fd in fds.values():
-            for signum in (signal.SIGCONT, signal.SIGTERM):
-                try:
-                    signal.pidfd_send_signal(fd, signum)
-                except ProcessLookupError:
-                    pass
-        pending = _wait_fds(fds, grace_s)
-        for pid in fds:
-            if pid not in pending:
-                outcome[str(pid)] = "exited on SIGTERM"
-        for pid in pending:
-            try:
-                signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            outcome[str(pid)] = "killed"
-        stuck = _wait_fds({pid: fds[pid] for pid in pending}, deadline_s)
-        for pid in stuck:
-            outcome[str(pid)] = "still alive after SIGKILL"
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+        else:
+            targets.append(terminate.Target(pid, int(starttime)))
+    # Recorded processes are ours: they may run as another user or be PID 1 of a pod.
+    rules = terminate.Rules(allow_other_users=True, allow_ns_init=True)
+    results = terminate.terminate(targets, ["SIGTERM", "SIGKILL"], grace_s, grace_s + deadline_s,
+                                  rules, cont_first=True)
+    stuck = False
+    for result in results:
+        said = _STOPPED.get(result.exited_on or result.result)
+        if result.result == "refused" and result.reason_code != "reused":
+            said = f"refused: {result.reason}"
+        outcome[str(result.pid)] = said or "already gone"
+        stuck = stuck or (result.result in ("alive", "refused") and result.reason_code != "reused")
     if stuck:  # e.g. frozen by the v1 freezer: keep the record so a later stop/cleanup finds it
         return {"tag": tag, "stopped": True, "processes": outcome, "record_kept": True}
     if record.get("workdir"):
         shutil.rmtree(record["workdir"], ignore_errors=True)
     state.remove_record(KIND, tag)
     return {"tag": tag, "stopped": True, "processes": outcome}
+
+
+# What stop_workload says of each process, from the terminate primitive's outcome.
+_STOPPED = {"SIGTERM": "exited on SIGTERM", "SIGKILL": "killed",
+            "alive": "still alive after SIGKILL", "gone": "already gone"}
 
 
 def stop_all_workloads(
@@ -546,30 +534,23 @@ def stop_all_workloads(
     secrets: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Stop every recorded workload (a rollback of last resort, and `chaosgpu cleanup`): each as
-    `stop_workload` does, with `grace_s` (default 0: SIGKILL at once)."""
-    return [
-        stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s)
-        for tag in state.list_records(KIND)
-    ]
-
-
-def _wait_fds(fds: dict[int, int], timeout_s: float) -> set[int]:
-    """Wait until every pidfd in `fds` reports an exit or `timeout_s` passes; return those left."""
-    pending = set(fds)
-    deadline = time.monotonic() + timeout_s
-    poller = select.poll()
-    by_fd = {fd: pid for pid, fd in fds.items()}
-    for fd in fds.values():
-        poller.register(fd, select.POLLIN)
-    while pending:
-        remaining = deadline - time.monotonic()
-        events = poller.poll(max(0.0, remaining) * 1000.0)
-        for fd, _ in events:
-            pending.discard(by_fd[fd])
-            poller.unregister(fd)
-        if remaining <= 0:
-            break
-    return pending
+    `stop_workload` does, with `grace_s` (default 0: SIGKILL at once). One that cannot be
+    stopped does not stop the others: every workload is tried, then one error names every
+    failure."""
+    if grace_s < 0 or deadline_s <= 0:
+        raise ValueError("grace_s must be >= 0 and deadline_s > 0")
+    done: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for tag in state.list_records(KIND):
+        try:
+            done.append(stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s))
+        except Exception as error:  # the next workloads must still be stopped
+            logger.warning("chaosgpu: could not stop workload %s: %s", tag, error)
+            failures.append(f"{tag}: {type(error).__name__}: {error}")
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(failures) + len(done)} workload(s) could not "
+                           f"be stopped (the others were): {'; '.join(failures)}")
+    return done
 
 
 def list_workloads(
