@@ -22,7 +22,12 @@ it goes to a JSON file next to the journal (`<journal>.timeline.json`, the journ
 from `chaos run --journal-path`, else `timeline_path`, else the working directory) and the journal
 keeps the path. With `fail_on_missed_steady_state`, a steady-state hypothesis that is not met
 BEFORE the method raises InterruptExecution, so `chaos run` exits 1 (Chaos Toolkit alone exits 0
-there). Chaos Toolkit swallows exceptions in controls: every failure here is logged at ERROR.
+there); one not met AFTER the method is Chaos Toolkit's deviation (exit 1); one not met DURING
+the method (`--hypothesis-strategy during-method-only` or `continuously`) marks the run deviated
+(Chaos Toolkit alone only logs it). Which check is which comes from when it runs (before the
+method started, on Chaos Toolkit's during-method thread, or after), never from counting, so every
+`--hypothesis-strategy` gates the same way; `gating` records each check.
+Chaos Toolkit swallows exceptions in controls: every failure here is logged at ERROR.
 
 This module owns the hooks and the journal section; the sampling is chaosgpu.timeline.sampler.
 """
@@ -31,6 +36,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,8 +54,9 @@ logger = logging.getLogger("chaostoolkit")
 
 _settings: dict[str, Any] = {}
 _in_method = False
-_hypotheses_seen = 0
+_method_started = False
 _gating: dict[str, Any] = {}
+_gating_lock = threading.Lock()
 
 
 def _loud(what: str) -> None:
@@ -63,8 +70,8 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       fail_on_failed_activity: bool = False, **kwargs: Any) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
-    global _hypotheses_seen, _in_method
-    _hypotheses_seen = 0
+    global _method_started, _in_method
+    _method_started = False
     _in_method = False
     _gating.clear()
     _settings.clear()
@@ -105,36 +112,51 @@ def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
         _loud("before_experiment_control")
 
 
+def _hypothesis_when() -> str:
+    """Which check this is: "during" (Chaos Toolkit runs the during-method checks on its own
+    thread), "after" once the method has started, else "before". Counting hypotheses would take
+    the first after-method check of `--hypothesis-strategy after-method-only` for the gate."""
+    if threading.current_thread() is not threading.main_thread():
+        return "during"
+    return "after" if _method_started else "before"
+
+
 def before_hypothesis_control(context: Any = None, **kwargs: Any) -> None:
-    """Mark the start of a steady-state hypothesis."""
-    _mark("steady-state-hypothesis", "start")
+    """Mark the start of a steady-state hypothesis (before, during or after the method)."""
+    _mark("steady-state-hypothesis", "start", when=_hypothesis_when())
 
 
 def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
-    """Mark the end of a hypothesis; with `fail_on_missed_steady_state`, stop the run (exit 1)
-    when the hypothesis before the method was not met."""
-    global _hypotheses_seen
-    _hypotheses_seen += 1
+    """Mark the end of a hypothesis and record it under `gating`; with
+    `fail_on_missed_steady_state`, stop the run (exit 1) when the check BEFORE the method was not
+    met, and mark the run deviated when a check DURING the method was not met."""
+    when = _hypothesis_when()
     met = state.get("steady_state_met") if isinstance(state, dict) else None
-    _mark("steady-state-hypothesis", "end", met=met)
-    if _hypotheses_seen == 1:
-        _gating.update(before_met=met,
-                       fail_on_missed_steady_state=_settings.get("fail_on_missed_steady_state"))
+    _mark("steady-state-hypothesis", "end", met=met, when=when)
+    strict = bool(_settings.get("fail_on_missed_steady_state"))
+    with _gating_lock:
+        _gating["fail_on_missed_steady_state"] = strict
+        _gating.setdefault("checks", []).append({"when": when, "met": met})
+        if when == "during":
+            _gating["during_missed"] = int(_gating.get("during_missed", 0)) + (met is False)
+            return
+        _gating[f"{when}_met"] = met
         if met is False:
-            _gating["before_state"] = state
-        if met is False and _settings.get("fail_on_missed_steady_state"):
-            from chaoslib.exceptions import InterruptExecution
+            _gating[f"{when}_state"] = state
+    if when == "before" and met is False and strict:
+        from chaoslib.exceptions import InterruptExecution
 
-            _gating["interrupted"] = True
-            raise InterruptExecution(
-                "chaosgpu: the steady state was not met BEFORE the method: the experiment "
-                "cannot show anything; failing the run (fail_on_missed_steady_state)")
+        _gating["interrupted"] = True
+        raise InterruptExecution(
+            "chaosgpu: the steady state was not met BEFORE the method: the experiment "
+            "cannot show anything; failing the run (fail_on_missed_steady_state)")
 
 
 def before_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of the method."""
-    global _in_method
+    global _in_method, _method_started
     _in_method = True
+    _method_started = True
     _mark("method", "start")
 
 
@@ -258,9 +280,21 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
         else:
             section["summary"] = {"error": "the sampler did not run (see errors above)"}
         if isinstance(state, dict):
+            _deviate_on_missed_during(state, section["gating"])
             state.setdefault("chaosgpu", {}).update(section)
     except Exception:
         _loud("after_experiment_control")
+
+
+def _deviate_on_missed_during(journal: dict[str, Any], gating: dict[str, Any]) -> None:
+    """With `fail_on_missed_steady_state`, a check DURING the method that was not met makes the
+    run deviated (Chaos Toolkit alone only logs it, and `chaos run` exits 0)."""
+    missed = int(gating.get("during_missed") or 0)
+    if not missed or not _settings.get("fail_on_missed_steady_state"):
+        return
+    checks = sum(1 for check in gating.get("checks") or [] if check.get("when") == "during")
+    gating["deviated_by"] = f"{missed} of {checks} checks during the method not met"
+    journal["deviated"] = True
 
 
 def cleanup_control(control: Any = None, **kwargs: Any) -> None:
