@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaosgpu.timeline import events as events_mod
 from chaosgpu.timeline import sampler as sampler_mod
 
 __all__ = [
@@ -57,6 +58,10 @@ _in_method = False
 _method_started = False
 _gating: dict[str, Any] = {}
 _gating_lock = threading.Lock()
+_stage = "other"  # the part of the run now: "method", "rollbacks" or "other"
+_hypothesis_depth = 0
+_open: dict[tuple[str, int], events_mod.ActivityRecord] = {}
+_records: list[events_mod.ActivityRecord] = []
 
 
 def _loud(what: str) -> None:
@@ -67,16 +72,22 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       scope: dict[str, Any] | None = None, source: str = "auto",
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
                       fail_on_missed_steady_state: bool = False,
-                      fail_on_failed_activity: bool = False, **kwargs: Any) -> None:
+                      fail_on_failed_activity: bool = False, fault_activity: str | None = None,
+                      **kwargs: Any) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
-    global _method_started, _in_method
+    global _method_started, _in_method, _stage, _hypothesis_depth
     _method_started = False
     _in_method = False
+    _stage = "other"
+    _hypothesis_depth = 0
+    _open.clear()
+    _records.clear()
     _gating.clear()
     _settings.clear()
     _settings.update(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
                      inline_max_points=inline_max_points, timeline_path=timeline_path,
+                     fault_activity=fault_activity or None,
                      fail_on_missed_steady_state=_flag(fail_on_missed_steady_state),
                      fail_on_failed_activity=_flag(fail_on_failed_activity))
 
@@ -123,6 +134,9 @@ def _hypothesis_when() -> str:
 
 def before_hypothesis_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of a steady-state hypothesis (before, during or after the method)."""
+    global _hypothesis_depth
+    if threading.current_thread() is threading.main_thread():
+        _hypothesis_depth += 1
     _mark("steady-state-hypothesis", "start", when=_hypothesis_when())
 
 
@@ -130,7 +144,10 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
     """Mark the end of a hypothesis and record it under `gating`; with
     `fail_on_missed_steady_state`, stop the run (exit 1) when the check BEFORE the method was not
     met, and mark the run deviated when a check DURING the method was not met."""
+    global _hypothesis_depth
     when = _hypothesis_when()
+    if when != "during":
+        _hypothesis_depth = max(0, _hypothesis_depth - 1)
     met = state.get("steady_state_met") if isinstance(state, dict) else None
     _mark("steady-state-hypothesis", "end", met=met, when=when)
     strict = bool(_settings.get("fail_on_missed_steady_state"))
@@ -154,26 +171,32 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
 
 def before_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of the method."""
-    global _in_method, _method_started
+    global _in_method, _method_started, _stage
     _in_method = True
     _method_started = True
+    _stage = "method"
     _mark("method", "start")
 
 
 def after_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the end of the method."""
-    global _in_method
+    global _in_method, _stage
     _in_method = False
+    _stage = "other"
     _mark("method", "end")
 
 
 def before_rollback_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of the rollbacks."""
+    global _stage
+    _stage = "rollbacks"
     _mark("rollbacks", "start")
 
 
 def after_rollback_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the end of the rollbacks."""
+    global _stage
+    _stage = "other"
     _mark("rollbacks", "end")
 
 
@@ -188,22 +211,56 @@ def _mark(name: str, phase: str, **extra: Any) -> None:
 
 
 def before_activity_control(context: Any = None, **kwargs: Any) -> None:
-    """Mark an activity's start (its name) on the timeline."""
+    """Mark an activity's start (its name) on the timeline and open its typed record."""
     if isinstance(context, dict):
         _mark(str(context.get("name")), "start", type=context.get("type"))
+        provider = context.get("provider")
+        provider = provider if isinstance(provider, dict) else {}
+        record = events_mod.ActivityRecord(
+            name=str(context.get("name")), type=str(context.get("type") or ""),
+            module=str(provider.get("module") or ""), func=str(provider.get("func") or ""),
+            part=_part(), at=time.time())
+        with _gating_lock:
+            _open[(record.name, threading.get_ident())] = record
+
+
+def _part() -> str:
+    if _hypothesis_depth or threading.current_thread() is not threading.main_thread():
+        return "hypothesis"
+    return _stage
 
 
 def after_activity_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
-    """Mark an activity's end (with its status) and look for the processes it started."""
+    """Mark an activity's end (with its status), close its typed record (the faults recorded
+    while it ran, its output) and look for the processes it started."""
     if isinstance(context, dict):
         status = state.get("status") if isinstance(state, dict) else None
         _mark(str(context.get("name")), "end", type=context.get("type"), status=status)
+        _close(str(context.get("name")), state)
     sampler = sampler_mod.current()
     if sampler is not None:
         sampler.request_rescan()
     if (_in_method and _settings.get("fail_on_failed_activity") and isinstance(state, dict)
             and state.get("status") == "failed" and isinstance(context, dict)):
         _fail_run_on_failed_activity(context, state)
+
+
+def _close(name: str, state: Any) -> None:
+    with _gating_lock:
+        record = _open.pop((name, threading.get_ident()), None)
+    if record is None:
+        return
+    try:
+        from chaosgpu import faultlog
+
+        record.end_at = time.time()
+        record.status = state.get("status") if isinstance(state, dict) else None
+        record.output = state.get("output") if isinstance(state, dict) else None
+        record.faults = [f for f in faultlog.recent(record.at) if f["t"] <= record.end_at]
+        with _gating_lock:
+            _records.append(record)
+    except Exception:
+        _loud(f"recording activity {name}")
 
 
 def _fail_run_on_failed_activity(context: dict[str, Any], state: dict[str, Any]) -> None:
@@ -279,11 +336,28 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
                         summary["samples"], summary["rate_hz"], summary["overhead_cpu_pct"])
         else:
             section["summary"] = {"error": "the sampler did not run (see errors above)"}
+        section.update(_typed(sampler))
         if isinstance(state, dict):
             _deviate_on_missed_during(state, section["gating"])
             state.setdefault("chaosgpu", {}).update(section)
     except Exception:
         _loud("after_experiment_control")
+
+
+def _typed(sampler: sampler_mod.Sampler | None) -> dict[str, Any]:
+    """The typed events (chaosgpu.timeline.events): fault, signals, release, verdicts."""
+    try:
+        with _gating_lock:
+            records = list(_records)
+        if sampler is None:
+            return events_mod.typed_section(records, {}, None, lambda name, phase: None,
+                                            _settings.get("fault_activity"))
+        return events_mod.typed_section(records, dict(sampler.measurements), sampler.t0,
+                                        sampler.event_time, _settings.get("fault_activity"))
+    except Exception:
+        _loud("recording the typed events")
+        return {"format": events_mod.FORMAT, "fault": None, "signals": [], "release": None,
+                "verdicts": [], "error": "the typed events could not be recorded (see log)"}
 
 
 def _deviate_on_missed_during(journal: dict[str, Any], gating: dict[str, Any]) -> None:
