@@ -4,7 +4,8 @@ This package owns `build_report`, which ties the parts together: `loading` (read
 validating journals), `events` (the typed facts: fault, signals, release, verdicts),
 `figures` (the figures), `model` (the shapes), `tables` (rows and pairing), `plots`
 (matplotlib PNGs), `html` and `markdown` (rendering), `cli` (`chaosgpu report`). Nothing
-here runs experiments or reads the node; a bad journal never stops the report (it is listed under "problems").
+here runs experiments or reads the node; a bad journal never stops the report (it is listed
+under "problems").
 """
 
 import os
