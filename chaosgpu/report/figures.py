@@ -293,7 +293,7 @@ def _waste(result: dict[str, Metric], section: dict[str, Any], facts: dict[str, 
                                 if t >= rollbacks_t), values[-1]))
     projected = float(waste.value) + at_cleanup / 1024.0 * (PROJECTION_S - held_for)
     result["gib_seconds_600s"] = Metric(
-        round(projected, 1), f"wasted until the cleanup ({held_for:.1f} s after the fault) plus "
+        round(projected, 1), f"wasted until the cleanup ({held_for:.2f} s after the fault) plus "
                              f"{at_cleanup:.0f} MiB held to {PROJECTION_S:.0f} s", "GiB x s",
         f"projected: the cleanup came {held_for:.2f} s after the fault")
 
@@ -374,6 +374,10 @@ def run_figures(journal: dict[str, Any], section: dict[str, Any], facts: dict[st
     _residual(result, section, derived)
     _hang(result, journal, facts)
     _zombies(result, journal, facts, timeline, rollbacks_t)
+    if result["release_s"].value is not None:
+        for name in ("cleanup_release_s", "gib_seconds_600s"):
+            result[name] = Metric(None, "not applicable: memory came back before any cleanup",
+                                  result[name].unit)
     if not facts.get("fault"):
         for name in ("release_s", "gib_seconds"):
             if result[name].value is None:

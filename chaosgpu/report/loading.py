@@ -342,7 +342,8 @@ def _view(path: str, journal: dict[str, Any], section: dict[str, Any],
                        "activity": None, "kind": "release"})
         events.sort(key=lambda e: e["t"])
     for name, metric in metrics.items():
-        if metric.value is None and metric.note is None:
+        if metric.value is None and metric.note is None \
+                and not metric.source.startswith("not applicable"):
             missing.append(f"{METRICS[name][0]} ({metric.source})")
     duration = journal.get("duration")
     return RunView(
