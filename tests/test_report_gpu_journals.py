@@ -160,7 +160,8 @@ def test_the_pair_compares_the_release(runs: dict[str, RunView]) -> None:
     _, rows = pair_table(pair)
     table = {row[0]: row[1:] for row in rows}
     assert table["memory back after the fault (s)"][:2] == ["30.11", "0.12"]
-    assert table["memory back after SIGKILL (s)"][:2] == ["0.08", "no SIGKILL; 0.12 s after SIGTERM"]
+    assert table["memory back after SIGKILL (s)"][:2] == ["0.08",
+                                                          "no SIGKILL; 0.12 s after SIGTERM"]
     assert table["memory measured"][:2] == ["GPU memory (NVML)", "GPU memory (NVML)"]
     assert "zombies after kill" not in table
 
@@ -207,6 +208,7 @@ def test_declared_and_observed_fault(runs: dict[str, RunView]) -> None:
     """This old run's fail_rank (how=auto, gloo) froze rank 0: the report words the fault as the
     journal recorded it (the fault mark on the timeline), not as "kill" nor from a name."""
     nccl = runs["nccl-rank-kill"]
-    assert nccl.fault_kind == "SIGSTOP" and nccl.fault.startswith("freeze (SIGSTOP) by 'fail-rank-0'")
+    assert nccl.fault_kind == "SIGSTOP"
+    assert nccl.fault.startswith("freeze (SIGSTOP) by 'fail-rank-0'")
     assert any("older journal without typed events" in note for note in nccl.notes)
     assert [(row["verdict"], row["after_fault_s"]) for row in nccl.verdicts] == [("hung", 0.0051)]
