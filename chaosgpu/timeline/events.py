@@ -148,7 +148,8 @@ def _signals(records: list[ActivityRecord], t0: float | None) -> list[dict[str, 
     for record in records:
         found = [(str(f["kind"]), float(f["t"])) for f in record.faults
                  if str(f.get("kind")) in SIGNAL_NAMES and _is_unix(f.get("t"))]
-        found += output_signals(record.output, record.at)
+        if record.type == "action":  # a probe observes; it sends nothing
+            found += output_signals(record.output, record.at)
         for signal, at in found:
             out.setdefault((signal, round(at, 2)), {
                 "signal": signal, "at": at, "t": _rel(at, t0), "activity": record.name,
