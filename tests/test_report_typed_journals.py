@@ -104,3 +104,22 @@ def test_the_rendered_report_says_host_memory_and_node_loss(tmp_path: Path) -> N
     assert "host memory (RSS of the tracked processes, not GPU memory)" in md
     assert "node loss (the rank partitioned, then SIGKILLed" in md
     assert "good: the survivors ended by themselves (the remedy worked)" in md
+
+
+KEPT = sorted((RESULTS.parent).glob("**/*.journal.json"))
+
+
+@pytest.mark.parametrize("path", KEPT, ids=lambda p: str(p.relative_to(RESULTS.parent)))
+def test_every_kept_real_journal_loads(path: Path) -> None:
+    """Every kept real journal (older ones included) loads without a problem and says what its
+    fault was; an older one says its facts were rebuilt."""
+    from chaosgpu.report.loading import load_journal
+
+    run, problems = load_journal(str(path))
+    assert run is not None and problems == []
+    raw = json.loads(path.read_text())
+    assert run.typed == ("format" in raw["chaosgpu"])
+    assert run.fault != "unknown" and run.fault_kind, run.missing
+    assert run.typed or any("older journal without typed events" in n for n in run.notes)
+    for figure in run.metrics.values():
+        assert figure.value is None or isinstance(figure.value, int | float)

@@ -12,12 +12,17 @@ samples, default 20), `scope` (which processes to track; default every chaosgpu-
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
 `fail_on_missed_steady_state` (default false), `fail_on_failed_activity` (default false: stop
 the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
-fault that was never injected could pass as a met steady state).
+fault that was never injected could pass as a met steady state), `fault_activity` (the name of
+the method action that is the fault, when the rules of chaosgpu.timeline.events would not find
+it).
 
 What it does: starts the sampler and records the baseline before the experiment; marks every
-activity's start and end on the timeline; at the end writes `journal["chaosgpu"]` =
-{"timeline" | null, "timeline_file" | null, "events", "measurements", "summary", "backend",
-"gating"}. The timeline is inline when it holds at most `inline_max_points` numbers, otherwise
+activity's start and end on the timeline and keeps a typed record of it (provider, part of the
+run, start, end, the faults chaosgpu.faultlog recorded while it ran, its output); at the end
+writes `journal["chaosgpu"]` = {"timeline" | null, "timeline_file" | null, "events",
+"measurements", "summary", "backend", "gating", "format": 2, "fault", "signals", "release",
+"verdicts"} (the typed events: chaosgpu.timeline.events says what each is). The timeline is
+inline when it holds at most `inline_max_points` numbers, otherwise
 it goes to a JSON file next to the journal (`<journal>.timeline.json`, the journal path taken
 from `chaos run --journal-path`, else `timeline_path`, else the working directory) and the journal
 keeps the path. With `fail_on_missed_steady_state`, a steady-state hypothesis that is not met

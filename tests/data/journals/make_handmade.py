@@ -177,18 +177,16 @@ def method_action(name, func, module, arguments):
 
 
 def probe_figures(tl, fault_t, until_t):
-    """What the timeline probes would record: release time (64 MiB above the baseline) and the
-    trapezoid integral of (total - baseline) from the fault to `until_t`, in GiB x s."""
+    """What the timeline probes would record: release time (64 MiB above the baseline) and
+    GiB x s above the baseline from the fault to `until_t` (chaosgpu.timeline.integral)."""
+    from chaosgpu.timeline.integral import gib_seconds
+
     base = tl["baseline"]["total_mib"]
     t, total = tl["t"], tl["total_mib"]
     release = next((ti - fault_t for ti, v in zip(t, total, strict=True)
                     if ti >= fault_t and v <= base + 64), None)
-    area = 0.0
-    for i in range(1, len(t)):
-        a, b = max(t[i - 1], fault_t), min(t[i], until_t)
-        if b > a:
-            area += (max(0, total[i - 1] - base) + max(0, total[i] - base)) / 2 * (b - a)
-    return (None if release is None else round(release, 4)), round(area / 1024, 4)
+    waste = gib_seconds(t, total, fault_t, until_t, above=base)
+    return (None if release is None else round(release, 4)), round(waste, 4)
 
 
 def section_of(tl, measurements):
