@@ -103,3 +103,46 @@ def test_a_probe_is_never_the_fault() -> None:
     assert section["fault"]["t"] == pytest.approx(1.1)
     # the probe's record is no signal sent: only the action's fault log counts
     assert [(s["signal"], s["activity"]) for s in section["signals"]] == [("SIGKILL", "x")]
+
+
+def test_a_background_method_action_can_be_the_fault() -> None:
+    """Chaos Toolkit runs a `background: true` action on a thread of its own: it is still part
+    of the method (only a hypothesis's probes are "hypothesis"), so it can be the fault."""
+    import threading
+    import time
+
+    from chaosgpu.timeline import control
+
+    action = {"type": "action", "name": "bg-kill", "background": True,
+              "provider": {"type": "python", "module": "chaosgpu.process.actions",
+                           "func": "signal_processes"}}
+    probe = {"type": "probe", "name": "check", "provider": {"type": "python", "module": "m",
+                                                             "func": "f"}}
+
+    def background() -> None:
+        control.before_activity_control(context=action)
+        control.after_activity_control(context=action, state={
+            "status": "succeeded", "output": {"signal": "SIGKILL", "sent_at": time.time()}})
+
+    def hypothesis() -> None:
+        control.before_hypothesis_control(context={})
+        control.before_activity_control(context=probe)
+        control.after_activity_control(context=probe, state={
+            "status": "succeeded", "output": {"sigkill_sent": time.time()}})
+        control.after_hypothesis_control(context={}, state={"steady_state_met": True})
+
+    control.configure_control()
+    try:
+        control.before_method_control()
+        for target in (hypothesis, background):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join(timeout=10)
+            assert not thread.is_alive()
+        control.after_method_control()
+        section = control._typed(None)
+        assert section["fault"]["activity"] == "bg-kill"
+        assert [(s["signal"], s["part"]) for s in section["signals"]] == [("SIGKILL", "method")]
+        assert [c["when"] for c in control._gating["checks"]] == ["during"]
+    finally:
+        control.cleanup_control()

@@ -64,7 +64,7 @@ _method_started = False
 _gating: dict[str, Any] = {}
 _gating_lock = threading.Lock()
 _stage = "other"  # the part of the run now: "method", "rollbacks" or "other"
-_hypothesis_depth = 0
+_in_hypothesis = threading.local()  # .depth > 0 on a thread running a hypothesis's probes
 _open: dict[tuple[str, int], events_mod.ActivityRecord] = {}
 _records: list[events_mod.ActivityRecord] = []
 
@@ -81,11 +81,11 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       **kwargs: Any) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
-    global _method_started, _in_method, _stage, _hypothesis_depth
+    global _method_started, _in_method, _stage
     _method_started = False
     _in_method = False
     _stage = "other"
-    _hypothesis_depth = 0
+    _in_hypothesis.depth = 0
     _open.clear()
     _records.clear()
     _gating.clear()
@@ -139,9 +139,7 @@ def _hypothesis_when() -> str:
 
 def before_hypothesis_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of a steady-state hypothesis (before, during or after the method)."""
-    global _hypothesis_depth
-    if threading.current_thread() is threading.main_thread():
-        _hypothesis_depth += 1
+    _in_hypothesis.depth = getattr(_in_hypothesis, "depth", 0) + 1
     _mark("steady-state-hypothesis", "start", when=_hypothesis_when())
 
 
@@ -149,10 +147,8 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
     """Mark the end of a hypothesis and record it under `gating`; with
     `fail_on_missed_steady_state`, stop the run (exit 1) when the check BEFORE the method was not
     met, and mark the run deviated when a check DURING the method was not met."""
-    global _hypothesis_depth
     when = _hypothesis_when()
-    if when != "during":
-        _hypothesis_depth = max(0, _hypothesis_depth - 1)
+    _in_hypothesis.depth = max(0, getattr(_in_hypothesis, "depth", 0) - 1)
     met = state.get("steady_state_met") if isinstance(state, dict) else None
     _mark("steady-state-hypothesis", "end", met=met, when=when)
     strict = bool(_settings.get("fail_on_missed_steady_state"))
@@ -230,7 +226,7 @@ def before_activity_control(context: Any = None, **kwargs: Any) -> None:
 
 
 def _part() -> str:
-    if _hypothesis_depth or threading.current_thread() is not threading.main_thread():
+    if getattr(_in_hypothesis, "depth", 0):  # (a background method action is no hypothesis)
         return "hypothesis"
     return _stage
 
