@@ -96,33 +96,37 @@ def test_missed_before_the_method_interrupts(strategy: str, tmp_path: Path) -> N
     assert not _alive_with_tag(tag)
 
 
-def test_missed_after_the_method_is_a_deviation(tmp_path: Path) -> None:
-    # Before the fix the control took this first check for the gate: status interrupted,
-    # deviated false.
-    tag = f"gate-after-{os.getpid()}"
-    code, journal, output = _run_strategy(tmp_path, "after-method-only", tag)
+def _assert_deviated_after_the_method_ran(code: int, journal: dict, output: str) -> dict:
+    """A run whose method and rollbacks ran and whose steady state was missed after the gate:
+    exit 1, completed, deviated, never interrupted, no before-method check; returns gating."""
     gating = journal["chaosgpu"]["gating"]
     assert code == 1, output[-3000:]
     assert journal["status"] == "completed" and journal["deviated"] is True
     assert [r["status"] for r in journal["run"]] == ["succeeded"]
-    assert journal["steady_states"]["after"]["steady_state_met"] is False
-    assert gating["after_met"] is False and "interrupted" not in gating
-    assert "before_met" not in gating
-    assert [c["when"] for c in gating["checks"]] == ["after"]
     assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
+    assert "before_met" not in gating and "interrupted" not in gating
+    return gating
+
+
+def test_missed_after_the_method_is_a_deviation(tmp_path: Path) -> None:
+    # Before the fix the control took this first check for the gate: status interrupted,
+    # deviated false.
+    tag = f"gate-after-{os.getpid()}"
+    gating = _assert_deviated_after_the_method_ran(
+        *_run_strategy(tmp_path, "after-method-only", tag))
+    assert gating["after_met"] is False
+    assert gating["after_state"]["steady_state_met"] is False
+    assert [c["when"] for c in gating["checks"]] == ["after"]
     assert not _alive_with_tag(tag)
 
 
 def test_missed_during_the_method_is_a_deviation(tmp_path: Path) -> None:
     tag = f"gate-during-{os.getpid()}"
     code, journal, output = _run_strategy(tmp_path, "during-method-only", tag)
-    gating = journal["chaosgpu"]["gating"]
-    assert code == 1, output[-3000:]
-    assert journal["status"] == "completed" and journal["deviated"] is True
-    assert [r["status"] for r in journal["run"]] == ["succeeded"]
+    gating = _assert_deviated_after_the_method_ran(code, journal, output)
     during = journal["steady_states"]["during"]
     assert during and all(state["steady_state_met"] is False for state in during)
     assert {c["when"] for c in gating["checks"]} == {"during"}
     assert gating["during_missed"] == len(gating["checks"]) >= 1
-    assert "before_met" not in gating and "interrupted" not in gating
+    assert gating["deviated_by"].endswith("checks during the method not met")
     assert not _alive_with_tag(tag)
