@@ -150,7 +150,7 @@ def test_probes_need_the_control_and_valid_input(sampler_cleanup: list[Sampler])
         probes.memory_release_time(after_event="nope")
     assert probes.memory_release_time(after_event="nope", missing_ok=True) == 0.0
     with pytest.raises(ValueError, match="from_event"):
-        probes.gb_seconds_held()
+        probes.gb_seconds_held(from_event="")
     with pytest.raises(ValueError, match="phase"):
         probes.termination_timings(after_event="x", phase="middle")
 

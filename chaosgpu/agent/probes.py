@@ -21,6 +21,8 @@ from typing import Any
 
 import requests
 
+from chaosgpu.timeline.integral import gib_seconds
+
 __all__ = ["agent_snapshot", "pod_gpu_memory", "pod_release_time", "pod_gb_seconds"]
 
 logger = logging.getLogger("chaostoolkit")
@@ -196,7 +198,7 @@ def pod_gb_seconds(url: str = "", pod_uid: str = "", pod: str = "",
                    secrets: dict[str, Any] | None = None) -> float:
     """GiB x seconds of GPU memory held by the processes of a pod between `since` (unix time;
     by default the DELETE sent for `pod`) and `until` (default now), from the agent's timeline:
-    the field report's "GB x s wasted" during a grace period, with GiB = 1024 MiB."""
+    the field report's "GB x s wasted" during a grace period (chaosgpu.timeline.integral)."""
     pod_uid, since = _pod(pod_uid, pod, since)
     if since is None:
         raise ValueError("since (unix time) is required when the pod has no deletion record")
@@ -206,10 +208,4 @@ def pod_gb_seconds(url: str = "", pod_uid: str = "", pod: str = "",
     window = _get(_url(url, configuration), "/v1/timeline",
                   {"since": since - 2.0, "until": until, "pod_uid": pod_uid}, timeout_s, secrets)
     times, totals, _ = _pod_series(window)
-    area = 0.0
-    for i, t in enumerate(times):
-        nxt = times[i + 1] if i + 1 < len(times) else until
-        lo, hi = max(t, since), min(nxt, until)
-        if hi > lo:
-            area += totals[i] * (hi - lo)
-    return round(area / 1024.0, 4)
+    return round(gib_seconds(times, totals, since, until), 4)
