@@ -296,7 +296,7 @@ def test_cuda_oom_seen_reads_the_injector_marks_of_a_tag(tmp_path: Path) -> None
         assert probes.cuda_oom_seen("nobody")["seen"] is False
     finally:
         mark.unlink()
-    with pytest.raises(ValueError, match="tag must name"):
+    with pytest.raises(ValueError, match="tag must be a non-empty string"):
         probes.cuda_oom_seen("")
     with pytest.raises(ValueError, match="no chaosgpu ring workload tagged"):
         probes.job_progress("nobody", window_s=0.1)

@@ -14,8 +14,9 @@ This module owns these computations' public face and must not sample or signal a
 import logging
 import statistics
 import time
-from typing import Any
+from typing import Any, Dict, Optional
 
+from chaosgpu.arguments import MIB, SECONDS, TEXT, checked
 from chaosgpu.timeline import sampler as sampler_mod
 
 __all__ = ["baseline_memory", "residual_gpu_memory", "gpu_memory_at_baseline",
@@ -54,8 +55,8 @@ def _event_t(sampler: sampler_mod.Sampler, name: str, phase: str) -> float:
     return t
 
 
-def baseline_memory(configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def baseline_memory(configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Return the memory baseline recorded when the experiment started: the total in MiB, per
     GPU when NVML is the source, and the source ("nvml" or "host-rss")."""
     sampler = _sampler()
@@ -64,9 +65,10 @@ def baseline_memory(configuration: dict[str, Any] | None = None,
     return dict(sampler.baseline)
 
 
+@checked(tolerance_mib=MIB, timeout_s=SECONDS)
 def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> float:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> float:
     """Return the memory still held above the experiment's baseline, in MiB (median of the
     last samples). Waits up to `timeout_s` for it to fall to `tolerance_mib` or below (memory
     is freed a little after the processes die), then returns the value either way: use a range
@@ -88,18 +90,20 @@ def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
     return residual
 
 
+@checked(tolerance_mib=MIB, timeout_s=SECONDS)
 def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
-                           configuration: dict[str, Any] | None = None,
-                           secrets: dict[str, Any] | None = None) -> bool:
+                           configuration: Optional[Dict[str, Any]] = None,
+                           secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when memory is back within `tolerance_mib` MiB of the baseline taken before the
     experiment (waiting up to `timeout_s`): the steady state "no residual GPU memory"."""
     return residual_gpu_memory(tolerance_mib, timeout_s) <= tolerance_mib
 
 
-def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
+def memory_release_time(after_event: str, threshold_mib: float = 64.0,
                         timeout_s: float = 30.0, phase: str = "start", missing_ok: bool = False,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> float | None:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Optional[float]:
     """Seconds from an event on the timeline (an activity's name; its `phase` "start" by
     default) to the first sample where memory is back within `threshold_mib` of the baseline.
     Waits up to `timeout_s` for that to happen; returns None (and logs why) when it did not.
@@ -138,10 +142,11 @@ def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
     return None
 
 
-def gb_seconds_held(from_event: str = "", to_event: str | None = None,
+@checked(from_event=TEXT, to_event=TEXT)
+def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
                     from_phase: str = "start", to_phase: str = "end",
-                    configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> float:
+                    configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> float:
     """GiB x seconds of memory held above the baseline between two events (activity names;
     from the first's start to the second's end, or to now when `to_event` is omitted): the
     integral of (memory - baseline) over time, GiB = 1024 MiB. The field report's "GB x s
@@ -162,10 +167,11 @@ def gb_seconds_held(from_event: str = "", to_event: str | None = None,
     return value
 
 
-def termination_timings(after_event: str = "", phase: str = "start",
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
+def termination_timings(after_event: str, phase: str = "start",
                         threshold_mib: float = 64.0, timeout_s: float = 5.0,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """How long after an event (an activity's start by default) each tracked process died
     (first seen zombie or gone) and memory came back within `threshold_mib` of the baseline:
     {"after_event", "processes": {pid: {"dead_after_s", "gone_after_s", "tag", "rank"}},
@@ -220,8 +226,8 @@ def _termination(after_event: str, phase: str, threshold_mib: float) -> dict[str
     return result
 
 
-def timeline_summary(configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def timeline_summary(configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The timeline so far: samples, real rate, source, baseline, peak and current memory."""
     sampler = _sampler()
     summary = sampler.summary()
