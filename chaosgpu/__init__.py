@@ -14,7 +14,7 @@ import typing
 from importlib import metadata
 from typing import Any
 
-__all__ = ["__version__", "discover", "ACTIVITY_MODULES", "DISTRIBUTION"]
+__all__ = ["__version__", "discover", "portable_type", "ACTIVITY_MODULES", "DISTRIBUTION"]
 
 DISTRIBUTION = "chaostoolkit-gpu"
 try:

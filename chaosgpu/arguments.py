@@ -18,7 +18,7 @@ from typing import Any, TypeVar, cast
 
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["Rule", "checked", "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX", "MIB", "TEXT",
+__all__ = ["Rule", "checked", "rules_of", "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX", "MIB", "TEXT",
            "PID", "FRACTION", "POSITIVE", "DEVICE"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +57,11 @@ DEVICE = Rule("a GPU index (an integer >= 0) or a non-empty UUID or PCI bus id s
               lambda v: (_integer(v) and v >= 0) or (isinstance(v, str) and bool(v.strip())))
 
 
+def rules_of(activity: Callable[..., Any]) -> dict[str, Rule]:
+    """The argument rules `checked` gave an activity ({} for one without)."""
+    return dict(getattr(activity, "__chaosgpu_rules__", {}))
+
+
 def _allows_none(parameter: inspect.Parameter) -> bool:
     """Whether None is a value the parameter declares: its default, or Optional[...]."""
     if parameter.default is None:
@@ -68,7 +73,8 @@ def _allows_none(parameter: inspect.Parameter) -> bool:
 
 def checked(**rules: Rule) -> Callable[[F], F]:
     """Decorate an activity so that each argument named in `rules` is checked before it runs (a
-    missing one is Python's TypeError, as without the decorator)."""
+    missing one is Python's TypeError, as without the decorator). The rules stay readable as
+    `rules_of(activity)`."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
@@ -90,6 +96,7 @@ def checked(**rules: Rule) -> Callable[[F], F]:
                                           f"got {value!r}")
             return func(*args, **kwargs)
 
+        wrapper.__chaosgpu_rules__ = dict(rules)  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorate

@@ -65,7 +65,7 @@ def _get(url: str, path: str, params: dict[str, Any], timeout_s: float,
     return response.json()
 
 
-def _pod(pod_uid: str, pod: str, since: float | None) -> tuple[str, float | None]:
+def _pod(pod_uid: str | None, pod: str | None, since: float | None) -> tuple[str, float | None]:
     """(pod uid, DELETE time) from the arguments or chaosgpu.k8s's deletion record."""
     if pod_uid:
         return pod_uid, since
@@ -94,7 +94,7 @@ def agent_snapshot(url: Optional[str] = None, gpu: Optional[int] = None, process
 
 
 @checked(pod_uid=TEXT, timeout_s=POSITIVE_SECONDS)
-def pod_gpu_memory(url: Optional[str] = None, pod_uid: str = "", timeout_s: float = 5.0,
+def pod_gpu_memory(pod_uid: str, url: Optional[str] = None, timeout_s: float = 5.0,
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> float:
     """Return the GPU memory in MiB that the processes of pod `pod_uid` hold now on the agent's
@@ -157,7 +157,8 @@ def _release(window: dict[str, Any], since: float, threshold_mib: float) -> floa
 
 
 @checked(since=SECONDS, threshold_mib=MIB, timeout_s=POSITIVE_SECONDS, poll_s=POSITIVE_SECONDS)
-def pod_release_time(url: Optional[str] = None, pod_uid: str = "", pod: str = "",
+def pod_release_time(url: Optional[str] = None, pod_uid: Optional[str] = None,
+                     pod: Optional[str] = None,
                      since: Optional[float] = None, threshold_mib: float = 64.0,
                      timeout_s: float = 60.0, poll_s: float = 0.25,
                      configuration: Optional[Dict[str, Any]] = None,
@@ -196,7 +197,8 @@ def pod_release_time(url: Optional[str] = None, pod_uid: str = "", pod: str = ""
 
 
 @checked(since=SECONDS, until=SECONDS, timeout_s=POSITIVE_SECONDS)
-def pod_gb_seconds(url: Optional[str] = None, pod_uid: str = "", pod: str = "",
+def pod_gb_seconds(url: Optional[str] = None, pod_uid: Optional[str] = None,
+                   pod: Optional[str] = None,
                    since: Optional[float] = None, until: Optional[float] = None,
                    timeout_s: float = 10.0, configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> float:
