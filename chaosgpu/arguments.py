@@ -18,8 +18,8 @@ from typing import Any, TypeVar, cast
 
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["Rule", "checked", "rules_of", "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX", "MIB", "TEXT",
-           "PID", "FRACTION", "POSITIVE", "DEVICE"]
+__all__ = ["Rule", "checked", "rules_of", "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX",
+           "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "DEVICE"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -62,7 +62,7 @@ def unresolved_variables(experiment: Mapping[str, Any],
     """(name, where) of every `${name}` that resolves to nothing, in document order: neither
     the experiment's configuration and secrets nor `also_defined` (the run's variables)."""
     known = defined_names(experiment) | (also_defined or set())
-    found = []
+    found: list[tuple[str, str]] = []
     for key, value in experiment.items():
         if key in DECLARATIONS:
             continue
