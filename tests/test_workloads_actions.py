@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 from proc_helpers import alive as _alive
 
 from chaosgpu import state
@@ -113,12 +114,11 @@ def test_stop_all_workloads() -> None:
 )  # fmt: skip
 def test_start_pod_with_holders(init: str, count: int, on_sigterm: str, fast: bool) -> None:
     pod = f"pwh-{init}-{count}"
-    try:
-        started = actions.start_pod_with_holders(pod=pod, init=init, count=count, mib=4,
-                                                 via="host", on_sigterm=on_sigterm, grace_s=1.5,
-                                                 tag=f"pwh-{init}", timeout_s=120)  # fmt: skip
-    except runtime.SandboxError as error:
-        pytest.skip(str(error))
+    if init == "tini":
+        require_tool("tini", install="apt-get install tini")
+    started = actions.start_pod_with_holders(pod=pod, init=init, count=count, mib=4,
+                                             via="host", on_sigterm=on_sigterm, grace_s=1.5,
+                                             tag=f"pwh-{init}", timeout_s=120)  # fmt: skip
     try:
         assert len(started["pids"]) == count and all(_alive(p) for p in started["pids"])
         listed = {p["pid"]: p for p in runtime.processes(pod)}
