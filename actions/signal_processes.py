@@ -225,7 +225,7 @@ def _open_checked(target, rules):
 def _poll_exits(pidfds, timeout_s):
     """Wait up to `timeout_s` on the pidfds {key: fd}; return the keys whose process exited (a
     pidfd turns readable when its process has exited, zombie or reaped)."""
-    exited = set()
+    exited = set()  # type: set[str]
     poller = select.poll()
     by_fd = {}
     for key, fd in pidfds.items():

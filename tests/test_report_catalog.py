@@ -57,6 +57,7 @@ def test_report_from_real_catalog_journals(tmp_path: Path) -> None:
     folder.mkdir()
     produced = {name: _run(name, overrides, folder) for name, overrides in RUNS.items()}
     journals = [path for path in produced.values() if path is not None]
+    # every catalog run must leave its journal: a run that produced none is a failure
     assert len(journals) == len(RUNS), f"runs without a journal: {produced}"
     report = build_report([str(p) for p in journals], str(tmp_path / "report"))
     assert report.problems == [], report.problems

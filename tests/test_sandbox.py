@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 from proc_helpers import wait_until as _wait
 
 from chaosgpu import state
@@ -63,10 +64,9 @@ def test_plain_exec_child_is_not_the_pods(box: str) -> None:
 
 @pytest.mark.parametrize("init", ["tini", "dumb-init"])
 def test_init_forwards_sigterm(box: str, init: str) -> None:
-    try:
-        runtime.create(box, init=init, grace_s=5)
-    except runtime.SandboxError as error:
-        pytest.skip(str(error))
+    if init == "tini":
+        require_tool("tini", install="apt-get install tini")
+    runtime.create(box, init=init, grace_s=5)
     timings = runtime.terminate(box)
     assert timings["exited_on_sigterm"] is True
     assert timings["sigkill_sent"] is None

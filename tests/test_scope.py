@@ -219,7 +219,7 @@ def test_a_negative_deadline_is_refused_before_anything(sleepers: tuple[str, lis
                                                         method: str) -> None:
     tag, procs = sleepers
     before = _our_groups()
-    with pytest.raises(ValueError, match="deadline_s must be a number of seconds >= 0, got -1"):
+    with pytest.raises(ValueError, match="deadline_s must be a number of seconds > 0, got -1"):
         actions.freeze_processes({"tag": tag}, method=method, deadline_s=-1)
     time.sleep(0.1)
     assert all(_state(p.pid) in ("S", "R") for p in procs), "a target was frozen"

@@ -13,9 +13,10 @@ function has a deadline.
 
 import logging
 import time
-from typing import Any
+from typing import Any, Dict, Optional
 
 from chaosgpu import faultlog
+from chaosgpu.arguments import INDEX, POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.process.actions import (
@@ -105,10 +106,11 @@ def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def kill_rank(rank: int, job: str | None = None, tag: str | None = None,
+@checked(rank=INDEX, wait_s=SECONDS)
+def kill_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
               signal: str = "SIGKILL", wait_s: float = 2.0,
-              configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+              configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Kill one rank of a training job (by job id or the ranks' tag) with `signal` (SIGKILL, a
     crash, by default; SIGTERM for a polite stop) through a pidfd, and wait up to `wait_s` for
     it to die. The other ranks are untouched: gloo peers see the connection close and fail
@@ -121,9 +123,10 @@ def kill_rank(rank: int, job: str | None = None, tag: str | None = None,
     return _signal_process(found, rank, proc, signal, wait)
 
 
-def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
-                method: str = "sigstop", configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(rank=INDEX)
+def freeze_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+                method: str = "sigstop", configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze one rank of a training job (SIGSTOP, or the cgroup freezer with
     method="freezer"): a peer that stops answering while its connections stay open, so its
     peers wait in their next collective. Resume it with resume_rank, or clean the job up with
@@ -152,9 +155,10 @@ def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
     return out
 
 
-def resume_rank(rank: int, job: str | None = None, tag: str | None = None,
-                configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(rank=INDEX)
+def resume_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). Fails when the
     SIGCONT could not be sent."""
     _, found, proc = _rank_process(job, tag, rank, 5.0)
@@ -168,9 +172,10 @@ def resume_rank(rank: int, job: str | None = None, tag: str | None = None,
             "thawed_cgroups": thawed}
 
 
-def fail_rank(rank: int, job: str | None = None, tag: str | None = None,
-              how: str = "auto", configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(rank=INDEX)
+def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+              how: str = "auto", configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Make one rank fail: how="kill" (SIGKILL: gloo peers fail fast, NCCL peers hang),
     "freeze" (SIGSTOP: the rank stops answering), "partition" (its TCP traffic is dropped
     silently while it lives), "node-loss" (partition, then SIGKILL: its death is invisible to
@@ -196,10 +201,11 @@ def fail_rank(rank: int, job: str | None = None, tag: str | None = None,
     return out
 
 
-def cleanup_hung_job(job: str | None = None, tag: str | None = None,
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
                      grace_s: float = 5.0, deadline_s: float = 30.0,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Roll back a hung job: thaw frozen ranks (a frozen process ignores SIGKILL until thawed),
     SIGTERM every remaining process of the job (ranks, launcher, and with a tag everything
     carrying it), wait `grace_s`, SIGKILL what is left, wait until they are dead and NVML no

@@ -224,23 +224,8 @@ class JobTrack:
             return
         track.last_seen = now
         self.sources.add("proc")
-        state = activity["state"]
-        new_state = ("exited" if state in ("Z", "X") else "stopped" if state in ("T", "t")
-                     else "frozen" if frozen else "alive")
-        if new_state == "exited":
-            self._ended(track, now, "proc", "is a zombie (ended, not reaped yet)")
+        if not self._update_state(track, activity, now, frozen):
             return
-        if new_state != track.state:
-            self.note(now, "proc", f"rank {track.rank} is {new_state} (state {state})",
-                      track.rank)
-            track.state = new_state
-        if activity.get("stderr"):
-            track.stderr = activity["stderr"]
-        backend = _backend_from_threads(activity.get("threads"))
-        if backend and track.backend is None:
-            track.backend = backend
-            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
-                      "threads)", track.rank)
         ticks = activity.get("cpu_ticks")
         moved: list[str] = []
         if ticks is not None:
@@ -267,6 +252,28 @@ class JobTrack:
             moved.append("writing (bytes written, not waiting)")
         if moved:
             self._progress(track, now, "; ".join(moved))
+
+    def _update_state(self, track: RankTrack, activity: dict[str, Any], now: float,
+                      frozen: bool) -> bool:
+        """A rank's process state, stderr and backend from one sample; False once it ended."""
+        state = activity["state"]
+        new_state = ("exited" if state in ("Z", "X") else "stopped" if state in ("T", "t")
+                     else "frozen" if frozen else "alive")
+        if new_state == "exited":
+            self._ended(track, now, "proc", "is a zombie (ended, not reaped yet)")
+            return False
+        if new_state != track.state:
+            self.note(now, "proc", f"rank {track.rank} is {new_state} (state {state})",
+                      track.rank)
+            track.state = new_state
+        if activity.get("stderr"):
+            track.stderr = activity["stderr"]
+        backend = _backend_from_threads(activity.get("threads"))
+        if backend and track.backend is None:
+            track.backend = backend
+            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
+                      "threads)", track.rank)
+        return True
 
     def _network(self, track: RankTrack, inodes: list[int],
                  sockets: dict[int, dict[str, Any]], now: float) -> int:

@@ -10,8 +10,9 @@ has its own deadline.
 
 import logging
 import time
-from typing import Any
+from typing import Any, Dict, Optional
 
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.process import freezer
 from chaosgpu.process.terminate import NULL_SIGNAL, Target, wait_exits
 from chaosgpu.scope import ScopeError, describe_scope, resolve_scope_detail, validate_scope
@@ -65,10 +66,11 @@ def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | N
         allow_ns_init=bool(scope.get("include_ns_init")))
 
 
-def signal_processes(scope: dict[str, Any] | None = None, signal: str = "SIGKILL",
+@checked(wait_gone_s=SECONDS)
+def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                      wait_gone_s: float = 0.0, require_match: bool = True,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Send a signal (SIGKILL, SIGTERM, SIGSTOP, SIGCONT, ...) to every process of a declared
     scope (`{"tag": ...}`, `{"sandbox": ...}`, `{"job": ...}`, `{"pids": [...]}`), through
     pidfds after checking each process's identity; the host's PID 1, the runner, kernel threads,
@@ -109,9 +111,10 @@ def _thaw_freezer_groups(pids: set[int] | None) -> list[dict[str, Any]]:
     return freezer.thaw(pids)
 
 
-def freeze_processes(scope: dict[str, Any] | None = None, method: str = "sigstop",
-                     deadline_s: float = 5.0, configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(deadline_s=POSITIVE_SECONDS)
+def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
+                     deadline_s: float = 5.0, configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze every process of a declared scope, the way a hung peer looks to its job:
     `method="sigstop"` sends SIGSTOP through pidfds (state T, visible to the process's parent),
     `method="freezer"` moves them into a cgroup freezer group and freezes it (invisible to the
@@ -150,9 +153,9 @@ def freeze_processes(scope: dict[str, Any] | None = None, method: str = "sigstop
     return report
 
 
-def resume_processes(scope: dict[str, Any] | None = None,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def resume_processes(scope: Dict[str, Any],
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume the frozen processes of a declared scope: thaw chaosgpu's freezer cgroups that
     hold them and send SIGCONT through pidfds. Safe to run twice and when nothing is frozen
     (a rollback). Returns what was resumed."""

@@ -267,25 +267,10 @@ def _setpriv(uid: int, gid: int) -> list[str]:
     ]  # fmt: skip
 
 
-def create(
-    name: str,
-    init: str = "sleep",
-    argv: list[str] | None = None,
-    uid: int | None = None,
-    gid: int | None = None,
-    env: dict[str, str] | None = None,
-    grace_s: float = 30.0,
-    owner_pid: int | None = None,
-    timeout_s: float = CREATE_TIMEOUT_S,
-) -> dict[str, Any]:
-    """Create sandbox `name` and return its state record.
-
-    `init`: "sleep" (PID 1 is `sleep infinity`, like the report), "tini" or "dumb-init" (running
-    `argv`, default `sleep infinity`, as their child), or "none" (`argv` itself is PID 1).
-    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. `env` is added to
-    the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
-    period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
-    """
+def _validate_create(name: str, init: str, argv: list[str] | None,
+                     env: dict[str, str] | None, grace_s: float) -> None:
+    """Refuse bad arguments of `create` (ValueError naming the argument) before anything
+    is started."""
     _validate_name(name)
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
@@ -299,7 +284,6 @@ def create(
         raise ValueError("init 'none' needs argv: the workload that becomes PID 1")
     if init == "sleep" and argv:
         raise ValueError("init 'sleep' takes no argv (PID 1 is `sleep infinity`)")
-    uid, gid = _validate_ids(uid, gid)
     if env is not None and not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
@@ -307,15 +291,12 @@ def create(
     bad_keys = [k for k in env or {} if not k or "=" in k or k.startswith("-")]
     if bad_keys:
         raise ValueError(f"env has invalid variable name(s) {bad_keys!r}")
-    existing = get_record(name)
-    if existing is not None:
-        if _is_alive(existing):
-            raise SandboxError(
-                f"sandbox name {name!r} is already in use (PID 1 {existing['pid1']})"
-            )
-        logger.info("chaosgpu: replacing the stale record of sandbox %s", name)
-        _remove_dead(name, existing)
 
+
+def _sandbox_command(init: str, argv: list[str] | None, uid: int | None, gid: int | None,
+                     env: dict[str, str] | None) -> tuple[list[str], list[str], bool]:
+    """The unshare command line of a sandbox (PID namespace, its init and workload, the
+    user to run as), the part that runs inside it, and whether it needs a user namespace."""
     unshare = _require("unshare")
     init_path = _find_binary(init)
     if init == "none":
@@ -350,7 +331,41 @@ def create(
     if root and uid is not None:
         assert gid is not None
         prefix += _setpriv(uid, gid)
-    command = prefix + payload
+    return prefix + payload, payload, userns
+
+
+def create(
+    name: str,
+    init: str = "sleep",
+    argv: list[str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    env: dict[str, str] | None = None,
+    grace_s: float = 30.0,
+    owner_pid: int | None = None,
+    timeout_s: float = CREATE_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Create sandbox `name` and return its state record.
+
+    `init`: "sleep" (PID 1 is `sleep infinity`, like the report), "tini" or "dumb-init" (running
+    `argv`, default `sleep infinity`, as their child), or "none" (`argv` itself is PID 1).
+    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. `env` is added to
+    the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
+    period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
+    """
+    _validate_create(name, init, argv, env, grace_s)
+    uid, gid = _validate_ids(uid, gid)
+    existing = get_record(name)
+    if existing is not None:
+        if _is_alive(existing):
+            raise SandboxError(
+                f"sandbox name {name!r} is already in use (PID 1 {existing['pid1']})"
+            )
+        logger.info("chaosgpu: replacing the stale record of sandbox %s", name)
+        _remove_dead(name, existing)
+
+    command, payload, userns = _sandbox_command(init, argv, uid, gid, env)
+    root = os.geteuid() == 0
 
     child_env = dict(os.environ)
     child_env["CHAOSGPU_SANDBOX"] = name

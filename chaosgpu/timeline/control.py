@@ -121,7 +121,13 @@ def _start(**kwargs: Any) -> None:
 
 
 def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
-    """Start the sampler and take the memory baseline before anything runs."""
+    """Refuse an experiment whose `${name}` resolves to nothing (chaosgpu.validation: the run
+    is interrupted before anything starts), then start the sampler and take the memory
+    baseline before anything runs."""
+    from chaosgpu import validation
+
+    validation.before_experiment_control(context, kwargs.get("configuration"),
+                                         kwargs.get("secrets"))
     try:
         _start(**kwargs)
     except Exception:

@@ -18,6 +18,7 @@ import statistics
 import time
 from typing import Any, Dict, Optional
 
+from chaosgpu.arguments import MIB, SECONDS, TEXT, checked
 from chaosgpu.timeline import integral
 from chaosgpu.timeline import sampler as sampler_mod
 
@@ -67,6 +68,7 @@ def baseline_memory(configuration: Optional[Dict[str, Any]] = None,
     return dict(sampler.baseline)
 
 
+@checked(tolerance_mib=MIB, timeout_s=SECONDS)
 def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
                         configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> float:
@@ -92,6 +94,7 @@ def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
     return residual
 
 
+@checked(tolerance_mib=MIB, timeout_s=SECONDS)
 def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
                            configuration: Optional[Dict[str, Any]] = None,
                            secrets: Optional[Dict[str, Any]] = None) -> bool:
@@ -100,6 +103,7 @@ def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
     return residual_gpu_memory(tolerance_mib, timeout_s) <= tolerance_mib
 
 
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
 def memory_release_time(after_event: str, threshold_mib: float = 64.0,
                         timeout_s: float = 30.0, phase: str = "start", missing_ok: bool = False,
                         configuration: Optional[Dict[str, Any]] = None,
@@ -144,6 +148,7 @@ def memory_release_time(after_event: str, threshold_mib: float = 64.0,
     return None
 
 
+@checked(from_event=TEXT, to_event=TEXT)
 def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
                     from_phase: str = "start", to_phase: str = "end",
                     configuration: Optional[Dict[str, Any]] = None,
@@ -168,6 +173,7 @@ def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
     return value
 
 
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
 def termination_timings(after_event: str, phase: str = "start",
                         threshold_mib: float = 64.0, timeout_s: float = 5.0,
                         configuration: Optional[Dict[str, Any]] = None,

@@ -20,9 +20,10 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from chaosgpu import state
+from chaosgpu.arguments import COUNT, INDEX, POSITIVE, POSITIVE_SECONDS, SECONDS, TEXT, checked
 from chaosgpu.process import terminate
 from chaosgpu.workloads.readiness import wait_all_ready
 
@@ -130,19 +131,20 @@ def _record_process(pid: int, ns_pid: int | None = None, role: str = "worker") -
     }
 
 
+@checked(count=COUNT, mib=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS)
 def start_holders(
     count: int = 1,
     mib: int = 256,
     via: str = "auto",
     on_sigterm: str = "ignore",
-    sandbox: str | None = None,
-    tag: str | None = None,
+    sandbox: Optional[str] = None,
+    tag: Optional[str] = None,
     device: int = 0,
     allow_host_fallback: bool = False,
     timeout_s: float = 60.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Start `count` hold workers of `mib` MiB each and wait (up to `timeout_s`) until all hold it.
 
     `via`: torch, driver (CUDA driver API, no torch), host (host memory, no GPU needed) or auto.
@@ -236,6 +238,8 @@ def _hold_argv(exe: str, mib: int, via: str, device: int, on_sigterm: str, ready
     return argv
 
 
+@checked(pod=TEXT, count=COUNT, mib=INDEX, grace_s=SECONDS, uid=INDEX, gid=INDEX, device=INDEX,
+         timeout_s=POSITIVE_SECONDS)
 def start_pod_with_holders(
     pod: str,
     init: str = "dumb-init",
@@ -243,16 +247,16 @@ def start_pod_with_holders(
     mib: int = 256,
     via: str = "auto",
     on_sigterm: str = "cleanup",
-    tag: str | None = None,
+    tag: Optional[str] = None,
     grace_s: float = 30.0,
-    uid: int | None = None,
-    gid: int | None = None,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
     device: int = 0,
     allow_host_fallback: bool = False,
     timeout_s: float = 60.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Create local pod `pod` whose main process runs `count` hold workers, and wait until they
     hold their memory. Unlike exec'd workers, these are the pod's own processes: with `init`
     "dumb-init" they share its child's process group, so SIGTERM to the pod reaches them (the
@@ -357,6 +361,8 @@ def _tail(path: Path, limit: int = 400) -> str:
         return ""
 
 
+@checked(world_size=COUNT, process_group_timeout_s=POSITIVE_SECONDS, mib=INDEX,
+         iters_per_s=POSITIVE, timeout_s=POSITIVE_SECONDS, matmul=INDEX, step_mib=INDEX)
 def start_ring(
     world_size: int = 2,
     backend: str = "auto",
@@ -366,16 +372,16 @@ def start_ring(
     sigterm_handler: str = "none",
     mib: int = 0,
     iters_per_s: float = 10.0,
-    tag: str | None = None,
-    job_id: str | None = None,
+    tag: Optional[str] = None,
+    job_id: Optional[str] = None,
     timeout_s: float = 120.0,
     matmul: int = 0,
     step_mib: int = 0,
     on_oom: str = "fail",
     inject: str = "none",
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Start a ring of `world_size` ranks doing all_reduce, and wait until every rank ran one.
 
     `backend`: nccl (one GPU per rank), gloo (CPU) or auto; `launcher`: bare (ranks started
@@ -474,13 +480,14 @@ def _injector_env(inject: str) -> dict[str, str]:
     return env
 
 
+@checked(tag=TEXT, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_workload(
     tag: str,
     grace_s: float = 5.0,
     deadline_s: float = 10.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Stop the workload `tag`: SIGCONT+SIGTERM, up to `grace_s` to exit, then SIGKILL; idempotent.
 
     Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
@@ -527,12 +534,13 @@ _STOPPED = {"SIGTERM": "exited on SIGTERM", "SIGKILL": "killed",
             "alive": "still alive after SIGKILL", "gone": "already gone"}
 
 
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_all_workloads(
     grace_s: float = 0.0,
     deadline_s: float = 10.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """Stop every recorded workload (a rollback of last resort, and `chaosgpu cleanup`): each as
     `stop_workload` does, with `grace_s` (default 0: SIGKILL at once). One that cannot be
     stopped does not stop the others: every workload is tried, then one error names every
@@ -554,8 +562,8 @@ def stop_all_workloads(
 
 
 def list_workloads(
-    configuration: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None, secrets: Optional[Dict[str, Any]] = None
+) -> List[Dict[str, Any]]:
     """List every recorded workload with, for each process, whether it is still alive."""
     runtime = _proc()
     listed = []
