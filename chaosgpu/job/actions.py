@@ -12,6 +12,7 @@ function has a deadline.
 """
 
 import logging
+import os
 import time
 from typing import Any, Dict, Optional
 
@@ -172,6 +173,19 @@ def resume_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
             "thawed_cgroups": thawed}
 
 
+def _partition_unavailable() -> Optional[str]:
+    """Why this runner cannot partition a rank (None when it can)."""
+    from chaosgpu.network.partitions import PartitionError, nft_path
+
+    if os.geteuid() != 0:
+        return "chaosgpu is not root (nftables needs CAP_NET_ADMIN)"
+    try:
+        nft_path()
+    except PartitionError as error:
+        return str(error)
+    return None
+
+
 @checked(rank=INDEX)
 def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
               how: str = "auto", configuration: Optional[Dict[str, Any]] = None,
@@ -181,13 +195,23 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
     silently while it lives), "node-loss" (partition, then SIGKILL: its death is invisible to
     its peers, as when a host is lost), or "auto": kill under NCCL, node-loss under gloo (a
     gloo peer of a killed rank sees the connection close and fails, so the hang needs a
-    silent loss). The result says which backend was seen and what was done."""
+    silent loss), or freeze under gloo where a partition cannot be made (not root, or no
+    nftables; the result's `note` says so). The result says which backend was seen and what
+    was done."""
     if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
         raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
                          f"got {how!r}")
     census, found, proc = _rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
     chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
+    note = None
+    if how == "auto" and chosen == "node-loss":
+        why_not = _partition_unavailable()
+        if why_not:
+            chosen = "freeze"
+            note = (f"a node loss needs a network partition, and {why_not}: the rank was "
+                    "frozen instead (its peers hang the same way, and it stays alive)")
+            logger.warning("chaosgpu: %s", note)
     if chosen == "kill":
         out = _signal_process(found, rank, proc, "SIGKILL", 2.0)
     elif chosen == "freeze":
@@ -196,7 +220,7 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
         from chaosgpu.network.actions import partition_rank
 
         out = partition_rank(rank, job=found["id"], then_kill=chosen == "node-loss")
-    out.update(backend=backend, how=how, done=chosen)
+    out.update(backend=backend, how=how, done=chosen, note=note)
     logger.info("chaosgpu: failed rank %d of %s (%s) by %s", rank, found["id"], backend, chosen)
     return out
 
