@@ -1,6 +1,6 @@
 """The Kubernetes catalog: every experiment validates with the real `chaos` CLI, and the shipped
 experiments run end to end with `chaos run` against the emulator (kubeconfig -> loopback),
-chaosk8s's exec_in_pods and chaosgpu's activities included."""
+every activity through chaosgpu's one client factory."""
 
 import json
 import os
@@ -71,7 +71,7 @@ def test_report_pod_experiment_runs_against_the_emulator(cluster: Cluster, tmp_p
     assert created["name"] == "gpu-report" and created["gpus"] == 1
     assert created["termination_grace_period_seconds"] == 30
     started = _output(journal, "start-a-worker-with-exec")
-    assert started[0]["exit_code"] == 0  # chaosk8s's exec_in_pods through the exec protocol
+    assert started["exit_code"] == 0  # chaosgpu's exec_in_pod through the exec protocol
     census = _output(journal, "census-inside-the-pod-before")
     assert census["schema"] == "chaosgpu.census/1"
     deleted = _output(journal, "delete-the-gpu-pod")
@@ -85,9 +85,8 @@ def test_report_pod_experiment_runs_against_the_emulator(cluster: Cluster, tmp_p
     assert deletes[0].url.path == "/api/v1/namespaces/default/pods/gpu-report"
     lists = [r.params.get("labelSelector") for r in cluster.requests("GET")
              if r.url.path.endswith("/pods")]
-    # chaosgpu always lists with the selector; the one listing without is chaosk8s's
-    # exec_in_pods (name_pattern only: it lists the whole namespace, then filters).
-    assert set(lists) == {"app=chaosgpu-k8s,variant=report", None} and lists.count(None) == 1
+    # chaosgpu always lists with the selector (exec_in_pod names its pod: no listing).
+    assert set(lists) == {"app=chaosgpu-k8s,variant=report"}
     assert [e["command"][:2] for e in cluster.exec.log] == [["sh", "-c"], ["python3", "-c"]]
 
 
