@@ -21,6 +21,7 @@ from chaosgpu import node
 from chaosgpu.k8s import actions
 from chaosgpu.k8s import exec as k8s_exec
 
+from . import cluster as real
 from .conftest import RealCluster
 from .test_real_catalog import CHAOS, IMAGE, NS, REPO
 
@@ -223,3 +224,19 @@ def test_runner_rbac_is_sufficient_and_a_removed_permission_is_named(
     # The rollback (delete: still permitted) removed the pod.
     assert document["rollbacks"][0]["status"] == "succeeded"
     assert actions.__name__  # the activities above are chaosgpu's
+
+
+def test_the_leftover_check_sees_the_running_node(real_cluster: RealCluster) -> None:
+    # The session's teardown must find nothing left; that means something only if the same
+    # check sees every kind of thing while the node runs: processes, mounts, cgroups.
+    _pod(real_cluster, "leftover-target", ["sleep", "infinity"])
+    try:
+        left = real.leftovers()
+        for name in ("etcd", "kube-apiserver", "containerd", "kubelet"):
+            pid = real._records()[name]["pid"]
+            assert any(item.startswith(f"pid {pid} ") for item in left), (name, left)
+        assert any(item.startswith("mount ") and "/containerd/" in item for item in left), left
+        assert any(item.startswith("cgroup /sys/fs/cgroup/memory/kubepods") for item in left)
+        assert any(" in /sys/fs/cgroup/" in item for item in left), left  # the pod's processes
+    finally:
+        _delete(real_cluster, "leftover-target")
