@@ -38,6 +38,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+__all__ = ["AlreadyRunning", "ClusterError", "build_binaries", "build_images", "ctr", "down",
+           "fetch_packages", "info", "kubeconfig", "kubernetes_version", "leftovers", "say",
+           "source_key", "status", "up"]
+
 HERE = Path(__file__).resolve().parent
 BUILD = HERE / ".build"
 BIN = BUILD / "bin"
@@ -64,6 +68,10 @@ class ClusterError(RuntimeError):
     """The cluster could not be built, started or torn down; the message says which step."""
 
 
+class AlreadyRunning(ClusterError):
+    """up() found this cluster's processes alive (started by hand, or by another session)."""
+
+
 def say(message: str) -> None:
     """Print one progress line (seconds since this process started)."""
     print(f"[k8s-real {time.monotonic() - _STARTED:6.1f}s] {message}", flush=True)
@@ -79,9 +87,28 @@ def _run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:  # type
 
 # -- build ------------------------------------------------------------------------------------
 
+def kubernetes_version() -> str:
+    """The k8s.io/kubernetes version the wrapper module requires (from node/go.mod)."""
+    for line in (MODULE / "go.mod").read_text().splitlines():
+        parts = line.replace("require ", "").split()
+        if len(parts) >= 2 and parts[0] == "k8s.io/kubernetes" and "=>" not in parts:
+            return parts[1]
+    raise ClusterError("node/go.mod does not require k8s.io/kubernetes")
+
+
+def _ldflags() -> str:
+    # Without these the binaries report v0.0.0-master (the Kubernetes build sets them).
+    version = kubernetes_version()
+    major, minor = version.lstrip("v").split(".")[:2]
+    package = "k8s.io/component-base/version"
+    return (f"-s -w -X {package}.gitVersion={version} -X {package}.gitMajor={major} "
+            f"-X {package}.gitMinor={minor} -X {package}.gitTreeState=clean")
+
+
 def source_key() -> str:
-    """Hash of what the binaries are built from: go.mod, go.sum and every file under node/cmd."""
-    digest = hashlib.sha256()
+    """Hash of what the binaries are built from: go.mod, go.sum, every file under node/cmd and
+    the linker flags."""
+    digest = hashlib.sha256(_ldflags().encode())
     files = [MODULE / "go.mod", MODULE / "go.sum"] + sorted(
         p for p in (MODULE / "cmd").rglob("*") if p.is_file())
     for path in files:
@@ -104,8 +131,8 @@ def build_binaries() -> dict[str, Any]:
     say("binaries: go build -trimpath ./cmd/... (cold: several minutes)")
     started = time.monotonic()
     env = dict(os.environ, CGO_ENABLED="0")
-    _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(BIN) + "/", "./cmd/..."],
-         cwd=MODULE, env=env)
+    _run(["go", "build", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(BIN) + "/",
+          "./cmd/..."], cwd=MODULE, env=env)
     record = {"key": key, "seconds": round(time.monotonic() - started, 1),
               "go": _run(["go", "version"]).stdout.strip()}
     stamp.write_text(json.dumps(record, indent=1))
@@ -396,7 +423,7 @@ def up() -> dict[str, Any]:
     """Build what is missing, start etcd, kube-apiserver, containerd and the kubelet, wait
     until the node is registered and the images imported; return info()."""
     if _records() and any(_alive(r) for r in _records().values()):
-        raise ClusterError("a cluster is already running: `down` first")
+        raise AlreadyRunning("a cluster is already running: `down` first")
     if os.geteuid() != 0:
         raise ClusterError("the kubelet and containerd need root")
     started = time.monotonic()
@@ -667,6 +694,3 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["ClusterError", "build_binaries", "fetch_packages", "build_images", "up", "down",
-           "status", "info", "leftovers", "kubeconfig", "ctr", "say", "source_key"]

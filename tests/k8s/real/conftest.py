@@ -109,6 +109,8 @@ def real_cluster() -> Iterator[RealCluster]:
                         "`python -m tests.k8s.real.cluster build` (several minutes cold)")
     try:
         description = real.up()
+    except real.AlreadyRunning as error:
+        pytest.fail(f"{error} (python -m tests.k8s.real.cluster down)", pytrace=False)
     except Exception as error:
         left = real.down(quiet=True)
         pytest.fail(f"the real Kubernetes node did not start: {error}"
