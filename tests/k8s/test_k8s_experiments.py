@@ -111,7 +111,33 @@ def test_create_gpu_pod_refuses_bad_manifests(cluster: Cluster, tmp_path: Path) 
         actions.create_gpu_pod(spec_path=str(broken), secrets=cluster.secrets)
     with pytest.raises(ValueError, match="is not a manifest file"):
         actions.create_gpu_pod(spec_path=str(tmp_path / "missing.yaml"), secrets=cluster.secrets)
+    good = str(REPO / "experiments/k8s/manifests/report-pod.yaml")
+    for kwargs, message in (
+            ({"spec_overrides": "{nodeName: x"}, "spec_overrides is not valid JSON"),
+            ({"spec_overrides": "[1]"}, "spec_overrides must be an object"),
+            ({"grace_period": -2}, "grace_period must be an integer >= 0"),
+            ({"grace_period": "3"}, "grace_period must be an integer >= 0"),
+            ({"image": " "}, "image must be a non-empty image reference")):
+        with pytest.raises(ValueError, match=message):
+            actions.create_gpu_pod(spec_path=good, secrets=cluster.secrets, **kwargs)
+    with pytest.raises(ValueError, match="command must be a non-empty list of strings"):
+        actions.exec_in_pod("gpu-report", "sh -c true", secrets=cluster.secrets)  # type: ignore[arg-type]
     assert cluster.requests("POST") == []
+
+
+def test_create_gpu_pod_applies_grace_image_and_spec_overrides(cluster: Cluster) -> None:
+    path = REPO / "experiments" / "k8s" / "manifests" / "report-pod.yaml"
+    pod = actions.create_gpu_pod(
+        spec_path=str(path), secrets=cluster.secrets, timeout=10, grace_period=3,
+        image="chaosgpu.test/node:1",
+        spec_overrides='{"nodeName": "n1", "hostNetwork": true, "restartPolicy": null}')
+    assert pod["termination_grace_period_seconds"] == 3
+    assert pod["spec_overrides"] == {"nodeName": "n1", "hostNetwork": True, "restartPolicy": None}
+    spec = cluster.requests("POST")[-1].data["spec"]
+    assert spec["nodeName"] == "n1" and spec["hostNetwork"] is True
+    assert "restartPolicy" not in spec  # null removes (RFC 7386)
+    assert spec["containers"][0]["image"] == "chaosgpu.test/node:1"
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
 @pytest.mark.parametrize("manifest", ["report-pod.yaml", "init-pod.yaml", "prestop-pod.yaml",
