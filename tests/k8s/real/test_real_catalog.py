@@ -8,9 +8,11 @@ is no scheduler nor CNI). While each experiment runs, a sampler reads the pod's 
 figure, host memory here. Figures are written to $CHAOSGPU_K8S_REAL_RESULTS when set.
 """
 
+import datetime
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from . import cluster as real
 from .conftest import RealCluster
 
 pytestmark = pytest.mark.k8s_real
@@ -73,6 +76,35 @@ class CgroupMemory(threading.Thread):
         return None
 
 
+def runtime_signals(pod_uid: str | None) -> dict[str, float | None]:
+    """When the runtime sent SIGTERM and SIGKILL to the pod's container, and when it exited
+    (epoch seconds), read from the journals: the kubelet names the container it stops, then
+    containerd logs "Stop container ... with signal terminated", "Kill container" at the
+    deadline, and the exit event."""
+    kubelet = (real.LOGS / "kubelet.log").read_text(errors="replace")
+    found = re.search(r'"Killing container with a grace period".*podUID="' + str(pod_uid)
+                      + r'".*containerID="containerd://([0-9a-f]{64})"', kubelet)
+    assert found, f"the kubelet never stopped a container of pod {pod_uid}"
+    cid = found.group(1)
+    times: dict[str, float | None] = {"sigterm_at": None, "sigkill_at": None,
+                                         "exited_at": None}
+    for line in (real.LOGS / "containerd.log").read_text(errors="replace").splitlines():
+        if cid not in line:
+            continue
+        stamp = re.match(r'time="([0-9T:.-]+)\d{3}Z"', line)
+        if not stamp:
+            continue
+        at = datetime.datetime.fromisoformat(stamp.group(1)).replace(
+            tzinfo=datetime.UTC).timestamp()
+        if "with signal terminated" in line and times["sigterm_at"] is None:
+            times["sigterm_at"] = at
+        elif f'Kill container \\"{cid}' in line and times["sigkill_at"] is None:
+            times["sigkill_at"] = at
+        elif "received container exit event" in line and times["exited_at"] is None:
+            times["exited_at"] = at
+    return times
+
+
 def run_experiment(cluster: RealCluster, name: str, tmp_path: Path,
                    selector: str, **variables: Any) -> tuple[dict[str, Any], CgroupMemory]:
     """`chaos run` one catalog experiment as the runner, sampling the pod's memory cgroup."""
@@ -108,6 +140,8 @@ def record(name: str, journal: dict[str, Any], sampler: CgroupMemory) -> None:
         (Path(folder) / f"{name}.journal.json").write_text(json.dumps(journal, indent=1))
         (Path(folder) / f"{name}.memory.json").write_text(json.dumps(
             {"pod_uid": sampler.uid, "samples": sampler.samples}))
+        (Path(folder) / f"{name}.signals.json").write_text(json.dumps(
+            runtime_signals(sampler.uid)))
 
 
 def output(journal: dict[str, Any], name: str) -> Any:
@@ -150,6 +184,11 @@ def test_report_pod_takes_the_whole_grace_period(real_cluster: RealCluster,
     assert GRACE <= pod["gone_s"] <= GRACE + 10
     released = memory.released_after(pod["delete_sent_at"])
     assert released is not None and released >= GRACE - 0.5, memory.samples[-20:]
+    signals = runtime_signals(memory.uid)
+    assert signals["sigterm_at"] and signals["sigkill_at"] and signals["exited_at"], signals
+    # SIGTERM at the DELETE (give or take the kubelet's reaction), SIGKILL a grace period later.
+    assert 0 <= signals["sigterm_at"] - pod["delete_sent_at"] < 3, signals
+    assert GRACE - 0.1 <= signals["sigkill_at"] - signals["sigterm_at"] <= GRACE + 1.5, signals
 
 
 def test_init_as_pid1_does_not_wait_for_the_grace_period(real_cluster: RealCluster,
@@ -162,6 +201,8 @@ def test_init_as_pid1_does_not_wait_for_the_grace_period(real_cluster: RealClust
     pod = output(journal, "delete-the-gpu-pod")["pods"][0]
     assert pod["gone"] and pod["containers_terminated_s"] < 5, pod
     assert pod["containers"][0]["exit_code"] == 143  # tini forwards SIGTERM; sleep dies of it
+    signals = runtime_signals(memory.uid)
+    assert signals["sigterm_at"] and signals["sigkill_at"] is None, signals  # no SIGKILL needed
     released = memory.released_after(pod["delete_sent_at"])
     assert released is not None and released < 5
 
@@ -185,6 +226,8 @@ def test_sigterm_handler_exits_at_once(real_cluster: RealCluster, tmp_path: Path
     completed(journal)
     pod = output(journal, "delete-the-gpu-pod")["pods"][0]
     assert pod["containers"][0]["exit_code"] == 0 and pod["containers_terminated_s"] < 5, pod
+    signals = runtime_signals(memory.uid)
+    assert signals["sigterm_at"] and signals["sigkill_at"] is None, signals
     released = memory.released_after(pod["delete_sent_at"])
     assert released is not None and released < 5
 
