@@ -357,7 +357,10 @@ def _signal(record: dict[str, int], signum: int) -> None:
 
 def _stop(name: str, grace: float = 10.0) -> None:
     record = _records().get(name)
-    if not record or not _alive(record):
+    if not record:
+        return
+    if not _alive(record):
+        _reap(record)
         return
     _signal(record, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -368,7 +371,25 @@ def _stop(name: str, grace: float = 10.0) -> None:
         _signal(record, signal.SIGKILL)
         while _alive(record):
             time.sleep(0.05)
+    _reap(record)
     say(f"{name}: stopped")
+
+
+def _reap(record: dict[str, int]) -> None:
+    """Collect the exit status of a stopped process of ours, so no zombie stays behind."""
+    # A Go program's main thread shows Z while its other threads still exit: until they have,
+    # waitpid(WNOHANG) returns 0. Poll for a few seconds.
+    deadline = time.monotonic() + 10
+    while _start_time(record["pid"]) == record["start_time"]:
+        try:
+            if os.waitpid(record["pid"], os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return  # not our child (started by another `up`): its parent or init reaps it
+        if time.monotonic() > deadline:
+            say(f"pid {record['pid']}: exited but not reaped after 10 s")
+            return
+        time.sleep(0.02)
 
 
 def _wait(what: str, check: Any, timeout: float, log: str) -> None:
@@ -549,7 +570,9 @@ def _our_mounts() -> list[str]:
 
 def _our_processes() -> list[str]:
     found = []
-    recorded = {r["pid"] for r in _records().values() if _alive(r)}
+    # Recorded processes that still exist, zombies included (a zombie of ours is a leftover too).
+    recorded = {r["pid"] for r in _records().values()
+                if _start_time(r["pid"]) == r["start_time"]}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue

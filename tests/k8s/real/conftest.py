@@ -11,7 +11,7 @@ down and fails if any process, mount or cgroup is left.
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +96,9 @@ def _prepare(cluster: RealCluster) -> None:
                   namespace="chaosgpu-experiments")
 
 
-@pytest.fixture(scope="session")
-def real_cluster() -> Iterator[RealCluster]:
-    """Start the real one-node cluster once per session; tear it down and prove it clean."""
-    in_ci = os.environ.get("CI", "").lower() == "true"
+def start_cluster(environ: Mapping[str, str]) -> RealCluster:
+    """Start the node for the session, or skip (outside CI only) or fail, saying why."""
+    in_ci = environ.get("CI", "").lower() == "true"
     if not in_ci:
         if os.geteuid() != 0:
             pytest.skip("the real Kubernetes node needs root")
@@ -115,7 +114,13 @@ def real_cluster() -> Iterator[RealCluster]:
         left = real.down(quiet=True)
         pytest.fail(f"the real Kubernetes node did not start: {error}"
                     + (f"; left behind: {left}" if left else ""), pytrace=False)
-    cluster = RealCluster(description)
+    return RealCluster(description)
+
+
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[RealCluster]:
+    """Start the real one-node cluster once per session; tear it down and prove it clean."""
+    cluster = start_cluster(os.environ)
     try:
         _prepare(cluster)
         yield cluster
