@@ -335,9 +335,16 @@ def _alive(record: dict[str, int]) -> bool:
     start = _start_time(record["pid"])
     if start is None or start != record["start_time"]:
         return False
-    with open(f"/proc/{record['pid']}/stat", "rb") as handle:
-        stat = handle.read()
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
+    try:
+        with open(f"/proc/{record['pid']}/stat", "rb") as handle:
+            stat = handle.read()
+        if stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z":
+            return True
+        # A Go program's main thread is Z while its other threads still run (and may still
+        # act: the kubelet recreates its cgroups): alive until the last thread is gone.
+        return len(os.listdir(f"/proc/{record['pid']}/task")) > 1
+    except OSError:
+        return False
 
 
 def _signal(record: dict[str, int], signum: int) -> None:
@@ -385,7 +392,7 @@ def _reap(record: dict[str, int]) -> None:
             if os.waitpid(record["pid"], os.WNOHANG)[0]:
                 return
         except ChildProcessError:
-            return  # not our child (started by another `up`): its parent or init reaps it
+            pass  # not our child (the `up` command exited): init reaps it; wait for that
         if time.monotonic() > deadline:
             say(f"pid {record['pid']}: exited but not reaped after 10 s")
             return
@@ -455,7 +462,9 @@ def up() -> dict[str, Any]:
     timings["packages_s"] = round(time.monotonic() - started - sum(timings.values()), 1)
     archives = build_images()
     timings["images_s"] = round(time.monotonic() - started - sum(timings.values()), 1)
-    down(quiet=True)
+    left = down(quiet=True)
+    if left:
+        raise ClusterError(f"an earlier node left things behind: {left}")
     RUN.mkdir(parents=True)
     shutil.rmtree(LOGS, ignore_errors=True)
     LOGS.mkdir(parents=True)
@@ -646,6 +655,9 @@ def _remove_cgroups() -> None:
 def down(quiet: bool = False) -> list[str]:
     """Stop everything up() started, clean mounts, cgroups and sysctls; return leftovers()."""
     if not RUN.exists():
+        # No node of ours: only empty kubepods cgroups (rmdir refuses non-empty ones) go.
+        if not any(_cgroup_pids(folder) for folder in _kubepods_cgroups()):
+            _remove_cgroups()
         return leftovers()
     if not quiet:
         say("teardown: stopping the kubelet, then the containers")
@@ -703,7 +715,12 @@ def main(argv: list[str] | None = None) -> int:
             fetch_packages()
             build_images()
         elif args.command == "up":
-            up()
+            try:
+                up()
+            except ClusterError as error:
+                if not isinstance(error, AlreadyRunning):
+                    down(quiet=True)  # a half-started node leaves nothing behind
+                raise
         elif args.command == "down":
             return 1 if down() else 0
         else:
