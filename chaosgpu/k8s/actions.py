@@ -10,17 +10,18 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import yaml
 from kubernetes.client.exceptions import ApiException
 
 from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, TEXT, checked
 from chaosgpu.k8s import deletion, inpod, selection
+from chaosgpu.k8s import exec as k8s_exec
 from chaosgpu.k8s.client import core_api, describe
 
-__all__ = ["create_gpu_pod", "delete_gpu_pods", "kill_rank_in_pod", "freeze_rank_in_pod",
-           "thaw_rank_in_pod"]
+__all__ = ["create_gpu_pod", "delete_gpu_pods", "exec_in_pod", "kill_rank_in_pod",
+           "freeze_rank_in_pod", "thaw_rank_in_pod"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -34,15 +35,27 @@ def _positive(name: str, value: Any) -> float:
 @checked(spec_path=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
 def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
+                   grace_period: int = -1, image: Optional[str] = None,
+                   spec_overrides: Optional[Any] = None,
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Create the pod described by the YAML or JSON manifest at spec_path (one Pod; a relative
     path is read from the directory chaos runs in) in namespace `ns` and, with wait_running,
     wait at most `timeout` seconds until it is Running with every container started; returns
-    the pod's summary (name, uid, node, GPUs, grace period) and how long it took."""
+    the pod's summary (name, uid, node, GPUs, grace period) and how long it took.
+    Before creating it: grace_period >= 0 replaces spec.terminationGracePeriodSeconds (-1 keeps
+    the manifest's), `image` replaces every container's image, and spec_overrides (an object, or
+    its JSON text) is merged into spec as a JSON merge patch (RFC 7386; null removes a key),
+    e.g. {"nodeName": "gpu-7", "hostNetwork": true}."""
     selection.check_namespace(ns)
     timeout = _positive("timeout", timeout)
     poll_interval = _positive("poll_interval", poll_interval)
+    if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
+        raise ValueError(f"grace_period must be an integer >= 0, or -1 for the manifest's, "
+                         f"not {grace_period!r}")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise ValueError(f"image must be a non-empty image reference, not {image!r}")
+    overrides = _spec_overrides(spec_overrides)
     path = Path(spec_path)
     if not spec_path or not path.is_file():
         raise ValueError(f"spec_path {spec_path!r} is not a manifest file")
@@ -53,6 +66,16 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
         raise ValueError(f"{spec_path}: not valid YAML/JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("kind") != "Pod":
         raise ValueError(f"{spec_path}: expected one manifest of kind Pod")
+    spec = manifest.setdefault("spec", {})
+    if not isinstance(spec, dict):
+        raise ValueError(f"{spec_path}: spec must be an object")
+    manifest["spec"] = _merge_patch(spec, overrides)
+    if grace_period >= 0:
+        manifest["spec"]["terminationGracePeriodSeconds"] = grace_period
+    if image is not None:
+        for container in (manifest["spec"].get("containers") or []) + (
+                manifest["spec"].get("initContainers") or []):
+            container["image"] = image
     _quantities_as_strings(manifest)
     core = core_api(secrets)
     started = time.monotonic()
@@ -73,8 +96,35 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
                                f"(phase {phase})")
         time.sleep(poll_interval)
         pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
-    return {**selection.summarize(pod), "spec_path": spec_path,
+    return {**selection.summarize(pod), "spec_path": spec_path, "spec_overrides": overrides,
             "running_after_s": round(time.monotonic() - started, 3) if wait_running else None}
+
+
+def _spec_overrides(value: Any) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise ValueError(f"spec_overrides is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"spec_overrides must be an object (a JSON merge patch of the pod's "
+                         f"spec), not {value!r}")
+    return value
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    # RFC 7386: objects merge key by key, null removes, anything else replaces.
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge_patch(merged.get(key), value)
+    return merged
 
 
 def _quantities_as_strings(manifest: dict[str, Any]) -> None:
@@ -145,6 +195,31 @@ def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional
         "pods": results, "all_gone": len(gone) == len(results),
         "max_gone_s": max(gone) if gone else None, "api": describe(core.api_client),
     }
+
+
+def exec_in_pod(name: str, command: List[str], ns: str = "default",
+                container: Optional[str] = None, timeout: float = 60.0,
+                expect_exit_code: Optional[int] = 0,
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Run `command` (a list of strings, no shell unless you name one) in pod `ns/name`
+    (container optional) through the exec API with chaosgpu's client, waiting at most `timeout`
+    seconds; returns exit_code, stdout, stderr and duration_s. Fails when the exit code is not
+    expect_exit_code (None accepts any). E.g. start a worker in the background:
+    ["sh", "-c", "nohup python3 /w.py >/dev/null 2>&1 & exit 0"]."""
+    selection.check_namespace(ns)
+    selection.check_pod_name(name)
+    timeout = _positive("timeout", timeout)
+    if not isinstance(command, list) or not command or not all(
+            isinstance(part, str) for part in command):
+        raise ValueError(f"command must be a non-empty list of strings, not {command!r}")
+    core = core_api(secrets)
+    result = k8s_exec.run_in_pod(core, name, ns, command, container=container, timeout=timeout)
+    result = {"pod": f"{ns}/{name}", "container": container, **result}
+    if expect_exit_code is not None and result["exit_code"] != expect_exit_code:
+        raise RuntimeError(f"{command[0]!r} in pod {ns}/{name} exited {result['exit_code']}, "
+                           f"expected {expect_exit_code}; stderr: {result['stderr'][-1000:]}")
+    return result
 
 
 def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,

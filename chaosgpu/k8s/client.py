@@ -1,23 +1,24 @@
-"""Kubernetes API clients built the Chaos Toolkit way, and a credential-free description of them.
+"""The one Kubernetes API client factory of chaosgpu, and a credential-free description of it.
 
-This module owns where the credentials come from, in this order:
+Every chaosgpu activity, and every experiment of the catalog (none calls chaostoolkit-kubernetes's
+own factory, whose order differs), gets its client here. Credentials come from the first of:
 
 1. the experiment's secrets naming an API server (`KUBERNETES_HOST` with `KUBERNETES_API_KEY`
    [+ `KUBERNETES_API_KEY_PREFIX`], `KUBERNETES_CERT_FILE`/`KUBERNETES_KEY_FILE`, or
    `KUBERNETES_USERNAME`/`KUBERNETES_PASSWORD`; `KUBERNETES_VERIFY_SSL`,
-   `KUBERNETES_CA_CERT_FILE`): explicit secrets win over any ambient configuration;
-2. the kubeconfig named by `$KUBECONFIG` (read now) or `~/.kube/config`, context from
-   `KUBERNETES_CONTEXT`, loaded into a private configuration (chaosk8s checks `$KUBECONFIG` but
-   then loads the kubernetes client's default path, computed when `kubernetes` was imported, and
-   overwrites the process-wide default configuration);
-3. otherwise chaostoolkit-kubernetes's own factory (`chaosk8s.create_k8s_api_client`):
-   in-cluster when `CHAOSTOOLKIT_IN_POD=true`, or the `KUBERNETES_*` keys from the environment;
-4. in-cluster service-account credentials when running in a pod (`KUBERNETES_SERVICE_HOST`) even
-   without `CHAOSTOOLKIT_IN_POD`.
+   `KUBERNETES_CA_CERT_FILE`);
+2. the same keys from the environment (`KUBERNETES_HOST` set): explicit settings of this run
+   win over any ambient configuration;
+3. in-cluster service-account credentials when `CHAOSTOOLKIT_IN_POD=true`;
+4. the kubeconfig named by `$KUBECONFIG` (read now) or `~/.kube/config`, context from
+   `KUBERNETES_CONTEXT`, loaded into a private configuration (never the process-wide default);
+5. in-cluster credentials when running in a pod (`KUBERNETES_SERVICE_HOST`).
 
-With none of these it refuses with a clear error instead of chaosk8s's silent
-`http://localhost`. It must never put a credential into a return value, a log line or a journal:
-`describe()` gives the host and the kind of authentication only.
+chaostoolkit-kubernetes (`chaosk8s.create_k8s_api_client`) checks in-pod, then the kubeconfig,
+then `KUBERNETES_HOST`, and falls back to `http://localhost`: the opposite order for 2 and 4,
+so it is not used. With none of these it refuses with a clear error. It must never put a
+credential into a return value, a log line or a journal: `describe()` gives the host and the
+kind of authentication only.
 """
 
 import logging
@@ -26,11 +27,14 @@ from typing import Any
 
 from kubernetes import client, config
 
-__all__ = ["NoCredentialsError", "api_client", "core_api", "describe"]
+__all__ = ["NoCredentialsError", "api_client", "core_api", "credential_source", "describe"]
 
 logger = logging.getLogger("chaostoolkit")
 
 _HOST_KEYS = ("KUBERNETES_HOST",)
+_ENV_KEYS = ("KUBERNETES_HOST", "KUBERNETES_API_KEY", "KUBERNETES_API_KEY_PREFIX",
+             "KUBERNETES_CERT_FILE", "KUBERNETES_KEY_FILE", "KUBERNETES_USERNAME",
+             "KUBERNETES_PASSWORD", "KUBERNETES_VERIFY_SSL", "KUBERNETES_CA_CERT_FILE")
 
 
 class NoCredentialsError(RuntimeError):
@@ -74,34 +78,51 @@ def _kubeconfig_path() -> str:
     return os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config"))
 
 
-def api_client(secrets: dict[str, Any] | None = None) -> client.ApiClient:
-    """Return a `kubernetes.client.ApiClient` from secrets, environment, kubeconfig or pod."""
+def _in_cluster() -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_incluster_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+def credential_source(secrets: dict[str, Any] | None = None) -> str:
+    """Name where api_client(secrets) takes its credentials from, without loading them:
+    "secrets", "environment", "in-pod", "kubeconfig:<path>" or "in-cluster"; raises
+    NoCredentialsError when there are none."""
     secrets = dict(secrets or {})
     if any(secrets.get(key) for key in _HOST_KEYS):
-        logger.debug("Kubernetes API from the experiment's secrets")
-        return _from_secrets(secrets)
+        return "secrets"
+    if any(os.environ.get(key) for key in _HOST_KEYS):
+        return "environment"
+    if os.environ.get("CHAOSTOOLKIT_IN_POD") == "true":
+        return "in-pod"
     kubeconfig = _kubeconfig_path()
     if os.path.exists(kubeconfig):
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig,
-                                context=_lookup(secrets, "KUBERNETES_CONTEXT"),
-                                client_configuration=configuration, persist_config=False)
-        logger.debug("Kubernetes API from kubeconfig %s", kubeconfig)
-        return client.ApiClient(configuration)
-    if os.environ.get("CHAOSTOOLKIT_IN_POD") == "true" or os.environ.get("KUBERNETES_HOST"):
-        from chaosk8s import create_k8s_api_client
-
-        logger.debug("Kubernetes API through chaostoolkit-kubernetes's client factory")
-        return create_k8s_api_client(secrets)
+        return f"kubeconfig:{kubeconfig}"
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
-        logger.debug("Kubernetes API from in-cluster service account")
-        return client.ApiClient(configuration)
+        return "in-cluster"
     raise NoCredentialsError(
         "no Kubernetes credentials: set KUBERNETES_HOST (+ KUBERNETES_API_KEY ...) in the "
         "experiment's secrets or environment, provide a kubeconfig ($KUBECONFIG or "
-        f"~/.kube/config; {_kubeconfig_path()} does not exist), or run in a pod")
+        f"~/.kube/config; {kubeconfig} does not exist), or run in a pod")
+
+
+def api_client(secrets: dict[str, Any] | None = None) -> client.ApiClient:
+    """Return a `kubernetes.client.ApiClient` from the first credential source of the module's
+    order (secrets, environment, in-pod, kubeconfig, in-cluster)."""
+    secrets = dict(secrets or {})
+    source = credential_source(secrets)
+    logger.debug("Kubernetes API credentials from %s", source)
+    if source == "secrets":
+        return _from_secrets(secrets)
+    if source == "environment":
+        return _from_secrets({key: os.environ[key] for key in _ENV_KEYS if key in os.environ})
+    if source in ("in-pod", "in-cluster"):
+        return _in_cluster()
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=source.split(":", 1)[1],
+                            context=_lookup(secrets, "KUBERNETES_CONTEXT"),
+                            client_configuration=configuration, persist_config=False)
+    return client.ApiClient(configuration)
 
 
 def core_api(secrets: dict[str, Any] | None = None) -> client.CoreV1Api:

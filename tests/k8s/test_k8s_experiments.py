@@ -1,6 +1,6 @@
 """The Kubernetes catalog: every experiment validates with the real `chaos` CLI, and the shipped
 experiments run end to end with `chaos run` against the emulator (kubeconfig -> loopback),
-chaosk8s's exec_in_pods and chaosgpu's activities included."""
+every activity through chaosgpu's one client factory."""
 
 import json
 import os
@@ -71,7 +71,7 @@ def test_report_pod_experiment_runs_against_the_emulator(cluster: Cluster, tmp_p
     assert created["name"] == "gpu-report" and created["gpus"] == 1
     assert created["termination_grace_period_seconds"] == 30
     started = _output(journal, "start-a-worker-with-exec")
-    assert started[0]["exit_code"] == 0  # chaosk8s's exec_in_pods through the exec protocol
+    assert started["exit_code"] == 0  # chaosgpu's exec_in_pod through the exec protocol
     census = _output(journal, "census-inside-the-pod-before")
     assert census["schema"] == "chaosgpu.census/1"
     deleted = _output(journal, "delete-the-gpu-pod")
@@ -85,9 +85,8 @@ def test_report_pod_experiment_runs_against_the_emulator(cluster: Cluster, tmp_p
     assert deletes[0].url.path == "/api/v1/namespaces/default/pods/gpu-report"
     lists = [r.params.get("labelSelector") for r in cluster.requests("GET")
              if r.url.path.endswith("/pods")]
-    # chaosgpu always lists with the selector; the one listing without is chaosk8s's
-    # exec_in_pods (name_pattern only: it lists the whole namespace, then filters).
-    assert set(lists) == {"app=chaosgpu-k8s,variant=report", None} and lists.count(None) == 1
+    # chaosgpu always lists with the selector (exec_in_pod names its pod: no listing).
+    assert set(lists) == {"app=chaosgpu-k8s,variant=report"}
     assert [e["command"][:2] for e in cluster.exec.log] == [["sh", "-c"], ["python3", "-c"]]
 
 
@@ -112,7 +111,33 @@ def test_create_gpu_pod_refuses_bad_manifests(cluster: Cluster, tmp_path: Path) 
         actions.create_gpu_pod(spec_path=str(broken), secrets=cluster.secrets)
     with pytest.raises(ValueError, match="is not a manifest file"):
         actions.create_gpu_pod(spec_path=str(tmp_path / "missing.yaml"), secrets=cluster.secrets)
+    good = str(REPO / "experiments/k8s/manifests/report-pod.yaml")
+    for kwargs, message in (
+            ({"spec_overrides": "{nodeName: x"}, "spec_overrides is not valid JSON"),
+            ({"spec_overrides": "[1]"}, "spec_overrides must be an object"),
+            ({"grace_period": -2}, "grace_period must be an integer >= 0"),
+            ({"grace_period": "3"}, "grace_period must be an integer >= 0"),
+            ({"image": " "}, "image must be a non-empty image reference")):
+        with pytest.raises(ValueError, match=message):
+            actions.create_gpu_pod(spec_path=good, secrets=cluster.secrets, **kwargs)
+    with pytest.raises(ValueError, match="command must be a non-empty list of strings"):
+        actions.exec_in_pod("gpu-report", "sh -c true", secrets=cluster.secrets)  # type: ignore[arg-type]
     assert cluster.requests("POST") == []
+
+
+def test_create_gpu_pod_applies_grace_image_and_spec_overrides(cluster: Cluster) -> None:
+    path = REPO / "experiments" / "k8s" / "manifests" / "report-pod.yaml"
+    pod = actions.create_gpu_pod(
+        spec_path=str(path), secrets=cluster.secrets, timeout=10, grace_period=3,
+        image="chaosgpu.test/node:1",
+        spec_overrides='{"nodeName": "n1", "hostNetwork": true, "restartPolicy": null}')
+    assert pod["termination_grace_period_seconds"] == 3
+    assert pod["spec_overrides"] == {"nodeName": "n1", "hostNetwork": True, "restartPolicy": None}
+    spec = cluster.requests("POST")[-1].data["spec"]
+    assert spec["nodeName"] == "n1" and spec["hostNetwork"] is True
+    assert "restartPolicy" not in spec  # null removes (RFC 7386)
+    assert spec["containers"][0]["image"] == "chaosgpu.test/node:1"
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
 @pytest.mark.parametrize("manifest", ["report-pod.yaml", "init-pod.yaml", "prestop-pod.yaml",

@@ -51,7 +51,7 @@ def test_no_real_cluster_is_reachable(no_real_cluster: Path, tmp_path: Path) -> 
 
 def test_kubeconfig_of_the_cluster_fixture_reaches_the_emulator(cluster: Cluster) -> None:
     _seed(cluster)
-    pods = probes.gpu_pods(label_selector="app=trainer")  # no secrets: kubeconfig via chaosk8s
+    pods = probes.gpu_pods(label_selector="app=trainer")  # no secrets: the kubeconfig
     assert [p["name"] for p in pods] == ["train-0", "train-1"]
     listing = [r for r in cluster.requests("GET") if r.url.path.endswith("/pods")][-1]
     assert listing.headers.get("Authorization") == "Bearer emulator-token"
