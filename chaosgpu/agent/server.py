@@ -369,10 +369,9 @@ class AgentServer:
         app = web.Application(client_max_size=4096)
         app.router.add_route("*", "/{tail:.*}", self._app.dispatch)
         runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
-                               handle_signals=False)
+                               handle_signals=False, shutdown_timeout=2.0)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, backlog=128, reuse_address=True,
-                           shutdown_timeout=2.0)
+        site = web.TCPSite(runner, self.host, self.port, backlog=128, reuse_address=True)
         try:
             await site.start()
         except BaseException as error:
