@@ -33,9 +33,10 @@ class TimelineWindow:
 
         if not isinstance(retention_s, int | float) or retention_s <= 0:
             raise ValueError(f"retention_s must be > 0, got {retention_s!r}")
-        self._args: dict[str, Any] = {"rate_hz": rate_hz, "process_every": process_every,
-                      # the retention bounds memory; max_samples only guards a stuck trim
-                      "max_samples": int(rate_hz * retention_s * 4) + 10_000}
+        self._args: dict[str, Any] = {
+            "rate_hz": rate_hz, "process_every": process_every,
+            # the retention bounds memory; max_samples only guards a stuck trim
+            "max_samples": int(rate_hz * retention_s * 4) + 10_000}
         self.sampler = Sampler(**self._args)
         self.retention_s = float(retention_s)
         self.switched_to_nvml_at: float | None = None
