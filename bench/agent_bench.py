@@ -75,8 +75,11 @@ def _reference_server(port_file: str, bodies_file: str, token: str) -> None:
             self.end_headers()
             self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    class Server(http.server.ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 64  # as the old agent had (the stdlib default of 5 drops SYNs)
+
+    server = Server(("127.0.0.1", 0), Handler)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     Path(port_file).write_text(str(server.server_address[1]))
     server.serve_forever(poll_interval=0.2)
@@ -95,11 +98,13 @@ def _wait_file(path: Path, process: subprocess.Popen[bytes], what: str) -> str:
     raise RuntimeError(f"{what} did not start within 60 s")
 
 
-def _start_agent(folder: Path, token: str, max_s: float) -> tuple[subprocess.Popen[bytes], str]:
+def _start_agent(folder: Path, token: str, max_s: float,
+                 retention_s: float) -> tuple[subprocess.Popen[bytes], str]:
     ready = folder / "agent.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "chaosgpu.cli", "agent", "--listen", "127.0.0.1:0",
-         "--census-ttl", "1", "--max-seconds", str(max_s), "--ready-file", str(ready)],
+         "--census-ttl", "1", "--retention-s", str(retention_s), "--max-seconds", str(max_s),
+         "--ready-file", str(ready)],
         stdout=subprocess.DEVNULL, stderr=open(folder / "agent.err", "wb"),
         env=dict(os.environ, CHAOSGPU_AGENT_TOKEN=token), start_new_session=True)
     return process, json.loads(_wait_file(ready, process, "the agent"))["url"]
@@ -297,15 +302,19 @@ def _soak(args: argparse.Namespace, agent: str, token: str, pid: int) -> list[st
     for thread in threads:
         thread.join(120)
     samples.append((time.monotonic() - started, _rss_mib(pid)))
-    warm = [s for s in samples if s[0] >= min(30.0, args.soak_s / 4)] or samples
+    # warm-up: until the timeline's retention window is full (its memory is bounded by it)
+    warm_s = min(args.retention_s + 30.0, args.soak_s / 2)
+    warm = [s for s in samples if s[0] >= warm_s] or samples
     start, end = warm[0][1], samples[-1][1]
     peak = max(s[1] for s in samples)
+    peak_warm = max(s[1] for s in warm)
     lines = ["", f"== soak: {args.soak_s:g} s, 4 clients, a request every 20 ms each, mixed "
-             f"({', '.join(paths)})",
+             f"({', '.join(paths)}); agent --retention-s {args.retention_s:g}",
              f"  {result.line()}",
              f"  agent RSS (MiB): at {samples[0][0]:.0f} s {samples[0][1]:.1f}; after warm-up "
-             f"(t={warm[0][0]:.0f} s) {start:.1f}; end {end:.1f}; max {peak:.1f}; "
-             f"growth after warm-up {end - start:+.1f} MiB ({100 * (end - start) / start:+.1f} %)",
+             f"(t={warm[0][0]:.0f} s, retention full) start {start:.1f}; end {end:.1f}; max "
+             f"{peak:.1f} (after warm-up {peak_warm:.1f}); growth after warm-up "
+             f"{end - start:+.1f} MiB ({100 * (end - start) / start:+.1f} %)",
              "  RSS every sample: " + " ".join(f"{t:.0f}s={m:.1f}" for t, m in samples)]
     print("\n".join(lines), flush=True)
     if result.errors:
@@ -326,6 +335,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="deadline of each phase in seconds (default 120)")
     parser.add_argument("--soak-s", type=float, default=180.0,
                         help="seconds of soak (default 180; 0 = none)")
+    parser.add_argument("--retention-s", type=float, default=60.0,
+                        help="the agent's --retention-s (default 60: the soak outlasts it, so "
+                        "the timeline's window is full and its memory at its bound)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--out", help="results file (default bench/results/agent-<date>-cpu<N>"
                         ".txt)")
@@ -336,9 +348,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--clients must be integers separated by commas, got {args.clients!r}")
     if not all(1 <= c <= 32 for c in args.clients):
         parser.error("each --clients count must be between 1 and 32 (the agent's limit)")
-    if args.requests < 1 or args.fresh_requests < 1 or args.phase_s <= 0 or args.soak_s < 0:
-        parser.error("--requests and --fresh-requests must be >= 1, --phase-s > 0, "
-                     "--soak-s >= 0")
+    if args.requests < 1 or args.fresh_requests < 1 or args.phase_s <= 0 or args.soak_s < 0 \
+            or args.retention_s <= 0:
+        parser.error("--requests and --fresh-requests must be >= 1, --phase-s and "
+                     "--retention-s > 0, --soak-s >= 0")
     return args
 
 
@@ -362,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     started: list[subprocess.Popen[bytes]] = []
     budget = 60 + args.soak_s + 8 * args.phase_s * len(args.clients)
     try:
-        agent_process, agent = _start_agent(folder, token, budget)
+        agent_process, agent = _start_agent(folder, token, budget, args.retention_s)
         started.append(agent_process)
         bodies = {path: _get(agent, token, path) for path in ("/v1/snapshot?processes=0",
                                                               "/metrics")}

@@ -64,8 +64,9 @@ def _start(census_kwargs: dict[str, Any] | None = None, rate_hz: float = 100.0,
     if timeline is not None:
         census.listeners.append(timeline.remember)
     watch = JobWatch(lambda: census.get_blocking(), every_s=0.5, window_s=2.0) if jobs else None
-    server = AgentServer("127.0.0.1", 0, AgentConfig(TOKEN, census, timeline, jobs=watch,
-                                                     max_inflight=max_inflight)).start()
+    server = AgentServer("127.0.0.1", 0, AgentConfig(
+        TOKEN, census, timeline, jobs=watch, max_inflight=max_inflight,
+        metrics_reuse_s=0.0)).start()  # every scrape rendered anew: assertions see now
     return Agent(server, timeline)
 
 

@@ -51,6 +51,8 @@ SNAPSHOT_SCHEMA = "chaosgpu.census/1"
 ENDPOINTS = ("/healthz", "/v1/snapshot", "/v1/timeline", "/metrics")
 #: idle keep-alive connections are closed after this many seconds
 KEEPALIVE_S = 15.0
+#: a Prometheus exposition is reused for this many seconds (scrapes come every 15 s or more)
+METRICS_REUSE_S = 0.25
 
 
 class BadParameter(ValueError):
@@ -99,7 +101,8 @@ class AgentConfig:
 
     def __init__(self, token: str, census: CensusCache, timeline: TimelineWindow | None,
                  max_window_s: float = 3600.0, jobs: JobWatch | None = None,
-                 max_inflight: int = 32, workers: int = 2) -> None:
+                 max_inflight: int = 32, workers: int = 2,
+                 metrics_reuse_s: float = METRICS_REUSE_S) -> None:
         if not token:
             raise ValueError("the agent needs a non-empty token")
         if max_inflight < 1 or workers < 1:
@@ -112,6 +115,7 @@ class AgentConfig:
         self.max_window_s = max_window_s
         self.max_inflight = max_inflight
         self.workers = workers
+        self.metrics_reuse_s = metrics_reuse_s
         self.started = time.time()
         self.requests = 0
         self.rejected = 0
@@ -224,6 +228,8 @@ class _App:
         self.routes: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {
             "/healthz": self.healthz, "/v1/snapshot": self.snapshot,
             "/v1/timeline": self.timeline, "/metrics": self.metrics}
+        self._metrics: tuple[float, bytes] | None = None
+        self._rendering: asyncio.Future[bytes] | None = None
 
     async def _work(self, function: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
@@ -332,10 +338,29 @@ class _App:
                             headers={"Cache-Control": "no-store"})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        """The Prometheus exposition."""
-        from chaosgpu.agent.metrics import CONTENT_TYPE, render
+        """The Prometheus exposition: reused for `metrics_reuse_s`, one rendering shared by
+        concurrent scrapes."""
+        from chaosgpu.agent.metrics import CONTENT_TYPE
 
         _params(request.query_string, ())
+        now = time.monotonic()
+        if self._metrics is not None and now - self._metrics[0] <= self.config.metrics_reuse_s:
+            body = self._metrics[1]
+        else:
+            if self._rendering is None:
+                self._rendering = asyncio.ensure_future(self._render())
+            rendering = self._rendering
+            try:
+                body = await asyncio.shield(rendering)
+            finally:
+                if self._rendering is rendering and rendering.done():
+                    self._rendering = None
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE,
+                                                "Cache-Control": "no-store"})
+
+    async def _render(self) -> bytes:
+        from chaosgpu.agent.metrics import render
+
         config = self.config
         census = await config.census.get()
         nvml = _nvml_state() or {}
@@ -346,9 +371,9 @@ class _App:
                  "nvml_retry_in_s": nvml.get("retry_in_s")}
         jobs = None if config.jobs is None else config.jobs.jobs()
         summary = None if config.timeline is None else config.timeline.summary()
-        body = await self._work(render, census, jobs, summary, agent)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE,
-                                                "Cache-Control": "no-store"})
+        body: bytes = await self._work(render, census, jobs, summary, agent)
+        self._metrics = (time.monotonic(), body)
+        return body
 
 
 class AgentServer:
