@@ -235,11 +235,10 @@ def _get(url: str, token: str, path: str) -> bytes:
     return body
 
 
-def _counter(url: str, token: str, name: str) -> float:
-    for line in _get(url, token, "/metrics").decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return float("nan")
+def _censuses(url: str, token: str) -> int:
+    """Censuses the agent took so far (/healthz: live, where /metrics may be reused 0.25 s)."""
+    count: int = json.loads(_get(url, token, "/healthz"))["censuses"]
+    return count
 
 
 def _ratio(a: float, b: float) -> str:
@@ -270,12 +269,12 @@ def _fresh(args: argparse.Namespace, agent: str, token: str) -> list[str]:
     lines = ["", "== fresh=1 (a census that starts after the request): agent (single flight) "
              "vs `" + " ".join(PS) + "` per request"]
     for clients in args.clients:
-        before = _counter(agent, token, "chaosgpu_agent_censuses_total")
+        before = _censuses(agent, token)
         mine = _load(clients, args.fresh_requests, args.phase_s, _client, agent, token,
                      ["/v1/snapshot?processes=0&fresh=1"])
-        taken = _counter(agent, token, "chaosgpu_agent_censuses_total") - before
+        taken = _censuses(agent, token) - before
         ref = _load(clients, args.fresh_requests, args.phase_s, _ps_client)
-        lines.append(f"  {clients:3d} clients  agent {mine.line()}  censuses taken: {taken:.0f}"
+        lines.append(f"  {clients:3d} clients  agent {mine.line()}  censuses taken: {taken}"
                      f" for {len(mine.latencies)} requests")
         lines.append(f"  {'':3s}          ps    {ref.line()}")
         lines.append(f"  {'':3s}          agent/ps p50 {_ratio(mine.pct(50), ref.pct(50))}  "

@@ -231,6 +231,35 @@ def test_concurrent_fresh_requests_share_one_census_in_flight() -> None:
         _stop(running)
 
 
+def test_a_census_done_but_not_yet_landed_does_not_spin_a_fresh_request() -> None:
+    """Regression: a fresh request that finds the previous census finished (its future done,
+    its done callback not run yet) must take a new census, not spin on the event loop (the
+    agent stalled for good in a soak)."""
+    import asyncio
+
+    cache = CensusCache(ttl_s=30.0, census_kwargs={"pids": [os.getpid()], "gpu": False})
+    result: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        first = await cache.get()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[dict[str, Any]] = loop.create_future()
+        done.set_result(first)  # finished, callbacks not run: the state the race leaves
+        cache._flight, cache._flight_started = done, time.monotonic() - 1.0
+        result["first"] = first
+        result["census"] = await asyncio.wait_for(cache.get(fresh=True), 30)
+
+    thread = threading.Thread(target=lambda: asyncio.run(scenario()), daemon=True)
+    try:
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "the fresh request spins on the event loop"
+        assert result["census"] is not result["first"]  # a census taken after the request
+        assert result["census"]["taken_at"] > result["first"]["taken_at"]
+    finally:
+        cache.close()
+
+
 def test_requests_beyond_the_limit_get_503_and_threads_stay_bounded() -> None:
     running = _start(rate_hz=0, ttl=30.0, max_inflight=2)
     try:

@@ -79,8 +79,11 @@ class CensusCache:
         return flight
 
     def _landed(self, flight: "asyncio.Future[dict[str, Any]]") -> None:
-        if self._flight is flight:
-            self._flight = None
+        """Take in a finished census: from its done callback, or earlier from `get` when the
+        future is done but its callback has not run yet (once either way)."""
+        if self._flight is not flight:
+            return  # taken in already
+        self._flight = None
         if flight.cancelled():
             return
         error = flight.exception()
@@ -108,6 +111,11 @@ class CensusCache:
             elif self._flight_started < asked:
                 # started before this request: a census of an earlier moment; wait for it to
                 # land, then share (or start) the next one
+                if flight.done():
+                    # awaiting a done future does not yield: take it in now, or this loop
+                    # would spin before its done callback ever runs
+                    self._landed(flight)
+                    continue
                 try:
                     await asyncio.shield(flight)
                 except Exception:

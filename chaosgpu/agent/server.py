@@ -278,6 +278,7 @@ class _App:
         document = {
             "status": "ok", "uptime_s": round(time.time() - config.started, 3),
             "census_age_s": config.census.age_s(), "census_in_flight": config.census.in_flight,
+            "censuses": config.census.censuses,
             "census_error": config.census.last_error, "nvml": _nvml_state(),
             "timeline": None if timeline is None else {
                 "running": timeline.sampler.running, "source": timeline.sampler.source,
@@ -437,7 +438,10 @@ class AgentServer:
         if loop is None or self._thread is None:
             return
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(10.0)
+            try:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(10.0)
+            except concurrent.futures.TimeoutError:
+                logger.error("chaosgpu agent: the HTTP server did not close within 10 s")
             self._runner = None
         loop.call_soon_threadsafe(loop.stop)
         self._thread.join(10.0)
