@@ -783,6 +783,12 @@ def test_cli_refuses_remote_binds_and_bad_arguments(tmp_path: Path) -> None:
     assert result.returncode == 2 and "empty" in result.stderr
     result = _agent_cli(["--rate-hz", "-5"], env)
     assert result.returncode == 2 and "--rate-hz" in result.stderr
+    for args, name in ((["--max-inflight", "0"], "--max-inflight"),
+                       (["--max-inflight", "100000"], "--max-inflight"),
+                       (["--jobs-every", "-1"], "--jobs-every"),
+                       (["--job-window", "0"], "--job-window")):
+        result = _agent_cli(args, env)
+        assert result.returncode == 2 and name in result.stderr, (args, result.stderr)
 
 
 def test_cli_serves_with_a_generated_token_and_stops_on_sigterm(tmp_path: Path) -> None:
