@@ -43,6 +43,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -64,6 +65,7 @@ __all__ = [
     "nvml_snapshot",
     "nvml_device_memory",
     "nvml_gpu_processes",
+    "nvml_init_state",
     "census",
     "main",
 ]
@@ -630,31 +632,71 @@ def _read_volatile(record: Dict[str, Any], base: str, state: str, fds: bool) -> 
 # --------------------------------------------------------------------------------------------
 # NVML
 
-_NVML = {"module": None, "reason": None, "handles": None, "tried": False}  # type: Dict[str, Any]
+_NVML = {"module": None, "reason": None, "handles": None, "tried": False, "attempts": 0,
+         "retry_at": 0.0, "backoff_s": 0.0}  # type: Dict[str, Any]
+#: A failed NVML initialisation is tried again after this many seconds, doubling up to the
+#: maximum (a DaemonSet that starts before the driver is loaded recovers on its own).
+NVML_RETRY_FIRST_S = 1.0
+NVML_RETRY_MAX_S = 60.0
+_NVML_LOCK = threading.Lock()
+#: NVML's process listings, in order; a PID listed twice on one GPU is kept once (the first).
+_NVML_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
+               "nvmlDeviceGetGraphicsRunningProcesses")
 
 
 def _nvml() -> Tuple[Any, Optional[str]]:
-    """Initialise NVML once per process; return (pynvml module, None) or (None, reason)."""
-    if _NVML["tried"]:
+    """Initialise NVML; return (pynvml module, None) or (None, reason). A failed
+    initialisation (no driver yet, no GPU) is retried on a later call, after a backoff of
+    ``NVML_RETRY_FIRST_S`` doubling up to ``NVML_RETRY_MAX_S``; pynvml missing is final."""
+    if _NVML["module"] is not None or (
+            _NVML["tried"] and (_NVML["retry_at"] is None or time.monotonic() < _NVML["retry_at"])):
         return _NVML["module"], _NVML["reason"]
+    with _NVML_LOCK:
+        if _NVML["module"] is None and (not _NVML["tried"] or (
+                _NVML["retry_at"] is not None and time.monotonic() >= _NVML["retry_at"])):
+            _nvml_init()
+    return _NVML["module"], _NVML["reason"]
+
+
+def _nvml_init() -> None:
     _NVML["tried"] = True
+    _NVML["attempts"] += 1
     try:
         import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except Exception as error:  # ImportError, or a broken install
+    except Exception as error:  # ImportError, or a broken install: no retry
         _NVML["reason"] = "pynvml (nvidia-ml-py) not installed: %s" % (error,)
-        return None, _NVML["reason"]
+        _NVML["retry_at"] = None
+        return
+    initialised = False
     try:
         pynvml.nvmlInit()
+        initialised = True
         count = pynvml.nvmlDeviceGetCount()
-        _NVML["handles"] = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        reason = None if handles else "NVML found no GPU"
     except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        _NVML["reason"] = "NVML unavailable: %s" % (error,)
-        return None, _NVML["reason"]
-    if not _NVML["handles"]:
-        _NVML["reason"] = "NVML found no GPU"
-        return None, _NVML["reason"]
-    _NVML["module"] = pynvml
-    return pynvml, None
+        handles, reason = [], "NVML unavailable: %s" % (error,)
+    if reason is None:
+        _NVML.update(module=pynvml, handles=handles, reason=None, retry_at=None, backoff_s=0.0)
+        return
+    if initialised:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    backoff = min(NVML_RETRY_MAX_S, max(NVML_RETRY_FIRST_S, 2.0 * _NVML["backoff_s"]))
+    _NVML.update(reason=reason, handles=None, backoff_s=backoff,
+                 retry_at=time.monotonic() + backoff)
+
+
+def nvml_init_state() -> Dict[str, Any]:
+    """Where NVML's initialisation stands: ``{"available", "reason", "attempts",
+    "retry_in_s"}`` (``retry_in_s`` None when no retry is due: NVML up, or pynvml missing)."""
+    retry_at = _NVML["retry_at"] if _NVML["module"] is None else None
+    return {"available": _NVML["module"] is not None, "reason": _NVML["reason"],
+            "attempts": _NVML["attempts"],
+            "retry_in_s": None if retry_at is None or not _NVML["tried"]
+            else max(0.0, retry_at - time.monotonic())}
 
 
 def _text(value: Any) -> str:
@@ -674,24 +716,29 @@ def _used_mib(value: Any) -> Optional[float]:
     return value / _NVML_MIB
 
 
-def _device_processes(pynvml: Any, handle: Any) -> List[Dict[str, Any]]:
-    processes = []  # type: List[Dict[str, Any]]
+def _listed(pynvml: Any, handle: Any) -> List[Any]:
+    """NVML's entries of one GPU: compute, MPS compute (where the driver has it) and graphics
+    processes, each PID once (the first listing that has it)."""
+    entries = []  # type: List[Any]
     seen = set()
-    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+    for getter in _NVML_LISTS:
         function = getattr(pynvml, getter, None)
         if function is None:
             continue
         try:
-            entries = function(handle)
+            found = function(handle)
         except Exception:  # not supported on this device / driver
             continue
-        for entry in entries:
-            if entry.pid in seen:
-                continue
-            seen.add(entry.pid)
-            processes.append({"pid": int(entry.pid),
-                              "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))})
-    return processes
+        for entry in found:
+            if entry.pid not in seen:
+                seen.add(entry.pid)
+                entries.append(entry)
+    return entries
+
+
+def _device_processes(pynvml: Any, handle: Any) -> List[Dict[str, Any]]:
+    return [{"pid": int(entry.pid), "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))}
+            for entry in _listed(pynvml, handle)]
 
 
 def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
@@ -745,17 +792,31 @@ def nvml_device_memory() -> List[Dict[str, Any]]:
     return result
 
 
+_NVML_NO_MPS = set()  # type: Any
+
+
 def nvml_gpu_processes() -> List[Dict[str, Any]]:
     """Fast path for a sampler: ``[{"gpu_index", "pid", "used_mib"}]`` for every compute
-    process on every GPU (host PIDs). Costs ~10 us idle but ~3 ms with 100 processes: sample
+    process on every GPU (host PIDs), MPS clients included where the driver lists them (each
+    PID once per GPU). Costs ~10 us idle but ~3 ms with 100 processes: sample
     it less often than device memory. Empty list when NVML is not available."""
     pynvml, _ = _nvml()
     if pynvml is None:
         return []
     get = pynvml.nvmlDeviceGetComputeRunningProcesses
+    mps = getattr(pynvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
     result = []
     for index, handle in enumerate(_NVML["handles"]):
-        for entry in get(handle):
+        entries = list(get(handle))
+        if mps is not None and index not in _NVML_NO_MPS:
+            try:
+                seen = set(entry.pid for entry in entries)
+                entries += [entry for entry in mps(handle) if entry.pid not in seen]
+            except Exception as error:  # no MPS listing on this driver: not asked again
+                if "NotSupported" in type(error).__name__ or "FunctionNotFound" in \
+                        type(error).__name__:
+                    _NVML_NO_MPS.add(index)
+        for entry in entries:
             result.append({"gpu_index": index, "pid": int(entry.pid),
                            "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))})
     return result

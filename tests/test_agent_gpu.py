@@ -23,10 +23,7 @@ def test_agent_serves_nvml_census_metrics_and_timeline(tmp_path: Path) -> None:
     census = CensusCache(ttl_s=0.2)
     timeline = TimelineWindow(rate_hz=100, process_every=5, retention_s=120)
     census.listeners.append(timeline.remember)
-    server = AgentServer("127.0.0.1", 0, AgentConfig(TOKEN, census, timeline))
-    timeline.start()
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                     daemon=True).start()
+    server = AgentServer("127.0.0.1", 0, AgentConfig(TOKEN, census, timeline)).start()
     headers = {"Authorization": f"Bearer {TOKEN}"}
     ready = tmp_path / "ready.json"
     worker = subprocess.Popen(
@@ -49,7 +46,11 @@ def test_agent_serves_nvml_census_metrics_and_timeline(tmp_path: Path) -> None:
         assert mine and mine[0]["used_mib"] >= 1024
         metrics = requests.get(server.url + "/metrics", headers=headers, timeout=30).text
         assert f'pid="{worker.pid}"' in metrics
-        assert 'chaosgpu_gpu_memory_used_mib{gpu="0"' in metrics
+        assert 'chaosgpu_gpu_memory_used_bytes{gpu="0"' in metrics
+        assert 'chaosgpu_gpu_memory_used_mib{gpu="0"' in metrics  # deprecated, still served
+        assert "chaosgpu_gpu_available 1.0" in metrics
+        health = requests.get(server.url + "/healthz", timeout=30).json()
+        assert health["nvml"]["available"] is True and health["nvml"]["retry_in_s"] is None
         time.sleep(0.5)
         window = requests.get(server.url + "/v1/timeline", params={"since": since},
                               headers=headers, timeout=30).json()
@@ -74,6 +75,6 @@ def test_agent_serves_nvml_census_metrics_and_timeline(tmp_path: Path) -> None:
         if worker.poll() is None:
             worker.kill()
             worker.wait(timeout=30)
-        server.shutdown()
-        server.server_close()
-        timeline.stop()
+        server.stop()
+        assert not [t.name for t in threading.enumerate()
+                    if t.name.startswith(("chaosgpu-agent", "chaosgpu-timeline"))]

@@ -54,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
                         "census per request)")
     parser.add_argument("--no-fds", action="store_true",
                         help="skip the /proc/PID/fd scan in the census (faster, no nvidia_fds)")
+    parser.add_argument("--max-inflight", type=int, default=32,
+                        help="requests answered at once; more get 503 + Retry-After "
+                        "(default 32; /healthz is never refused)")
+    parser.add_argument("--jobs-every", type=float, default=1.0,
+                        help="observe the training jobs' verdicts every S seconds (default 1; "
+                        "0 = no job verdicts)")
+    parser.add_argument("--job-window", type=float, default=None,
+                        help="seconds without progress before a job is called hung (default "
+                        "chaosgpu.job's, 3)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="stop after this many seconds (tests, benchmarks)")
     parser.add_argument("--ready-file", metavar="FILE",
@@ -112,9 +121,40 @@ def _check(args: Any) -> tuple[str, int]:
         raise UsageError(f"--retention-s must be > 0, got {args.retention_s}")
     if args.census_ttl < 0:
         raise UsageError(f"--census-ttl must be >= 0, got {args.census_ttl}")
+    if not 1 <= args.max_inflight <= 10_000:
+        raise UsageError(f"--max-inflight must be between 1 and 10000, got {args.max_inflight}")
+    if args.jobs_every < 0:
+        raise UsageError(f"--jobs-every must be >= 0, got {args.jobs_every}")
+    if args.job_window is not None and args.job_window <= 0:
+        raise UsageError(f"--job-window must be > 0, got {args.job_window}")
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise UsageError(f"--max-seconds must be > 0, got {args.max_seconds}")
     return host, port
+
+
+def _server(args: Any, host: str, port: int, token: str) -> Any:
+    """The AgentServer the arguments ask for (not started)."""
+    from chaosgpu.agent.server import (
+        AgentConfig,
+        AgentServer,
+        CensusCache,
+        JobWatch,
+        TimelineWindow,
+    )
+
+    census = CensusCache(ttl_s=args.census_ttl,
+                         census_kwargs={"fds": not args.no_fds, "cache": True})
+    timeline = None
+    if args.rate_hz:
+        timeline = TimelineWindow(rate_hz=args.rate_hz, process_every=args.process_every,
+                                  retention_s=args.retention_s)
+        census.listeners.append(timeline.remember)
+    jobs = None
+    if args.jobs_every:
+        window = {} if args.job_window is None else {"window_s": args.job_window}
+        jobs = JobWatch(lambda: census.get_blocking(), every_s=args.jobs_every, **window)
+    return AgentServer(host, port, AgentConfig(token, census, timeline, jobs=jobs,
+                                               max_inflight=args.max_inflight))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,35 +169,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosgpu agent: {error}", file=sys.stderr)
         return 2
 
-    from chaosgpu.agent.server import AgentConfig, AgentServer, CensusCache, TimelineWindow
+    from chaosgpu.agent.server import AgentServer
 
-    census = CensusCache(ttl_s=args.census_ttl,
-                         census_kwargs={"fds": not args.no_fds})
-    timeline = None
-    if args.rate_hz:
-        timeline = TimelineWindow(rate_hz=args.rate_hz, process_every=args.process_every,
-                                  retention_s=args.retention_s)
-        census.listeners.append(timeline.remember)
+    server = _server(args, host, port, token)
     try:
-        server = AgentServer(host, port, AgentConfig(token, census, timeline))
+        server.start()
     except OSError as error:
+        server.stop()
         print(f"chaosgpu agent: cannot listen on {args.listen}: {error.strerror or error}",
               file=sys.stderr)
         return 1
-    if timeline is not None:
-        timeline.start()
+    assert isinstance(server, AgentServer)
     stop = threading.Event()
 
     def _stop(signum: int, frame: Any) -> None:
         stop.set()
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                              name="chaosgpu-agent-http", daemon=True)
-    thread.start()
+    timeline = server.config.timeline
     print(f"chaosgpu agent: listening on {server.url} (timeline "
           f"{'off' if timeline is None else f'{args.rate_hz:g} Hz, {timeline.sampler.source}'}"
-          f", census TTL {args.census_ttl:g} s)"
+          f", census TTL {args.census_ttl:g} s, job verdicts "
+          f"{'off' if server.config.jobs is None else f'every {args.jobs_every:g} s'})"
           + (f"; token written to {generated}" if generated else ""), flush=True)
     if args.ready_file:
         Path(args.ready_file).write_text(json.dumps(
@@ -165,12 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stop.wait(args.max_seconds)
     finally:
-        server.shutdown()
-        server.server_close()
-        if timeline is not None:
-            timeline.stop()
+        server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        thread.join(5.0)
     print("chaosgpu agent: stopped", flush=True)
     return 0

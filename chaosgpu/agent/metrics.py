@@ -1,139 +1,198 @@
-"""Prometheus text exposition (format 0.0.4) of a census and the agent's timeline.
+"""Prometheus exposition of a census, the jobs' verdicts and the agent's own state.
 
-This module owns the metric names, their labels and the text format (escaping, HELP/TYPE
-lines). It must not take a census or sample anything: the server passes what it has.
+This module owns the metric names, their labels and units; the text format is
+`prometheus_client`'s (`generate_latest`, format 0.0.4). It must not take a census, observe a
+job or sample anything: the server passes what it has.
 
-Metrics (MiB = 2^20 bytes, as everywhere in chaosgpu):
-- chaosgpu_gpu_available, chaosgpu_gpu_memory_used_mib{gpu,uuid,name},
-  chaosgpu_gpu_memory_total_mib{gpu,uuid,name}
-- chaosgpu_gpu_process_memory_mib{gpu,pid,ns_pid,pod_uid,container_id,job,rank,visible}: pid is
-  the host PID (as NVML reports it), ns_pid the PID inside its namespace
-- chaosgpu_pod_gpu_memory_mib{pod_uid}: the sum over the pod's GPU processes
-- chaosgpu_zombie_processes, chaosgpu_orphan_processes, chaosgpu_processes
-- chaosgpu_jobs, chaosgpu_hung_jobs, chaosgpu_job_hang_suspected{job}
-- chaosgpu_census_duration_seconds, chaosgpu_census_age_seconds, chaosgpu_census_errors
-- chaosgpu_timeline_rate_hz, chaosgpu_timeline_samples, chaosgpu_timeline_total_mib
-- chaosgpu_agent_requests_total
+Units are base units: bytes and seconds (the census and the timeline count MiB = 2^20 bytes;
+they are converted here). The `_mib` names of the first release are still served, marked
+DEPRECATED in their HELP text, and go in the next release (docs/agent.md lists both).
 """
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["escape_label", "render"]
+from prometheus_client import generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+__all__ = ["CONTENT_TYPE", "DEPRECATED", "MIB", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MIB = 1024 * 1024
+#: deprecated name -> its replacement (served for one more release)
+DEPRECATED = {
+    "chaosgpu_gpu_memory_used_mib": "chaosgpu_gpu_memory_used_bytes",
+    "chaosgpu_gpu_memory_total_mib": "chaosgpu_gpu_memory_total_bytes",
+    "chaosgpu_gpu_process_memory_mib": "chaosgpu_gpu_process_memory_bytes",
+    "chaosgpu_pod_gpu_memory_mib": "chaosgpu_pod_gpu_memory_bytes",
+    "chaosgpu_timeline_total_mib": "chaosgpu_timeline_total_bytes",
+    "chaosgpu_job_hang_suspected": 'chaosgpu_job_verdict{verdict="hung"}',
+}
+_DEVICE = ["gpu", "uuid", "name"]
+_PROCESS = ["gpu", "pid", "ns_pid", "pod_uid", "container_id", "job", "rank", "visible"]
 
 
-def escape_label(value: Any) -> str:
-    """A label value escaped for the text format (backslash, double quote, newline)."""
-    text = "" if value is None else str(value)
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _value(value: Any, scale: float = 1.0) -> float:
+    if value is None or isinstance(value, str):
+        return math.nan
+    return float(value) * scale
 
 
-def _number(value: Any) -> str:
-    if value is None:
-        return "NaN"
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    number = float(value)
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    return repr(int(number)) if number.is_integer() and abs(number) < 1e15 else repr(number)
+def _label(value: Any) -> str:
+    return "" if value is None else str(value)
 
 
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.declared: set[str] = set()
-
-    def metric(self, name: str, kind: str, help_text: str, value: Any,
-               labels: dict[str, Any] | None = None) -> None:
-        if name not in self.declared:
-            self.declared.add(name)
-            self.lines.append(f"# HELP {name} {help_text}")
-            self.lines.append(f"# TYPE {name} {kind}")
-        if labels:
-            inner = ",".join(f'{key}="{escape_label(val)}"' for key, val in labels.items())
-            self.lines.append(f"{name}{{{inner}}} {_number(value)}")
-        else:
-            self.lines.append(f"{name} {_number(value)}")
-
-    def declare(self, name: str, kind: str, help_text: str) -> None:
-        if name not in self.declared:
-            self.declared.add(name)
-            self.lines.append(f"# HELP {name} {help_text}")
-            self.lines.append(f"# TYPE {name} {kind}")
+def _pair(name: str, help_text: str, labels: list[str]) -> tuple[GaugeMetricFamily,
+                                                                 GaugeMetricFamily]:
+    """A base-unit gauge `name` and its deprecated `_mib` twin."""
+    old = next(k for k, v in DEPRECATED.items() if v == name)
+    return (GaugeMetricFamily(name, f"{help_text} (bytes)", labels=labels),
+            GaugeMetricFamily(old, f"DEPRECATED (removed in the next release): use {name}. "
+                                   f"{help_text} (MiB)", labels=labels))
 
 
-def render(census: dict[str, Any], timeline: Any = None, census_age_s: float | None = None,
-           requests: int | None = None) -> str:
-    """The whole exposition for one census (and the timeline window when there is one)."""
-    w = _Writer()
+def _gpu(census: dict[str, Any]) -> Iterator[Metric]:
     gpu = census.get("gpu") or {}
-    w.metric("chaosgpu_gpu_available", "gauge", "1 when NVML answered on this node",
-             bool(gpu.get("available")))
-    w.declare("chaosgpu_gpu_memory_used_mib", "gauge",
-              "GPU memory used per device in MiB (includes the driver's reservation)")
+    yield GaugeMetricFamily("chaosgpu_gpu_available", "1 when NVML answered on this node",
+                            value=1.0 if gpu.get("available") else 0.0)
+    used, used_old = _pair("chaosgpu_gpu_memory_used_bytes",
+                           "GPU memory used per device (includes the driver's reservation)",
+                           _DEVICE)
+    total, total_old = _pair("chaosgpu_gpu_memory_total_bytes", "GPU memory per device",
+                             _DEVICE)
     for device in gpu.get("devices") or []:
-        labels = {"gpu": device.get("index"), "uuid": device.get("uuid"),
-                  "name": device.get("name")}
-        w.metric("chaosgpu_gpu_memory_used_mib", "gauge", "", device.get("memory_used_mib"),
-                 labels)
-    w.declare("chaosgpu_gpu_memory_total_mib", "gauge", "GPU memory per device in MiB")
-    for device in gpu.get("devices") or []:
-        labels = {"gpu": device.get("index"), "uuid": device.get("uuid"),
-                  "name": device.get("name")}
-        w.metric("chaosgpu_gpu_memory_total_mib", "gauge", "", device.get("memory_total_mib"),
-                 labels)
-    w.declare("chaosgpu_gpu_process_memory_mib", "gauge",
-              "GPU memory per process in MiB; pid = host PID, ns_pid = PID in its namespace")
+        labels = [_label(device.get(k)) for k in ("index", "uuid", "name")]
+        for new, old, key in ((used, used_old, "memory_used_mib"),
+                              (total, total_old, "memory_total_mib")):
+            new.add_metric(labels, _value(device.get(key), MIB))
+            old.add_metric(labels, _value(device.get(key)))
+    proc, proc_old = _pair("chaosgpu_gpu_process_memory_bytes",
+                           "GPU memory per process; pid = host PID, ns_pid = PID in its "
+                           "namespace", _PROCESS)
+    pod, pod_old = _pair("chaosgpu_pod_gpu_memory_bytes",
+                         "GPU memory held by the processes of a pod", ["pod_uid"])
     per_pod: dict[str, float] = {}
     for entry in census.get("gpu_processes") or []:
         container = entry.get("container") or {}
-        labels = {"gpu": entry.get("gpu_index"), "pid": entry.get("host_pid"),
-                  "ns_pid": entry.get("ns_pid"), "pod_uid": container.get("pod_uid"),
-                  "container_id": container.get("id"), "job": entry.get("job"),
-                  "rank": entry.get("rank"), "visible": "1" if entry.get("visible") else "0"}
-        w.metric("chaosgpu_gpu_process_memory_mib", "gauge", "", entry.get("used_mib"), labels)
+        labels = [_label(v) for v in (
+            entry.get("gpu_index"), entry.get("host_pid"), entry.get("ns_pid"),
+            container.get("pod_uid"), container.get("id"), entry.get("job"), entry.get("rank"),
+            "1" if entry.get("visible") else "0")]
+        proc.add_metric(labels, _value(entry.get("used_mib"), MIB))
+        proc_old.add_metric(labels, _value(entry.get("used_mib")))
         if container.get("pod_uid") and isinstance(entry.get("used_mib"), int | float):
             per_pod[container["pod_uid"]] = per_pod.get(container["pod_uid"], 0.0) + float(
                 entry["used_mib"])
-    w.declare("chaosgpu_pod_gpu_memory_mib", "gauge",
-              "GPU memory held by the processes of a pod, in MiB")
-    for pod_uid, mib in sorted(per_pod.items()):
-        w.metric("chaosgpu_pod_gpu_memory_mib", "gauge", "", mib, {"pod_uid": pod_uid})
-    w.metric("chaosgpu_processes", "gauge", "processes seen by the census",
-             len(census.get("processes") or []))
-    w.metric("chaosgpu_zombie_processes", "gauge", "zombie processes (state Z)",
-             len(census.get("zombies") or []))
-    w.metric("chaosgpu_orphan_processes", "gauge",
-             "orphans: reparented to their namespace's init or a subreaper",
-             len(census.get("orphans") or []))
-    jobs = census.get("jobs") or []
-    w.metric("chaosgpu_jobs", "gauge", "distributed-training jobs found from process environments",
-             len(jobs))
-    w.metric("chaosgpu_hung_jobs", "gauge",
-             "jobs with a dead, zombie or frozen rank and live survivors",
-             sum(1 for job in jobs if job.get("hang_suspected")))
-    w.declare("chaosgpu_job_hang_suspected", "gauge", "1 when the job looks hung")
+    for uid, mib in sorted(per_pod.items()):
+        pod.add_metric([uid], mib * MIB)
+        pod_old.add_metric([uid], mib)
+    yield from (used, total, proc, pod, used_old, total_old, proc_old, pod_old)
+
+
+def _processes(census: dict[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("chaosgpu_processes", "processes seen by the census",
+                            value=len(census.get("processes") or []))
+    yield GaugeMetricFamily("chaosgpu_zombie_processes", "zombie processes (state Z)",
+                            value=len(census.get("zombies") or []))
+    yield GaugeMetricFamily("chaosgpu_orphan_processes",
+                            "orphans: reparented to their namespace's init or a subreaper",
+                            value=len(census.get("orphans") or []))
+    yield GaugeMetricFamily("chaosgpu_jobs", "distributed-training jobs the census found "
+                            "(from process environments)", value=len(census.get("jobs") or []))
+    yield GaugeMetricFamily("chaosgpu_census_duration_seconds", "how long the last census took",
+                            value=_value(census.get("duration_ms"), 0.001))
+    yield GaugeMetricFamily("chaosgpu_census_errors", "errors the census reported",
+                            value=len(census.get("errors") or []))
+
+
+def _jobs(jobs: list[dict[str, Any]]) -> Iterator[Metric]:
+    from chaosgpu.job.verdict import VERDICTS
+
+    verdict = GaugeMetricFamily(
+        "chaosgpu_job_verdict", "the job's observed verdict (chaosgpu.job): 1 for the current "
+        "one, 0 for the others", labels=["job", "verdict"])
+    since = GaugeMetricFamily("chaosgpu_job_verdict_since_timestamp_seconds",
+                              "unix time the job's current verdict began", labels=["job"])
+    restarts = GaugeMetricFamily("chaosgpu_job_restarts",
+                                 "restarts of the job's ranks by the elastic agent",
+                                 labels=["job"])
+    hang = GaugeMetricFamily("chaosgpu_job_hang_suspected",
+                             "DEPRECATED (removed in the next release): use "
+                             'chaosgpu_job_verdict{verdict="hung"}. 1 when the job is hung',
+                             labels=["job"])
     for job in jobs:
-        w.metric("chaosgpu_job_hang_suspected", "gauge", "", bool(job.get("hang_suspected")),
-                 {"job": job.get("id")})
-    w.metric("chaosgpu_census_duration_seconds", "gauge", "how long the last census took",
-             (census.get("duration_ms") or 0) / 1000.0)
-    w.metric("chaosgpu_census_age_seconds", "gauge", "age of the census these metrics come from",
-             census_age_s)
-    w.metric("chaosgpu_census_errors", "gauge", "errors the census reported",
-             len(census.get("errors") or []))
-    if timeline is not None:
-        summary = timeline.sampler.summary()
-        w.metric("chaosgpu_timeline_rate_hz", "gauge", "measured sampling rate of the timeline",
-                 summary.get("rate_hz"))
-        w.metric("chaosgpu_timeline_samples", "gauge", "samples held in the retention window",
-                 summary.get("samples"))
-        w.metric("chaosgpu_timeline_total_mib", "gauge",
-                 "last sampled total (GPU used, or tracked RSS without NVML) in MiB",
-                 summary.get("final_total_mib"))
-    if requests is not None:
-        w.metric("chaosgpu_agent_requests_total", "counter", "HTTP requests served", requests)
-    return "\n".join(w.lines) + "\n"
+        job_id = _label(job.get("id"))
+        for name in VERDICTS:
+            verdict.add_metric([job_id, name], 1.0 if job.get("verdict") == name else 0.0)
+        since.add_metric([job_id], _value(job.get("since")))
+        restarts.add_metric([job_id], _value(job.get("restart_count")))
+        hang.add_metric([job_id], 1.0 if job.get("verdict") == "hung" else 0.0)
+    yield GaugeMetricFamily("chaosgpu_hung_jobs", "jobs whose observed verdict is hung",
+                            value=sum(1 for job in jobs if job.get("verdict") == "hung"))
+    yield from (verdict, since, restarts, hang)
+
+
+def _agent(agent: dict[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("chaosgpu_census_age_seconds",
+                            "age of the census these metrics come from",
+                            value=_value(agent.get("census_age_s")))
+    for key, name, help_text in (
+            ("censuses", "chaosgpu_agent_censuses", "censuses the agent took"),
+            ("census_failures", "chaosgpu_agent_census_failures", "censuses that failed"),
+            ("requests", "chaosgpu_agent_requests", "HTTP requests served"),
+            ("rejected", "chaosgpu_agent_requests_rejected",
+             "HTTP requests refused with 503 (the agent was at its concurrency limit)"),
+            ("nvml_attempts", "chaosgpu_agent_nvml_init_attempts",
+             "NVML initialisations tried (failed ones are retried with backoff)")):
+        if agent.get(key) is not None:
+            yield CounterMetricFamily(name, help_text, value=agent[key])
+    if "inflight" in agent:
+        yield GaugeMetricFamily("chaosgpu_agent_inflight_requests",
+                                "HTTP requests being answered now", value=agent["inflight"])
+    if "nvml_retry_in_s" in agent:
+        yield GaugeMetricFamily("chaosgpu_agent_nvml_retry_in_seconds",
+                                "seconds until NVML's initialisation is tried again (NaN: "
+                                "none due, NVML is up or pynvml is missing)",
+                                value=_value(agent["nvml_retry_in_s"]))
+
+
+def _timeline(summary: dict[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("chaosgpu_timeline_rate_hz", "measured sampling rate of the "
+                            "timeline", value=_value(summary.get("rate_hz")))
+    yield GaugeMetricFamily("chaosgpu_timeline_samples", "samples held in the retention window",
+                            value=_value(summary.get("samples")))
+    help_text = "last sampled total (GPU used, or tracked RSS without NVML)"
+    new, old = _pair("chaosgpu_timeline_total_bytes", help_text, [])
+    new.add_metric([], _value(summary.get("final_total_mib"), MIB))
+    old.add_metric([], _value(summary.get("final_total_mib")))
+    yield from (new, old)
+
+
+class _Snapshot(Collector):
+    def __init__(self, census: dict[str, Any], jobs: list[dict[str, Any]] | None,
+                 timeline: dict[str, Any] | None, agent: dict[str, Any]) -> None:
+        self.census, self.jobs, self.timeline, self.agent = census, jobs, timeline, agent
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _gpu(self.census)
+        yield from _processes(self.census)
+        if self.jobs is not None:
+            yield from _jobs(self.jobs)
+        if self.timeline is not None:
+            yield from _timeline(self.timeline)
+        yield from _agent(self.agent)
+
+
+def render(census: dict[str, Any], jobs: list[dict[str, Any]] | None = None,
+           timeline: dict[str, Any] | None = None,
+           agent: dict[str, Any] | None = None) -> bytes:
+    """The whole exposition: the census, the jobs' verdicts (None: no job watch), the timeline's
+    summary (None: no timeline) and the agent's own counters (`census_age_s`, `censuses`,
+    `census_failures`, `requests`, `rejected`, `inflight`, `nvml_attempts`,
+    `nvml_retry_in_s`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(census, jobs, timeline, dict(agent or {})))
+    result: bytes = generate_latest(registry)
+    return result

@@ -1,43 +1,58 @@
-"""The node agent's HTTP server: the census and the timeline of this node over HTTP.
+"""The node agent's HTTP server: the census, the jobs' verdicts and the timeline over HTTP.
 
-This module owns the server (stdlib `ThreadingHTTPServer`), bearer-token authentication, the
-query-parameter validation, the census cache and the agent's timeline window (the sampler of
-`chaosgpu.timeline.sampler`, trimmed to a retention window, its GPU processes attributed to
-pods/containers from the census the first time they are seen). It must not read /proc or NVML
-itself (everything goes through `chaosgpu.node` and the sampler) and never signals anything.
+This module owns the server (aiohttp on its own event loop thread), bearer-token
+authentication, the query-parameter validation and the bounds on concurrency: at most
+`max_inflight` requests are answered at once (more get 503 with `Retry-After`, /healthz
+excepted), their blocking work (encoding, metrics, timeline windows) runs on a pool of
+`workers` threads, and censuses run one at a time, shared by every request that needs one
+(`chaosgpu.agent.cache`). It must not read /proc or NVML itself (everything goes through
+`chaosgpu.node`, the sampler and chaosgpu.job) and never signals anything.
 
 Endpoints (docs/agent.md): `GET /healthz` (no auth), `GET /v1/snapshot` (`gpu`, `processes`,
 `fresh`), `GET /v1/timeline` (`since`, `until`, `pod_uid`, `pid`), `GET /metrics` (Prometheus
-text). Errors are JSON `{"error": ..., "parameter": ...}` with 400, 401, 404, 405 or 500.
+text). Errors are JSON `{"error": ..., "parameter": ...}` with 400, 401, 404, 405, 500 or 503.
 """
 
-import bisect
+import asyncio
+import concurrent.futures
 import hmac
-import http.server
 import ipaddress
 import json
 import logging
 import math
-import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+from aiohttp import web
+
+from chaosgpu.agent.cache import CensusCache
+from chaosgpu.agent.jobs import JobWatch
+from chaosgpu.agent.timeline import TIMELINE_SCHEMA, TimelineWindow
 
 __all__ = [
     "AgentConfig",
     "AgentServer",
     "BadParameter",
     "CensusCache",
+    "JobWatch",
+    "TIMELINE_SCHEMA",
     "TimelineWindow",
     "is_loopback",
     "parse_listen",
+    "snapshot_document",
 ]
 
 logger = logging.getLogger("chaostoolkit")
 
 SNAPSHOT_SCHEMA = "chaosgpu.census/1"
-TIMELINE_SCHEMA = "chaosgpu.agent.timeline/1"
+ENDPOINTS = ("/healthz", "/v1/snapshot", "/v1/timeline", "/metrics")
+#: idle keep-alive connections are closed after this many seconds
+KEEPALIVE_S = 15.0
+#: a Prometheus exposition is reused for this many seconds (scrapes come every 15 s or more)
+METRICS_REUSE_S = 0.25
 
 
 class BadParameter(ValueError):
@@ -80,222 +95,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class CensusCache:
-    """The census, taken at most once per `ttl_s`: a request older than the TTL triggers one
-    refresh in the background and is answered from the cached census (stale by at most
-    `ttl_s` + one census); only a census older than `max_stale_s` (or none yet, or `fresh`)
-    is taken in the request. `taken_at`/`age_s` in the answer say how fresh it is."""
-
-    def __init__(self, ttl_s: float = 1.0, max_stale_s: float = 10.0,
-                 census_kwargs: dict[str, Any] | None = None) -> None:
-        self.ttl_s = ttl_s
-        self.max_stale_s = max(max_stale_s, ttl_s)
-        self.census_kwargs = dict(census_kwargs or {})
-        self._census: dict[str, Any] | None = None
-        self._taken_mono = 0.0
-        self._lock = threading.Lock()  # guards the cached census and the refresh flag
-        self._refreshing = False
-        self.censuses = 0
-        self.listeners: list[Any] = []  # called with each new census
-
-    def _take(self) -> dict[str, Any]:
-        from chaosgpu.node import take_census
-
-        census = take_census(**self.census_kwargs)
-        with self._lock:
-            self._census = census
-            self._taken_mono = time.monotonic()
-            self.censuses += 1
-        for listener in list(self.listeners):
-            try:
-                listener(census)
-            except Exception:
-                logger.error("chaosgpu agent: census listener failed", exc_info=True)
-        return census
-
-    def _refresh_in_background(self) -> None:
-        try:
-            self._take()
-        except Exception:
-            logger.error("chaosgpu agent: census failed", exc_info=True)
-        finally:
-            with self._lock:
-                self._refreshing = False
-
-    def get(self, fresh: bool = False) -> dict[str, Any]:
-        """Return a census no older than the rules above."""
-        with self._lock:
-            census, age = self._census, time.monotonic() - self._taken_mono
-            start_refresh = (census is not None and not fresh and self.ttl_s < age
-                             <= self.max_stale_s and not self._refreshing)
-            if start_refresh:
-                self._refreshing = True
-        if census is None or fresh or self.ttl_s <= 0 or age > self.max_stale_s:
-            return self._take()
-        if start_refresh:
-            threading.Thread(target=self._refresh_in_background, name="chaosgpu-agent-census",
-                             daemon=True).start()
-        return census
-
-    def age_s(self) -> float | None:
-        """Seconds since the cached census was taken (None before the first)."""
-        return None if self._census is None else time.monotonic() - self._taken_mono
-
-
-class TimelineWindow:
-    """The agent's timeline: a `chaosgpu.timeline.sampler.Sampler` (every GPU process when NVML
-    is there, else chaosgpu-tagged processes' RSS) kept to the last `retention_s` seconds, with
-    each process attributed (pod uid, container id, namespace PID) the first time it is seen."""
-
-    def __init__(self, rate_hz: float = 100.0, process_every: int = 5,
-                 retention_s: float = 600.0, housekeeping_s: float = 0.25) -> None:
-        from chaosgpu.timeline.sampler import Sampler
-
-        if not isinstance(retention_s, int | float) or retention_s <= 0:
-            raise ValueError(f"retention_s must be > 0, got {retention_s!r}")
-        # The retention bounds memory; max_samples only guards against a stuck trim.
-        self.sampler = Sampler(rate_hz=rate_hz, process_every=process_every,
-                               max_samples=int(rate_hz * retention_s * 4) + 10_000)
-        self.retention_s = float(retention_s)
-        self.housekeeping_s = housekeeping_s
-        self.attribution: dict[int, dict[str, Any]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start sampling and the housekeeping thread (trim + attribution)."""
-        self.sampler.start()
-        self._thread = threading.Thread(target=self._housekeeping, name="chaosgpu-agent-timeline",
-                                        daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 2.0) -> None:
-        """Stop both threads (each waits at most `timeout_s`)."""
-        self._stop.set()
-        self.sampler.stop(timeout_s)
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _housekeeping(self) -> None:
-        while not self._stop.wait(self.housekeeping_s):
-            try:
-                self.attribute_new()
-                self.trim()
-            except Exception:
-                logger.error("chaosgpu agent: timeline housekeeping failed", exc_info=True)
-
-    def remember(self, census: dict[str, Any]) -> None:
-        """Attribute every GPU process of a census (a CensusCache listener)."""
-        for entry in census.get("gpu_processes") or []:
-            pid = entry.get("host_pid")
-            if isinstance(pid, int) and pid not in self.attribution:
-                container = entry.get("container") or {}
-                self.attribution[pid] = {
-                    "pod_uid": container.get("pod_uid"), "container_id": container.get("id"),
-                    "ns_pid": entry.get("ns_pid"), "job": entry.get("job"),
-                    "rank": entry.get("rank")}
-
-    def attribute_new(self) -> None:
-        """Read the container identity of processes the sampler saw for the first time."""
-        from chaosgpu.node import read_process
-
-        with self.sampler._data_lock:
-            pids = [pid for pid in self.sampler.processes if pid not in self.attribution]
-        for pid in pids:
-            record = read_process(pid, env=False, fds=False)
-            if record is None:
-                self.attribution[pid] = {"pod_uid": None, "container_id": None, "ns_pid": None,
-                                         "note": "gone before it could be attributed"}
-                continue
-            container = record.get("container") or {}
-            nspid = record.get("nspid") or []
-            self.attribution[pid] = {"pod_uid": container.get("pod_uid"),
-                                     "container_id": container.get("id"),
-                                     "ns_pid": nspid[-1] if nspid else None}
-
-    def trim(self) -> None:
-        """Drop samples older than the retention window."""
-        sampler = self.sampler
-        cutoff = sampler.now() - self.retention_s
-        with sampler._data_lock:
-            cut = bisect.bisect_left(sampler.t, cutoff)
-            if cut >= max(100, len(sampler.t) // 10):
-                del sampler.t[:cut]
-                del sampler.total[:cut]
-                for series in sampler.devices.values():
-                    del series[:cut]
-            for pid in list(sampler.processes):
-                entry = sampler.processes[pid]
-                if entry["t"] and entry["t"][-1] < cutoff and (
-                        not entry["states"] or entry["states"][-1][0] < cutoff):
-                    del sampler.processes[pid]
-                    self.attribution.pop(pid, None)
-                    continue
-                pcut = bisect.bisect_left(entry["t"], cutoff)
-                if pcut:
-                    del entry["t"][:pcut]
-                    del entry["mib"][:pcut]
-            sampler.events[:] = [e for e in sampler.events if e["t"] >= cutoff]
-
-    def window(self, since: float, until: float, pod_uid: str | None = None,
-               pid: int | None = None) -> dict[str, Any]:
-        """The timeline between two unix times, in the journal's timeline shape (times relative
-        to t0), optionally only the processes of one pod or one PID."""
-        sampler = self.sampler
-        t0 = sampler.t0
-        lo, hi = since - t0, until - t0
-        with sampler._data_lock:
-            a = bisect.bisect_left(sampler.t, lo)
-            b = bisect.bisect_right(sampler.t, hi)
-            t = sampler.t[a:b]
-            total = sampler.total[a:b]
-            devices = [{"index": index, "t": t, "used_mib": series[a:b]}
-                       for index, series in sorted(sampler.devices.items())]
-            oldest = sampler.t[0] + t0 if sampler.t else None
-            processes = {}
-            for key, entry in sampler.processes.items():
-                who = self.attribution.get(key, {})
-                if pid is not None and key != pid:
-                    continue
-                if pod_uid is not None and who.get("pod_uid") != pod_uid:
-                    continue
-                pa = bisect.bisect_left(entry["t"], lo)
-                pb = bisect.bisect_right(entry["t"], hi)
-                states = [s for s in entry["states"] if lo <= s[0] <= hi]
-                if pa == pb and not states:
-                    continue
-                processes[str(key)] = {
-                    "t": entry["t"][pa:pb], "mib": entry["mib"][pa:pb], "tag": entry.get("tag"),
-                    "rank": entry.get("rank"), "comm": entry.get("comm"), "states": states,
-                    "pod_uid": who.get("pod_uid"), "container_id": who.get("container_id"),
-                    "ns_pid": who.get("ns_pid")}
-            events = [dict(e) for e in sampler.events if lo <= e["t"] <= hi]
-        summary = sampler.summary()
-        return {
-            "schema": TIMELINE_SCHEMA, "t0": t0, "since": since, "until": until,
-            "source": sampler.source, "rate_hz": summary["rate_hz"],
-            "rate_hz_requested": sampler.rate_hz, "process_every": sampler.process_every,
-            "unit": "MiB", "t": t, "total_mib": total, "devices": devices,
-            "processes": processes, "events": events,
-            "retained_since": oldest, "retention_s": self.retention_s,
-            "truncated": oldest is None or since < oldest,
-            "errors": list(sampler.errors)}
-
-
 class AgentConfig:
-    """What the server serves and how: token, census cache, timeline (None = no timeline)."""
+    """What the server serves and how: token, census cache, timeline and job watch (None = off),
+    and the bounds (`max_inflight` requests at once, `workers` threads for blocking work)."""
 
     def __init__(self, token: str, census: CensusCache, timeline: TimelineWindow | None,
-                 max_window_s: float = 3600.0) -> None:
+                 max_window_s: float = 3600.0, jobs: JobWatch | None = None,
+                 max_inflight: int = 32, workers: int = 2,
+                 metrics_reuse_s: float = METRICS_REUSE_S) -> None:
         if not token:
             raise ValueError("the agent needs a non-empty token")
+        if max_inflight < 1 or workers < 1:
+            raise ValueError(f"max_inflight and workers must be >= 1, got {max_inflight}, "
+                             f"{workers}")
         self.token = token.encode()
         self.census = census
         self.timeline = timeline
+        self.jobs = jobs
         self.max_window_s = max_window_s
+        self.max_inflight = max_inflight
+        self.workers = workers
+        self.metrics_reuse_s = metrics_reuse_s
         self.started = time.time()
         self.requests = 0
-        self.lock = threading.Lock()
+        self.rejected = 0
+        self.inflight = 0
         # encoded snapshots by (census id, gpu, processes): a census is serialised once
         self.encoded: dict[tuple[int, int | None, bool], tuple[dict[str, Any], bytes]] = {}
 
@@ -374,126 +198,125 @@ def snapshot_document(census: dict[str, Any], gpu: int | None,
     return document
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: "AgentServer"
-    protocol_version = "HTTP/1.1"
-    server_version = "chaosgpu-agent"
-    timeout = 30
-    # Buffer the response (headers + body go out in one send at the flush after each request)
-    # and disable Nagle: otherwise a keep-alive client waits ~40 ms for a delayed ACK.
-    wbufsize = -1
+def _json_body(document: Any) -> bytes:
+    return json.dumps(document, separators=(",", ":"), default=str).encode()
 
-    def setup(self) -> None:
-        super().setup()
-        try:
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        logger.debug("chaosgpu agent: %s %s", self.address_string(), format % args)
+def _error(code: int, message: str, parameter: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    document: dict[str, Any] = {"error": message, "status": code}
+    if parameter is not None:
+        document["parameter"] = parameter
+    return web.Response(status=code, body=_json_body(document), content_type="application/json",
+                        headers={"Cache-Control": "no-store", **(headers or {})})
 
-    def _send(self, code: int, body: bytes, content_type: str) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        if code == 401:
-            self.send_header("WWW-Authenticate", 'Bearer realm="chaosgpu-agent"')
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
 
-    def _json(self, code: int, document: Any) -> None:
-        body = json.dumps(document, separators=(",", ":"), default=str).encode()
-        self._send(code, body, "application/json")
+def _nvml_state() -> dict[str, Any] | None:
+    from chaosgpu.node import census_module
 
-    def _error(self, code: int, message: str, parameter: str | None = None) -> None:
-        document: dict[str, Any] = {"error": message, "status": code}
-        if parameter is not None:
-            document["parameter"] = parameter
-        self._json(code, document)
+    state = getattr(census_module(), "nvml_init_state", None)
+    return None if state is None else dict(state())
 
-    def _authorised(self) -> bool:
-        header = self.headers.get("Authorization") or ""
-        scheme, _, credential = header.partition(" ")
-        expected = self.server.config.token
-        given = credential.strip().encode()
+
+class _App:
+    """The request handlers of one server (one per AgentServer)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            config.workers, thread_name_prefix="chaosgpu-agent-worker")
+        self.routes: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {
+            "/healthz": self.healthz, "/v1/snapshot": self.snapshot,
+            "/v1/timeline": self.timeline, "/metrics": self.metrics}
+        self._metrics: tuple[float, bytes] | None = None
+        self._rendering: asyncio.Future[bytes] | None = None
+
+    async def _work(self, function: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, function, *args)
+
+    def _authorised(self, request: web.Request) -> bool:
+        scheme, _, credential = (request.headers.get("Authorization") or "").partition(" ")
         # compare_digest even when the scheme is wrong, so timing says nothing either way
-        ok = hmac.compare_digest(given, expected)
+        ok = hmac.compare_digest(credential.strip().encode(), self.config.token)
         return ok and scheme.lower() == "bearer"
 
-    def do_HEAD(self) -> None:  # noqa: N802 (stdlib naming)
-        self.do_GET()
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._error(405, "the agent is read-only: use GET")
-
-    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
-
-    def do_GET(self) -> None:  # noqa: N802
-        config = self.server.config
-        with config.lock:
-            config.requests += 1
-        url = urllib.parse.urlsplit(self.path)
-        routes = {"/healthz": self._healthz, "/v1/snapshot": self._snapshot,
-                  "/v1/timeline": self._timeline, "/metrics": self._metrics}
-        route = routes.get(url.path)
+    async def dispatch(self, request: web.Request) -> web.Response:
+        """Route, authenticate, bound and answer one request."""
+        config = self.config
+        config.requests += 1
+        if request.method not in ("GET", "HEAD"):
+            return _error(405, "the agent is read-only: use GET")
+        route = self.routes.get(request.path)
         if route is None:
-            self._error(404, f"no such endpoint {url.path!r}; endpoints: {', '.join(routes)}")
-            return
-        if url.path != "/healthz" and not self._authorised():
-            self._error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
-            return
+            return _error(404, f"no such endpoint {request.path!r}; endpoints: "
+                               f"{', '.join(ENDPOINTS)}")
+        if request.path == "/healthz":
+            return await route(request)
+        if not self._authorised(request):
+            return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
+                          headers={"WWW-Authenticate": 'Bearer realm="chaosgpu-agent"'})
+        if config.inflight >= config.max_inflight:
+            config.rejected += 1
+            return _error(503, f"busy: {config.max_inflight} requests in flight already; "
+                               "retry shortly", headers={"Retry-After": "1"})
+        config.inflight += 1
         try:
-            route(url.query)
+            return await route(request)
         except BadParameter as error:
-            self._error(400, str(error), error.parameter)
+            return _error(400, str(error), error.parameter)
         except Exception as error:
-            logger.error("chaosgpu agent: %s failed", url.path, exc_info=True)
-            self._error(500, f"{type(error).__name__}: {error}")
+            logger.error("chaosgpu agent: %s failed", request.path, exc_info=True)
+            return _error(500, f"{type(error).__name__}: {error}")
+        finally:
+            config.inflight -= 1
 
-    def _healthz(self, query: str) -> None:
-        config = self.server.config
+    async def healthz(self, request: web.Request) -> web.Response:
+        """Liveness and what the agent sees (no auth, never refused for load)."""
+        config = self.config
         timeline = config.timeline
-        self._json(200, {
+        jobs = config.jobs
+        document = {
             "status": "ok", "uptime_s": round(time.time() - config.started, 3),
-            "census_age_s": config.census.age_s(),
+            "census_age_s": config.census.age_s(), "census_in_flight": config.census.in_flight,
+            "censuses": config.census.censuses,
+            "census_error": config.census.last_error, "nvml": _nvml_state(),
             "timeline": None if timeline is None else {
-                "running": timeline.sampler.running, "source": timeline.sampler.source}})
+                "running": timeline.sampler.running, "source": timeline.sampler.source,
+                "switched_to_nvml_at": timeline.switched_to_nvml_at},
+            "jobs": None if jobs is None else {"jobs": len(jobs.jobs()), "ticks": jobs.ticks,
+                                               "error": jobs.last_error},
+            "inflight": config.inflight, "max_inflight": config.max_inflight}
+        return web.Response(body=_json_body(document), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
 
-    def _snapshot(self, query: str) -> None:
-        params = _params(query, ("gpu", "processes", "fresh"))
+    def _encode(self, census: dict[str, Any], gpu: int | None, processes: bool) -> bytes:
+        config = self.config
+        key = (id(census), gpu, processes)
+        cached = config.encoded.get(key)
+        if cached is not None and cached[0] is census:
+            return cached[1]
+        body = _json_body(snapshot_document(census, gpu, processes))
+        if len(config.encoded) > 16:  # old censuses: drop them all
+            config.encoded.clear()
+        config.encoded[key] = (census, body)
+        return body
+
+    async def snapshot(self, request: web.Request) -> web.Response:
+        """The census (`chaosgpu.census/1`), optionally one GPU's, without processes, fresh."""
+        params = _params(request.query_string, ("gpu", "processes", "fresh"))
         gpu = _integer(params, "gpu")
         processes = _flag(params, "processes", True)
         fresh = _flag(params, "fresh", False)
-        config = self.server.config
-        census = config.census.get(fresh=fresh)
-        key = (id(census), gpu, processes)
-        with config.lock:
-            cached = config.encoded.get(key)
-        if cached is None or cached[0] is not census:
-            document = snapshot_document(census, gpu, processes)
-            body = json.dumps(document, separators=(",", ":"), default=str).encode()
-            with config.lock:
-                if len(config.encoded) > 16:  # old censuses: drop them all
-                    config.encoded.clear()
-                config.encoded[key] = (census, body)
-        else:
-            body = cached[1]
+        census = await self.config.census.get(fresh=fresh)
+        body = await self._work(self._encode, census, gpu, processes)
         age = max(0.0, time.time() - float(census.get("taken_at") or 0))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Census-Age", f"{age:.4f}")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        return web.Response(body=body, content_type="application/json",
+                            headers={"Cache-Control": "no-store", "X-Census-Age": f"{age:.4f}"})
 
-    def _timeline(self, query: str) -> None:
-        config = self.server.config
-        params = _params(query, ("since", "until", "pod_uid", "pid"))
+    async def timeline(self, request: web.Request) -> web.Response:
+        """The timeline window between `since` and `until`."""
+        config = self.config
+        params = _params(request.query_string, ("since", "until", "pod_uid", "pid"))
         now = time.time()
         since = _number(params, "since", now - 10.0)
         until = _number(params, "until", now)
@@ -509,38 +332,137 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             raise BadParameter("pod_uid", "pod_uid is empty")
         pid = _integer(params, "pid")
         if config.timeline is None:
-            self._error(503, "this agent runs without a timeline (--rate-hz 0)")
-            return
-        self._json(200, config.timeline.window(since, until, pod_uid, pid))
+            return _error(503, "this agent runs without a timeline (--rate-hz 0)")
+        window = config.timeline.window
+        body = await self._work(lambda: _json_body(window(since, until, pod_uid, pid)))
+        return web.Response(body=body, content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
 
-    def _metrics(self, query: str) -> None:
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The Prometheus exposition: reused for `metrics_reuse_s`, one rendering shared by
+        concurrent scrapes."""
+        from chaosgpu.agent.metrics import CONTENT_TYPE
+
+        _params(request.query_string, ())
+        now = time.monotonic()
+        if self._metrics is not None and now - self._metrics[0] <= self.config.metrics_reuse_s:
+            body = self._metrics[1]
+        else:
+            if self._rendering is None:
+                self._rendering = asyncio.ensure_future(self._render())
+            rendering = self._rendering
+            try:
+                body = await asyncio.shield(rendering)
+            finally:
+                if self._rendering is rendering and rendering.done():
+                    self._rendering = None
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE,
+                                                "Cache-Control": "no-store"})
+
+    async def _render(self) -> bytes:
         from chaosgpu.agent.metrics import render
 
-        _params(query, ())
-        config = self.server.config
-        census = config.census.get()
-        body = render(census, config.timeline, census_age_s=config.census.age_s(),
-                      requests=config.requests).encode()
-        self._send(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        config = self.config
+        census = await config.census.get()
+        nvml = _nvml_state() or {}
+        agent = {"census_age_s": config.census.age_s(), "censuses": config.census.censuses,
+                 "census_failures": config.census.failures, "requests": config.requests,
+                 "rejected": config.rejected, "inflight": config.inflight,
+                 "nvml_attempts": nvml.get("attempts"),
+                 "nvml_retry_in_s": nvml.get("retry_in_s")}
+        jobs = None if config.jobs is None else config.jobs.jobs()
+        summary = None if config.timeline is None else config.timeline.summary()
+        body: bytes = await self._work(render, census, jobs, summary, agent)
+        self._metrics = (time.monotonic(), body)
+        return body
 
 
-class AgentServer(http.server.ThreadingHTTPServer):
-    """The agent's HTTP server (one thread per connection, daemon threads)."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
+class AgentServer:
+    """The agent: the HTTP server on its own event-loop thread, with the census cache, the
+    timeline and the job watch of its config; `start()` binds (OSError when it cannot),
+    `stop()` ends every thread it started."""
 
     def __init__(self, host: str, port: int, config: AgentConfig) -> None:
-        if ":" in host:
-            self.address_family = socket.AF_INET6
+        self.host, self.port = host, port
         self.config = config
-        super().__init__((host, port), _Handler)
+        self._app = _App(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._address: tuple[str, int] | None = None
+
+    async def _serve(self, ready: "concurrent.futures.Future[tuple[str, int]]") -> None:
+        app = web.Application(client_max_size=4096)
+        app.router.add_route("*", "/{tail:.*}", self._app.dispatch)
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
+                               handle_signals=False, shutdown_timeout=2.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, backlog=128, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException as error:
+            await runner.cleanup()
+            ready.set_exception(error)
+            return
+        self._runner = runner
+        address = runner.addresses[0]
+        ready.set_result((str(address[0]), int(address[1])))
+
+    def start(self, timeout_s: float = 30.0) -> "AgentServer":
+        """Bind and serve; start the timeline and the job watch. Returns self."""
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self.config.census.loop = loop
+        ready: concurrent.futures.Future[tuple[str, int]] = concurrent.futures.Future()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.create_task(self._serve(ready))
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="chaosgpu-agent-http", daemon=True)
+        self._thread.start()
+        try:
+            self._address = ready.result(timeout_s)
+        except BaseException:
+            self._stop_loop()
+            raise
+        if self.config.timeline is not None:
+            self.config.timeline.start()
+        if self.config.jobs is not None:
+            self.config.jobs.start()
+        return self
+
+    def _stop_loop(self) -> None:
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+        if self._runner is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop).result(10.0)
+            except concurrent.futures.TimeoutError:
+                logger.error("chaosgpu agent: the HTTP server did not close within 10 s")
+            self._runner = None
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(10.0)
+        loop.close()
+        self._thread = None
+
+    def stop(self) -> None:
+        """Stop the job watch, the timeline, the server and the census and worker threads."""
+        if self.config.jobs is not None:
+            self.config.jobs.stop()
+        if self.config.timeline is not None:
+            self.config.timeline.stop()
+        self._stop_loop()
+        self._app.pool.shutdown(wait=True, cancel_futures=True)
+        self.config.census.close()
 
     @property
     def url(self) -> str:
         """Base URL of the server, e.g. http://127.0.0.1:9464."""
-        address = self.server_address
-        host = address[0].decode() if isinstance(address[0], bytes) else str(address[0])
+        if self._address is None:
+            raise RuntimeError("the server is not started")
+        host, port = self._address
         host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{address[1]}"
+        return f"http://{host}:{port}"

@@ -124,7 +124,10 @@ class Observer:
                  window_s: float = DEFAULT_WINDOW_S, tick_s: float = DEFAULT_TICK_S,
                  stack_every_s: float = DEFAULT_STACK_EVERY_S,
                  census_every_s: float = DEFAULT_CENSUS_EVERY_S, stacks: bool = True,
-                 all_jobs: bool = False) -> None:
+                 all_jobs: bool = False,
+                 census: Callable[[], dict[str, Any]] | None = None) -> None:
+        """`census` gives the census to read (default: take one); the node agent passes its
+        own shared census so that observing jobs adds no census of its own."""
         check_selector(job, tag, allow_all=all_jobs)
         for name, value in (("window_s", window_s), ("tick_s", tick_s),
                             ("stack_every_s", stack_every_s),
@@ -147,6 +150,7 @@ class Observer:
         self.started = time.time()
         self.visibility: str | None = None
         self.census_errors: list[str] = []
+        self._census_source = census or _census
 
     def close(self) -> None:
         """Release the pidfds."""
@@ -184,7 +188,7 @@ class Observer:
                                f"({track.nccl_ras['format']})")
 
     def _take_census(self, now: float) -> None:
-        census = _census()
+        census = self._census_source()
         self._last_census = now
         self.visibility = visibility_note(census)
         self.census_errors = list(census.get("errors") or [])[:10]
