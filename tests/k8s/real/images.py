@@ -30,7 +30,10 @@ PYTHON = "/usr/bin/python3.11"
 _STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data",
                 "site-packages", "dist-packages", "config-3.11-x86_64-linux-gnu"}
 _HOST_TOOLS = ("nohup",)
-_AGENT_DEPS = ("pynvml.py", "requests", "urllib3", "idna", "certifi", "charset_normalizer")
+_AGENT_DEPS = ("pynvml.py", "requests", "urllib3", "idna", "certifi", "charset_normalizer",
+               # the agent's HTTP server and its metrics exposition, with aiohttp's own needs
+               "aiohttp", "aiohappyeyeballs", "aiosignal", "attr", "attrs", "frozenlist",
+               "multidict", "propcache", "yarl", "typing_extensions.py", "prometheus_client")
 _LAUNCHER = """#!/usr/bin/python3
 import sys
 sys.path.insert(0, "/opt/chaosgpu")
