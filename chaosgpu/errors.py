@@ -5,9 +5,23 @@ for Python callers): it is raised before anything is touched. A `${name}` in an 
 no configuration key or secret defines is an `UnknownVariable` (chaoslib's InvalidExperiment).
 A fault or probe that ran and could not do what it was asked raises `ActivityError` (chaoslib's
 ActivityFailed, and a RuntimeError for Python callers).
+
+The node agent runs without Chaos Toolkit (its image carries no chaoslib): there the same three
+classes derive from stand-ins of chaoslib's, so that everything else imports unchanged.
 """
 
-from chaoslib.exceptions import ActivityFailed, InvalidActivity, InvalidExperiment
+try:
+    from chaoslib.exceptions import ActivityFailed, InvalidActivity, InvalidExperiment
+except ImportError:  # the node agent, or any use of chaosgpu outside Chaos Toolkit
+
+    class ActivityFailed(Exception):  # type: ignore[no-redef]
+        """Stand-in for chaoslib.exceptions.ActivityFailed."""
+
+    class InvalidActivity(Exception):  # type: ignore[no-redef]
+        """Stand-in for chaoslib.exceptions.InvalidActivity."""
+
+    class InvalidExperiment(Exception):  # type: ignore[no-redef]
+        """Stand-in for chaoslib.exceptions.InvalidExperiment."""
 
 __all__ = ["ActivityError", "InvalidArgument", "UnknownVariable"]
 

@@ -158,8 +158,14 @@ def test_agent_daemonset_deployed_and_queried(real_cluster: RealCluster) -> None
                 health = urllib.request.urlopen("http://127.0.0.1:9464/healthz", timeout=2)
                 break
             except OSError:
-                pod = core.read_namespaced_pod("chaosgpu-agent-real", "chaosgpu-system")
-                assert time.monotonic() < deadline, pod.status
+                if time.monotonic() >= deadline:
+                    pod = core.read_namespaced_pod("chaosgpu-agent-real", "chaosgpu-system")
+                    try:
+                        logs = core.read_namespaced_pod_log("chaosgpu-agent-real",
+                                                            "chaosgpu-system", tail_lines=40)
+                    except client.ApiException as error:
+                        logs = f"(no logs: {error.reason})"
+                    pytest.fail(f"the agent never answered /healthz: {pod.status}\n{logs}")
                 time.sleep(0.5)
         assert health.status == 200
         with pytest.raises(urllib.error.HTTPError) as refused:
