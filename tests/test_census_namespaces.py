@@ -127,10 +127,14 @@ def test_non_root_observer_marks_what_it_cannot_read() -> None:
         worker = procs[orphan]  # root-owned, inside a pod: still listed, never "absent"
         assert worker["uid"] == 0 and worker["state"] == "S"
         assert worker["nspid"][0] == orphan  # status is world-readable
-        for field in ("env", "nvidia_fds", "pid_ns"):
+        scanned = node.census_module().nvidia_registered()
+        for field in ("env", "nvidia_fds", "pid_ns") if scanned else ("env", "pid_ns"):
             assert field in worker["unreadable"], field
             assert worker["errors"][field] == "EACCES"
             assert worker[field] is None
+        if not scanned:  # no NVIDIA driver on this kernel: no fd can be a GPU device, a fact
+            assert worker["nvidia_fds"] == [] and "nvidia_fds" not in worker["unreadable"]
+            assert census["observer"]["nvidia_fd_scan"].startswith("skipped: ")
         assert worker["orphan"]  # the orphan rule needs only stat + status
         me = procs[next(p for p in procs if procs[p]["uid"] == 65534
                         and "node_census.py" in " ".join(procs[p]["cmdline"] or []))]
