@@ -41,7 +41,6 @@ Definitions (also in docs/census.md):
 import json
 import os
 import re
-import socket
 import sys
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
@@ -89,7 +88,6 @@ ENV_KEYS = (
     "TORCH_NCCL_TRACE_BUFFER_SIZE",
 )
 _ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
-_ENV_HINTS = (b"RANK=", b"MASTER_", b"CHAOSGPU_", b"TORCHELASTIC_", b"TORCH_")
 
 #: Process names that act as subreapers (children of dead parents are reparented to them).
 KNOWN_SUBREAPERS = frozenset((
@@ -448,6 +446,8 @@ _TCP_STATES = ("?", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAI
 
 
 def _address(family: int, raw: bytes) -> str:
+    import socket
+
     if family == socket.AF_INET:
         return socket.inet_ntop(socket.AF_INET, raw[:4])
     text = socket.inet_ntop(socket.AF_INET6, raw)
@@ -492,6 +492,7 @@ def tcp_sockets() -> Dict[int, Dict[str, Any]]:
     ms since data was last sent or received). These are the kernel's own counters of what
     crossed each connection: a rank whose peer connections move no bytes makes no progress.
     Raises OSError when netlink is refused (then nothing about sockets can be said)."""
+    import socket
     import struct
 
     result = {}  # type: Dict[int, Dict[str, Any]]
@@ -622,8 +623,9 @@ def _status_fields(data: bytes) -> Tuple[Optional[int], Optional[List[int]]]:
 
 def _read_env(data: bytes) -> Dict[str, str]:
     env = {}  # type: Dict[str, str]
-    if not any(hint in data for hint in _ENV_HINTS):
-        return env
+    if not (b"RANK=" in data or b"MASTER_" in data or b"CHAOSGPU_" in data
+            or b"TORCH" in data):
+        return env  # no job or tag key: the common case, decided by C scans alone
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep and (key in _ENV_KEYS_B or key.startswith(b"CHAOSGPU_")):
@@ -662,6 +664,8 @@ def nvidia_registered(proc_root: str = "/proc") -> bool:
 _STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag", "cgroup",
                   "container", "_freezer_v1", "_cgroup_v2")
 _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
+#: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
+_CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
 
 
 def _stat_record(pid: int, stat: bytes) -> Dict[str, Any]:
@@ -785,9 +789,15 @@ def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
             except OSError as error:
                 _note_failure(record, "env", error)
     try:
-        main_path, freezer, v2 = _pick_cgroup(_read_bytes(base + "/cgroup"))
+        data = _read_bytes(base + "/cgroup")
+        parsed = _CGROUPS.get(data)
+        if parsed is None:  # most processes share a few cgroup files: parse each one once
+            if len(_CGROUPS) > 4096:
+                _CGROUPS.clear()
+            parsed = _CGROUPS[data] = _pick_cgroup(data) + (parse_container(_pick_cgroup(data)[0]),)
+        main_path, freezer, v2, container = parsed
         record["cgroup"] = main_path
-        record["container"] = parse_container(main_path)
+        record["container"] = dict(container) if container else None
         if freezer is not None:
             record["_freezer_v1"] = freezer
         if v2 is not None:
@@ -839,6 +849,17 @@ def _nvml() -> Tuple[Any, Optional[str]]:
     if _NVML["tried"]:
         return _NVML["module"], _NVML["reason"]
     _NVML["tried"] = True
+    if "pynvml" not in sys.modules and not nvidia_registered():
+        # no driver: NVML cannot work; say why without importing pynvml (10 ms a snapshot)
+        import importlib.util
+
+        try:
+            installed = importlib.util.find_spec("pynvml") is not None
+        except (ImportError, ValueError):
+            installed = False
+        _NVML["reason"] = ("NVML unavailable: " + NO_NVIDIA_DEVICE if installed
+                           else "pynvml (nvidia-ml-py) not installed")
+        return None, _NVML["reason"]
     try:
         import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except Exception as error:  # ImportError, or a broken install
@@ -968,7 +989,7 @@ def nvml_gpu_processes() -> List[Dict[str, Any]]:
 
 def _observer(proc_root: str) -> Dict[str, Any]:
     observer = {"pid": os.getpid(), "uid": os.getuid(), "pid_ns": None, "nspid": None,
-                "root": os.geteuid() == 0, "hostname": socket.gethostname(),
+                "root": os.geteuid() == 0, "hostname": os.uname().nodename,
                 "proc_root": proc_root}  # type: Dict[str, Any]
     try:
         observer["pid_ns"] = os.readlink("/proc/self/ns/pid")
@@ -1370,17 +1391,22 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
 
 
 #: processes per forked reader below which forking does not pay (measured: bench/census_bench.py)
-PROCESSES_PER_READER = 2000
+PROCESSES_PER_READER = 1000
 
 
 def auto_workers(count: int) -> int:
     """How many readers pay for ``count`` processes: one per PROCESSES_PER_READER processes, at
-    most one per CPU this process may run on (and at most 8): the reads are syscall-bound and
-    scale with cores, a fork and the marshalled records cost about one reader's 300 processes."""
+    most one per idle CPU this process may run on (1 + CPUs - load average) and at most 8: the
+    reads are syscall-bound and scale with free cores; on busy cores a forked reader only adds
+    its fork and the marshalled records."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
+    try:  # CPUs others keep busy do not read for us: count the idle ones (and this one)
+        cpus = min(cpus, 1 + max(0, int(cpus - os.getloadavg()[0])))
+    except OSError:
+        pass
     return max(1, min(cpus, 8, count // PROCESSES_PER_READER))
 
 
@@ -1507,7 +1533,8 @@ def _join_jobs(gpu_processes: List[Dict[str, Any]], jobs: List[Dict[str, Any]]) 
             item["job"], item["rank"] = job_of[item["pid"]]
 
 
-def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bool = True,
+def census(proc_root: str = "/proc", env: bool = True, fds: Union[bool, str] = True,
+           gpu: bool = True,
            gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
            cgroup_root: str = "/sys/fs/cgroup", cache: bool = False,
            detail: str = "full", workers: int = 1) -> Dict[str, Any]:
@@ -1519,7 +1546,8 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     ``orphan_reason``) and distributed-training jobs with rank states (alive, stopped, frozen,
     zombie, missing) as this one reading shows them. Never raises for an odd node: problems go
     to ``errors``. ``fds`` scans every process's fds for /dev/nvidia* when an NVIDIA driver is
-    registered (``nvidia_registered``; otherwise ``nvidia_fds`` is ``[]`` without a scan).
+    registered (``nvidia_registered``; otherwise ``nvidia_fds`` is ``[]`` without a scan);
+    ``fds="always"`` scans anyway (to measure what a GPU node pays).
     ``cache=True`` keeps, across calls in this process, what does not change during a
     process's life (see ``read_process``): a repeated census (the job observer, an agent, a
     sampler) then reads each known process's stat (and fds) alone, and zombies keep the tag and
@@ -1533,14 +1561,31 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     readers (N - 1 forked); ``workers=0`` picks N by ``auto_workers``."""
     if detail not in ("full", "lite"):
         raise ValueError("detail must be 'full' or 'lite', got %r" % (detail,))
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of acyclic dicts: the cyclic collector only costs time
+    try:
+        return _census(proc_root, env, fds, gpu, gpu_snapshot, pids, cgroup_root, cache, detail,
+                       workers)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
+            gpu_snapshot: Optional[Dict[str, Any]], pids: Optional[Iterable[int]],
+            cgroup_root: str, cache: bool, detail: str, workers: int) -> Dict[str, Any]:
     started = time.monotonic()
     taken_at = time.time()
     errors = []  # type: List[str]
     observer = _observer(proc_root)
     proc_ns = _proc_ns(proc_root)
     gpu_section = _gpu_section(gpu, gpu_snapshot)
-    fd_mode = (fds if not fds or nvidia_registered(proc_root)
-               else NO_NVIDIA_DEVICE)  # type: Union[bool, str]
+    if fds == "always":  # scan even where no NVIDIA device is registered (what a GPU node pays)
+        fd_mode = True  # type: Union[bool, str]
+    else:
+        fd_mode = fds if not fds or nvidia_registered(proc_root) else NO_NVIDIA_DEVICE
     observer["nvidia_fd_scan"] = ("skipped: " + NO_NVIDIA_DEVICE if fd_mode == NO_NVIDIA_DEVICE
                                   else bool(fds))
     try:
@@ -1562,10 +1607,13 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
             gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
     jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"])
     _join_jobs(gpu_processes, jobs)
+    private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")
     for record in processes.values():
-        record.setdefault("not_read", [])
-        for name in ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid"):
-            record.pop(name, None)
+        if "not_read" not in record:
+            record["not_read"] = []
+        if len(record) > 26:  # holds private keys (cgroup paths, own-namespace session)
+            for name in private:
+                record.pop(name, None)
     ordered = [processes[pid] for pid in sorted(processes)]
     return {
         "schema": SCHEMA,
@@ -1607,6 +1655,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         arg = args[index]
         if arg in ("--no-env", "--no-fds", "--no-gpu"):
             options[arg[5:]] = False
+        elif arg == "--scan-fds":
+            options["fds"] = "always"
         elif arg in ("--pid", "--proc-root", "--gpu-snapshot", "--indent", "--workers"):
             if index + 1 >= len(args):
                 return _usage_error("%s needs a value" % arg)
@@ -1625,8 +1675,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     return _usage_error("--indent needs an integer, got %r" % value)
                 indent = int(value)
             elif arg == "--workers":
-                if not value.isdigit() or int(value) < 1:
-                    return _usage_error("--workers needs a positive integer, got %r" % value)
+                if not value.isdigit():
+                    return _usage_error("--workers needs an integer >= 0, got %r" % value)
                 options["workers"] = int(value)
             else:
                 try:

@@ -38,7 +38,7 @@ def census_module() -> ModuleType:
 def take_census(
     proc_root: str = "/proc",
     env: bool = True,
-    fds: bool = True,
+    fds: bool | str = True,
     gpu: bool = True,
     gpu_snapshot: dict[str, Any] | None = None,
     pids: list[int] | None = None,
@@ -53,7 +53,8 @@ def take_census(
     change during a process's life across calls (faster repeated censuses; zombies keep the
     tag and rank they had while alive); `detail="lite"` reads cmdline, cgroup, env and fds only
     for candidate processes (GPU holders, zombies, orphan candidates, workers by name);
-    `workers` > 1 splits the reading over forked readers (large nodes, many cores)."""
+    `workers` > 1 splits the reading over readers (N - 1 forked), 0 picks as many as pay; `fds`
+    scans for /dev/nvidia* where an NVIDIA device is registered (`"always"`: everywhere)."""
     result: dict[str, Any] = census_module().census(
         proc_root=proc_root, env=env, fds=fds, gpu=gpu, gpu_snapshot=gpu_snapshot, pids=pids,
         cgroup_root=cgroup_root, cache=cache, detail=detail, workers=workers)
