@@ -1639,17 +1639,48 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Parse ``argv`` (``--no-env --no-fds --no-gpu --pid N --proc-root DIR --gpu-snapshot FILE
-    --indent N --workers N``), print one census JSON document and return 0; bad arguments print
-    ``{"error": ...}`` and return 2. ``--tcp-sockets`` prints ``{"sockets": {inode: ...}}``
-    (``tcp_sockets``) instead: the view of this program's network namespace."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    options = {"env": True, "fds": True, "gpu": True, "workers": 1}  # type: Dict[str, Any]
-    proc_root = "/proc"
-    pids = None  # type: Optional[List[int]]
-    snapshot = None
-    indent = None  # type: Optional[int]
+class _UsageError(Exception):
+    pass
+
+
+def _load_snapshot(value: str) -> Dict[str, Any]:
+    try:
+        if value == "-":
+            snapshot = json.load(sys.stdin)
+        else:
+            with open(value) as handle:
+                snapshot = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise _UsageError("--gpu-snapshot %r: %s" % (value, error)) from None
+    if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
+        snapshot = snapshot["held"]
+    if not isinstance(snapshot, dict):
+        raise _UsageError("--gpu-snapshot %r is not a JSON object" % value)
+    return snapshot
+
+
+def _option_value(options: Dict[str, Any], arg: str, value: str) -> None:
+    """Store the value of an option that takes one (raise _UsageError when it is bad)."""
+    if arg == "--pid":
+        if not value.isdigit() or int(value) <= 0:
+            raise _UsageError("--pid needs a positive integer, got %r" % value)
+        options["pids"] = (options["pids"] or []) + [int(value)]
+    elif arg == "--proc-root":
+        if not os.path.isdir(value):
+            raise _UsageError("--proc-root %r is not a directory" % value)
+        options["proc_root"] = value.rstrip("/") or "/"
+    elif arg in ("--indent", "--workers"):
+        if not value.isdigit():
+            raise _UsageError("%s needs an integer >= 0, got %r" % (arg, value))
+        options[arg[2:]] = int(value)
+    else:
+        options["gpu_snapshot"] = _load_snapshot(value)
+
+
+def _parse(args: List[str]) -> Dict[str, Any]:
+    options = {"env": True, "fds": True, "gpu": True, "workers": 1, "proc_root": "/proc",
+               "pids": None, "gpu_snapshot": None, "indent": None,
+               "action": "census"}  # type: Dict[str, Any]
     index = 0
     while index < len(args):
         arg = args[index]
@@ -1659,55 +1690,42 @@ def main(argv: Optional[List[str]] = None) -> int:
             options["fds"] = "always"
         elif arg in ("--pid", "--proc-root", "--gpu-snapshot", "--indent", "--workers"):
             if index + 1 >= len(args):
-                return _usage_error("%s needs a value" % arg)
-            value = args[index + 1]
+                raise _UsageError("%s needs a value" % arg)
             index += 1
-            if arg == "--pid":
-                if not value.isdigit() or int(value) <= 0:
-                    return _usage_error("--pid needs a positive integer, got %r" % value)
-                pids = (pids or []) + [int(value)]
-            elif arg == "--proc-root":
-                if not os.path.isdir(value):
-                    return _usage_error("--proc-root %r is not a directory" % value)
-                proc_root = value.rstrip("/") or "/"
-            elif arg == "--indent":
-                if not value.isdigit():
-                    return _usage_error("--indent needs an integer, got %r" % value)
-                indent = int(value)
-            elif arg == "--workers":
-                if not value.isdigit():
-                    return _usage_error("--workers needs an integer >= 0, got %r" % value)
-                options["workers"] = int(value)
-            else:
-                try:
-                    if value == "-":
-                        snapshot = json.load(sys.stdin)
-                    else:
-                        with open(value) as handle:
-                            snapshot = json.load(handle)
-                except (OSError, ValueError) as error:
-                    return _usage_error("--gpu-snapshot %r: %s" % (value, error))
-                if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
-                    snapshot = snapshot["held"]
-                if not isinstance(snapshot, dict):
-                    return _usage_error("--gpu-snapshot %r is not a JSON object" % value)
-        elif arg in ("-h", "--help"):
-            print(__doc__)
-            return 0
-        elif arg == "--tcp-sockets":
-            try:
-                print(json.dumps({"schema": SCHEMA, "sockets": tcp_sockets()}))
-            except OSError as error:
-                print(json.dumps({"schema": SCHEMA, "error": "netlink: %s" % error}))
-                return 2
-            return 0
+            _option_value(options, arg, args[index])
+        elif arg in ("-h", "--help", "--tcp-sockets"):
+            options["action"] = arg.lstrip("-")
+            return options
         else:
-            return _usage_error("unknown argument %r" % arg)
+            raise _UsageError("unknown argument %r" % arg)
         index += 1
-    document = census(proc_root=proc_root, env=options["env"], fds=options["fds"],
-                      gpu=options["gpu"], gpu_snapshot=snapshot, pids=pids,
-                      workers=options["workers"])
-    print(json.dumps(document, indent=indent, sort_keys=False))
+    return options
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` (``--no-env --no-fds --scan-fds --no-gpu --pid N --proc-root DIR
+    --gpu-snapshot FILE --indent N --workers N``), print one census JSON document and return 0;
+    bad arguments print ``{"error": ...}`` and return 2. ``--tcp-sockets`` prints
+    ``{"sockets": {inode: ...}}`` (``tcp_sockets``) instead: the view of this program's
+    network namespace."""
+    try:
+        options = _parse(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as error:
+        return _usage_error(str(error))
+    if options["action"] in ("h", "help"):
+        print(__doc__)
+        return 0
+    if options["action"] == "tcp-sockets":
+        try:
+            print(json.dumps({"schema": SCHEMA, "sockets": tcp_sockets()}))
+        except OSError as error:
+            print(json.dumps({"schema": SCHEMA, "error": "netlink: %s" % error}))
+            return 2
+        return 0
+    document = census(proc_root=options["proc_root"], env=options["env"], fds=options["fds"],
+                      gpu=options["gpu"], gpu_snapshot=options["gpu_snapshot"],
+                      pids=options["pids"], workers=options["workers"])
+    print(json.dumps(document, indent=options["indent"], sort_keys=False))
     return 0
 
 

@@ -3,15 +3,52 @@
 This package owns the typed face of the census for the rest of chaosgpu (job, process, timeline,
 agent, sandbox ...). It loads the in-target program with `chaosgpu.intarget.load` and delegates
 every reading to it: it must never read /proc or NVML itself (one reading for the whole project).
-The census schema (`chaosgpu.census/1`) is documented in docs/census.md.
+The low-level /proc readers (one read per call, typed errors as psutil has them: NoSuchProcess,
+AccessDenied) are the in-target program's own public functions, re-exported here; the rest of
+chaosgpu reads /proc through them and nothing else. The census schema (`chaosgpu.census/1`) is
+documented in docs/census.md.
 """
 
 from types import ModuleType
 from typing import Any
 
 from chaosgpu.intarget import load
+from chaosgpu.intarget.probes.node_census import (
+    AccessDenied,
+    NoSuchProcess,
+    ProcError,
+    nvidia_registered,
+    open_statm,
+    pid_ns_inode,
+    read_children,
+    read_cmdline,
+    read_environ,
+    read_pid_ns,
+    read_proc_file,
+    read_stat,
+    read_status,
+    read_sysctl,
+    rss_bytes,
+    uptime_s,
+)
 
 __all__ = [
+    "AccessDenied",
+    "NoSuchProcess",
+    "ProcError",
+    "nvidia_registered",
+    "open_statm",
+    "pid_ns_inode",
+    "read_children",
+    "read_cmdline",
+    "read_environ",
+    "read_pid_ns",
+    "read_proc_file",
+    "read_stat",
+    "read_status",
+    "read_sysctl",
+    "rss_bytes",
+    "uptime_s",
     "SCHEMA",
     "census_module",
     "take_census",
@@ -74,9 +111,10 @@ def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
     return result
 
 
-def process_state(pid: int, proc_root: str = "/proc") -> str | None:
-    """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone."""
-    result: str | None = census_module().process_state(pid, proc_root)
+def process_state(pid: int, proc_root: str = "/proc", starttime: int | None = None) -> str | None:
+    """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone (or,
+    with `starttime`, when the PID is another process's now): one read of its stat."""
+    result: str | None = census_module().process_state(pid, proc_root, starttime=starttime)
     return result
 
 
