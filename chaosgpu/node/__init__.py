@@ -13,24 +13,29 @@ from types import ModuleType
 from typing import Any
 
 from chaosgpu.intarget import load
-from chaosgpu.intarget.probes.node_census import (
-    AccessDenied,
-    NoSuchProcess,
-    ProcError,
-    nvidia_registered,
-    open_statm,
-    pid_ns_inode,
-    read_children,
-    read_cmdline,
-    read_environ,
-    read_pid_ns,
-    read_proc_file,
-    read_stat,
-    read_status,
-    read_sysctl,
-    rss_bytes,
-    uptime_s,
-)
+
+try:
+    from chaosgpu.intarget.probes import node_census as _program
+except ModuleNotFoundError:  # a source tree on sys.path, not installed: probes/ is not mapped
+    _program = load("probes", "node_census")  # type: ignore[assignment]
+
+# the low-level readers: the in-target program's own public functions and errors
+AccessDenied = _program.AccessDenied
+NoSuchProcess = _program.NoSuchProcess
+ProcError = _program.ProcError
+nvidia_registered = _program.nvidia_registered
+open_statm = _program.open_statm
+pid_ns_inode = _program.pid_ns_inode
+read_children = _program.read_children
+read_cmdline = _program.read_cmdline
+read_environ = _program.read_environ
+read_pid_ns = _program.read_pid_ns
+read_proc_file = _program.read_proc_file
+read_stat = _program.read_stat
+read_status = _program.read_status
+read_sysctl = _program.read_sysctl
+rss_bytes = _program.rss_bytes
+uptime_s = _program.uptime_s
 
 __all__ = [
     "AccessDenied",
