@@ -337,6 +337,8 @@ def test_readers_give_typed_errors_with_one_read_per_check() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                              env=dict(os.environ, CHAOSGPU_TAG="readers", RANK="3"))
     try:
+        # right after exec the kernel shows an empty argv for a moment
+        wait_for(lambda: node.read_cmdline(child.pid), what="the child's argv")
         stat = node.read_stat(child.pid)
         assert stat["ppid"] == os.getpid() and stat["state"] in ("R", "S")
         assert stat["starttime"] == node.process_starttime(child.pid)
