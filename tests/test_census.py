@@ -356,7 +356,7 @@ def test_readers_give_typed_errors_with_one_read_per_check() -> None:
         assert node.pid_ns_inode(child.pid) == os.stat("/proc/self/ns/pid").st_ino
         fd = node.open_statm(child.pid)
         try:
-            assert node.rss_bytes(child.pid, fd) > 1 << 20
+            assert node.rss_bytes(child.pid, fd) > 0 and node.rss_bytes(child.pid) > 0
         finally:
             os.close(fd)
     finally:
