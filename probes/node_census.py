@@ -669,7 +669,9 @@ _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[
 
 
 def _stat_record(pid: int, stat: bytes) -> Dict[str, Any]:
-    comm, fields = _parse_stat(stat)
+    right = stat.rindex(b")")
+    comm = stat[stat.index(b"(") + 1:right].decode("utf-8", "replace")
+    fields = stat[right + 2:].split(None, 20)  # up to starttime: half the objects of a full split
     state = fields[0].decode()
     return {
         "pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
