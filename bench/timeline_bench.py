@@ -155,6 +155,13 @@ def main() -> int:
     count = args.gpu_workers if gpu else args.processes
     live: set[int] = set()
     if not gpu:
+        import _results
+
+        described = _results.machine()  # before the stand-in, which would name the H200
+        _results.machine = lambda: described + " (NVML: the recorded stand-in)"
+        from chaosgpu.node import census_module
+
+        census_module()._NVML.update(tried=False, module=None, reason=None)  # init again
         recording = json.loads(Path(args.fake_nvml).read_text(encoding="utf-8"))
         sys.modules["pynvml"] = fake_pynvml(recording, live, not args.no_nvml_cost)
     tag = f"tl-bench-{uuid.uuid4().hex[:8]}"
