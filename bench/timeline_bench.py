@@ -95,6 +95,37 @@ def _busy(stop: threading.Event) -> None:
         sum(range(10000))
 
 
+CALLS: dict[str, list[float]] = {"nvml_device_memory": [], "nvml_gpu_processes": []}
+
+
+def _time_nvml_calls() -> None:
+    """Wrap the two NVML fast paths the sampler calls, to tell their latency from ours."""
+    import chaosgpu.node as node
+
+    for name, samples in CALLS.items():
+        real = getattr(node, name)
+
+        def timed(real: Any = real, samples: list[float] = samples) -> Any:
+            started = time.perf_counter()
+            try:
+                return real()
+            finally:
+                samples.append(time.perf_counter() - started)
+
+        setattr(node, name, timed)
+
+
+def _calls_line() -> str:
+    parts = []
+    for name, samples in CALLS.items():
+        if samples:
+            ordered = sorted(samples)
+            parts.append(f"{name} median {ordered[len(ordered) // 2] * 1000:.3f} ms, max "
+                         f"{ordered[-1] * 1000:.3f} ms ({len(samples)} calls)")
+        samples.clear()
+    return "  NVML wall time per call: " + "; ".join(parts)
+
+
 def _run(rate: float, seconds: float, tag: str, process_every: int, busy: bool,
          during: Any = None) -> dict[str, Any]:
     from chaosgpu.timeline.sampler import Sampler
@@ -118,6 +149,7 @@ def _run(rate: float, seconds: float, tag: str, process_every: int, busy: bool,
         if spinner is not None:
             spinner.join()
     summary = sampler.summary()
+    summary["calls"] = _calls_line()
     summary["exits_seen"] = sum(1 for entry in sampler.processes.values()
                                 if entry["states"] and entry["states"][-1][1] in ("gone", "Z"))
     return summary
@@ -193,17 +225,18 @@ def main() -> int:
             time.sleep(0.5)
         lines.append(f"GPU processes listed by NVML: {len(nvml_gpu_processes())}")
         print(lines[-1], flush=True)
+        _time_nvml_calls()
         for rate in args.rates:
             summary = _run(rate, args.seconds, tag, args.process_every, args.busy_main)
-            lines.append(_line("steady", rate, summary))
-            print(lines[-1], flush=True)
+            lines += [_line("steady", rate, summary), summary["calls"]]
+            print("\n".join(lines[-2:]), flush=True)
             if rate == 100 and ((summary["rate_hz"] or 0) < 99
                                 or (summary["overhead_cpu_pct"] or 100) >= 2):
                 ok = False
         rate = args.rates[0]
         summary = _run(rate, args.seconds, tag, args.process_every, args.busy_main, kill_all)
-        lines.append(_line(f"all {count} SIGKILLed at 1 s;", rate, summary))
-        print(lines[-1], flush=True)
+        lines += [_line(f"all {count} SIGKILLed at 1 s;", rate, summary), summary["calls"]]
+        print("\n".join(lines[-2:]), flush=True)
         if summary["exits_seen"] != count:
             ok = False
     finally:

@@ -1342,8 +1342,8 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, 
 
 
 def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
-                   proc_ns: Optional[str], level: str,
-                   workers: int) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+                   proc_ns: Optional[str], level: str, workers: int,
+                   forked: Any = None) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     """Read ``wanted`` over ``workers`` readers: ``workers - 1`` forked children (marshal over
     pipes) and this process, which reads its own share meanwhile. A child that fails is redone
     serially here, so the result never depends on the fork succeeding."""
@@ -1371,6 +1371,8 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
             os._exit(status)
         os.close(write_fd)
         children.append((child, read_fd, chunk))
+    if forked is not None:
+        forked()  # every reader is forked: threads may start now
     processes, errors = _read_serial(chunks[0], proc_root, env, fds, proc_ns, level, None, None)
     for child, read_fd, chunk in children:
         parts = []
@@ -1486,19 +1488,52 @@ def _cache_before(proc_root: str) -> Optional[int]:
         return None
 
 
+class _GpuReading:
+    """The GPU section, read by NVML on a thread while /proc is read (NVML's init and its
+    process lists wait on the driver, with the GIL released: on the H200 the init alone costs
+    more than reading 1,000 processes). Started only after any reader is forked."""
+
+    def __init__(self, gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> None:
+        self.section = gpu_snapshot if gpu_snapshot is not None else None
+        self.gpu = gpu
+        self.thread = None  # type: Any
+
+    def start(self) -> None:
+        if self.section is not None or self.thread is not None or not self.gpu:
+            return
+        import threading
+
+        def read() -> None:
+            self.section = nvml_snapshot()
+
+        self.thread = threading.Thread(target=read, name="census-nvml", daemon=True)
+        self.thread.start()
+
+    def result(self) -> Dict[str, Any]:
+        self.start()
+        if self.thread is not None:
+            self.thread.join()
+        if self.section is None:
+            self.section = _gpu_section(self.gpu, None)
+        return self.section
+
+
 def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
               proc_ns: Optional[str], lite: bool, cache: bool, workers: int,
-              gpu_section: Dict[str, Any]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+              gpu: _GpuReading) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     use_cache = _CACHE if cache else None
     cache_before = _cache_before(proc_root) if cache else None
     level = "stat" if lite else "full"
     if workers == 0:
         workers = auto_workers(len(wanted))
     if workers > 1 and not cache and len(wanted) >= 1000:
-        processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers)
+        processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
+                                           gpu.start)
     else:
+        gpu.start()
         processes, errors = _read_serial(wanted, proc_root, env, fds, proc_ns, level, use_cache,
                                          cache_before)
+    gpu_section = gpu.result()
     if lite:
         # parents (to know which are namespace inits), then the candidates, in full
         parents = sorted({p["ppid"] for p in processes.values() if p["ppid"] in processes})
@@ -1583,7 +1618,7 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     errors = []  # type: List[str]
     observer = _observer(proc_root)
     proc_ns = _proc_ns(proc_root)
-    gpu_section = _gpu_section(gpu, gpu_snapshot)
+    gpu_reading = _GpuReading(gpu, gpu_snapshot)
     if fds == "always":  # scan even where no NVIDIA device is registered (what a GPU node pays)
         fd_mode = True  # type: Union[bool, str]
     else:
@@ -1596,7 +1631,8 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
         wanted = []
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
     processes, more = _read_all(wanted, proc_root, env, fd_mode, proc_ns, detail == "lite",
-                                cache, workers, gpu_section)
+                                cache, workers, gpu_reading)
+    gpu_section = gpu_reading.result()
     errors.extend(more)
     if cache and pids is None:
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
