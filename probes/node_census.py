@@ -16,19 +16,19 @@ Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [
 Definitions (also in docs/census.md):
 
 * zombie: state ``Z`` (exited, not yet reaped by its parent).
-* orphan: a process whose parent is the init (PID 1) of a PID namespace visible to the observer
-  (its own namespace's init, or an ancestor namespace's init such as the host's PID 1) or a known
-  subreaper (containerd-shim, conmon, tini, dumb-init, catatonit, systemd --user ...), and which
-  that parent did not start on purpose. The heuristic for "did not start on purpose": a process
-  the init started itself is a session leader (``sid == pid``, as systemd and container runtimes
-  do with setsid) or belongs to the init's own session (``sid == ppid``, as the children of an
-  init that is the workload or tini do). A process whose session leader is elsewhere (a dead
-  shell, an ``exec`` from outside the namespace, where the session is invisible and reads 0) was
-  reparented: it is an orphan. Never orphans: namespace inits themselves, kernel threads,
-  zombies are reported as zombies (an orphaned zombie is both). Limits: a daemon that
-  double-forks on purpose (fork, setsid, fork) keeps a session id of a dead leader and looks
-  like an orphan; a process that called setsid after being orphaned looks like an intended
-  child; a subreaper that is not in the known list is not recognised.
+* orphan (``orphan_reason``): judged from the process's own PID namespace, so that the host and
+  a census run inside that namespace agree. Its parent, in its own namespace (a parent outside
+  it reads PPID 0 there: not judged), is that namespace's init or a known subreaper
+  (containerd-shim, conmon, tini, dumb-init, catatonit ...), and it is none of: a session
+  leader; in a session the namespace sees that is its parent's own; in a session whose leader
+  is outside the namespace (as unshare and nsenter leave it), the leader of its own process
+  group (as tini makes its child). Sessions and groups are compared as the namespace sees them
+  (NSsid/NSpgid from the host; 0 when the leader is outside). Never orphans: namespace inits,
+  kernel threads; an orphaned zombie is both. Limits: a deliberate double-fork daemon looks
+  orphaned; a process that called setsid after being orphaned looks intended; an unknown
+  subreaper is not recognised; under an init whose own session is outside its namespace
+  (unshare without setsid), the children it forks without a group of their own look
+  reparented in both views.
 * GPU attribution: NVML reports PIDs of the caller's PID namespace when the driver can
   translate them, else PIDs of the initial (host) namespace. An observer in the host namespace
   finds them directly and translates to the PID seen inside the container with the last field
