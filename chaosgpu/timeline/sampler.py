@@ -330,8 +330,8 @@ class Sampler:
         started = time.thread_time() if sweep else 0.0
         if self.source == "nvml":
             self._sample_nvml(t, sweep)
-        else:
-            self._sample_rss(t, sweep)
+        else:  # the RSS of each process is read every tick anyway: kept every process_every
+            self._sample_rss(t, tick % self.process_every == 0)
         if sweep:
             self._sample_states(t)
             cost = time.thread_time() - started
