@@ -1,43 +1,60 @@
-"""Send a signal to a list of processes, safely: the one place in chaosgpu that signals anything.
+"""Signal and terminate processes safely: the one terminate primitive of chaosgpu.
 
-In-target program (standard library only; sending needs Python 3.9+ on Linux 5.3+ for pidfds,
-older ones get every target refused with `no_pidfd`): chaosgpu loads it in place for local
-targets and streams it into pods, so the same refusal rules apply everywhere.
+In-target program (standard library only, Python 3.8 syntax; sending needs Python 3.9+ on Linux
+5.3+ for pidfds, older ones get every target refused with `no_pidfd`): chaosgpu loads this very
+file in place for local targets (chaosgpu.process.terminate is its typed front) and streams it
+into pods, so one algorithm and one set of refusal rules serve everywhere. There is no second
+copy to keep in step.
 
-For each target `{"pid": P, "starttime": T}` it opens a pidfd first, then re-reads
-/proc/P/stat and compares the start time (clock ticks since boot) with T: the pidfd then holds
-the very process the caller meant, and a PID reused since the caller looked is refused. The signal
-goes through `signal.pidfd_send_signal`, never through a bare PID.
+The algorithm (`terminate`): for each target `{"pid": P, "starttime": T}` open a pidfd first,
+then re-read /proc/P/stat and compare the start time (clock ticks since boot) with T: the pidfd
+then holds the very process the caller meant; a PID reused since the caller looked is refused,
+and so is a target without a start time (fail closed). Then, under ONE deadline: optionally
+SIGCONT (a stopped process cannot act on SIGTERM), send the first signal of the escalation
+(e.g. SIGTERM) through `signal.pidfd_send_signal`, wait up to `grace_s` for the exits by polling
+the pidfds, send the next signal (e.g. SIGKILL) to those left, and after the last one wait until
+the deadline. Optionally wait, within the same deadline, until the dead are reaped. `signal_targets`
+is the same primitive with one signal and no wait; the null signal "0" checks permission only.
 
 Refused, always: PID 1 of the observer's namespace (the host's init when run on the host), this
 program's own process and every ancestor (the runner that called it), kernel threads, and a
 target without a start time. Refused unless allowed: PID 1 of any other PID namespace
 (`allow_ns_init`), processes of another real or effective UID (`allow_other_users`).
 
-Each target gets one result: `sent`, `refused` (with `reason_code` and `reason`) or `gone` (it
-exited or was reaped before the signal; a zombie counts as gone: it is dead and ignores signals).
+Each target gets one outcome: `sent` (signalled, not waited for), `exited` (its exit was seen
+before the deadline, `exited_on` names the last signal before it), `alive` (still alive at the
+deadline after the last signal), `refused` (with `reason_code` and `reason`) or `gone` (it
+exited or was reaped before any signal; a zombie counts as gone: it is dead and ignores signals).
 
-This program owns sending signals and the identity checks that guard it. It must not decide
-which processes are in scope (chaosgpu.scope does) nor read more of /proc than those checks need.
+This program owns sending signals, waiting for exits and the identity checks that guard them.
+It must not decide which processes are in scope (chaosgpu.scope does) nor read more of /proc
+than those checks need.
 
-Command line: `python signal_processes.py SIGNAL [TARGETS_JSON] [--allow-other-users]
-[--allow-ns-init]`; TARGETS_JSON (a list of targets, or `{"targets": [...]}`) is read from stdin
-when absent. Prints one JSON document; exit 0, or 2 with `{"error": ...}` on bad input.
+Command line: `python signal_processes.py SIGNAL[,SIGNAL...] [TARGETS_JSON] [--allow-other-users]
+[--allow-ns-init] [--grace-s=S] [--deadline-s=S]`; TARGETS_JSON (a list of targets, or
+`{"targets": [...]}`) is read from stdin when absent. One signal without --deadline-s signals
+and returns; otherwise it terminates (escalation, waits). Prints one JSON document; exit 0, or
+2 with `{"error": ...}` on bad input.
 """
 
 import json
 import os
+import select
 import signal
 import sys
 import time
 
-__all__ = ["SIGNALS", "signal_targets", "parse_signal", "protected_pids", "main"]
+__all__ = ["SIGNALS", "terminate", "signal_targets", "wait_exits", "parse_signal",
+           "protected_pids", "main"]
 
 SCHEMA = "chaosgpu.signal/1"
 PF_KTHREAD = 0x00200000
 # The signals a chaos experiment has a reason to send. Anything else is refused as bad input.
+# "0" is the null signal: the kernel checks that the signal could be sent and sends nothing.
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT", "SIGINT", "SIGQUIT", "SIGHUP",
            "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP")
+NULL_SIGNAL = "0"
+UNTIL = ("sent", "exit", "reaped")
 
 
 class SignalInputError(ValueError):
@@ -45,16 +62,25 @@ class SignalInputError(ValueError):
 
 
 def parse_signal(name):
-    """Return the signal number for a name such as 'SIGKILL' or 'KILL' (case-insensitive)."""
+    """Return the signal number for a name such as 'SIGKILL' or 'KILL' (case-insensitive), or 0
+    for the null signal "0"."""
     if not isinstance(name, str) or not name.strip():
         raise SignalInputError(f"signal must be a name such as 'SIGKILL', got {name!r}")
+    if name.strip() == NULL_SIGNAL:
+        return 0
     canonical = name.strip().upper()
     if not canonical.startswith("SIG"):
         canonical = "SIG" + canonical
     if canonical not in SIGNALS:
         raise SignalInputError(
-            f"unsupported signal {name!r}; expected one of {', '.join(SIGNALS)}")
+            f"unsupported signal {name!r}; expected one of {', '.join(SIGNALS)} or "
+            f"{NULL_SIGNAL!r} (check only)")
     return int(getattr(signal, canonical))
+
+
+def name_of(signum):
+    """The name of signal number `signum` ("0" for the null signal)."""
+    return NULL_SIGNAL if signum == 0 else signal.Signals(signum).name
 
 
 def _read_stat(pid):
@@ -129,119 +155,305 @@ def _validate_targets(targets):
     return checked
 
 
-def _signal_one(target, signum, protected, allow_other_users, allow_ns_init, my_uid):
+def _seconds(label, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise SignalInputError(f"{label} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _refusal(target, stat, status, rules):
+    """The refusal that applies to a live, identified target (None when it may be signalled)."""
+    pid = target["pid"]
+    state, _ppid, flags, _starttime = stat
+    if flags & PF_KTHREAD:
+        return _result(target, "refused", "kernel_thread", f"PID {pid} is a kernel thread")
+    uids, nspid = status
+    if len(nspid) > 1 and nspid[-1] == 1 and not rules["allow_ns_init"]:
+        return _result(target, "refused", "ns_init",
+                       f"PID {pid} is PID 1 of its namespace (set include_ns_init to allow)")
+    if not rules["allow_other_users"] and any(uid != rules["uid"] for uid in uids):
+        owner = "/".join(str(u) for u in uids)
+        return _result(target, "refused", "other_user",
+                       f"PID {pid} belongs to UID {owner}, not {rules['uid']} "
+                       "(set include_other_users to allow)")
+    if state in ("Z", "X"):
+        return _result(target, "gone", reason_code="zombie",
+                       reason="already dead (zombie, not reaped)", state=state)
+    return None
+
+
+def _open_checked(target, rules):
+    """Return (pidfd, state) on the very process `target` names, or (None, outcome)."""
     pid = target["pid"]
     expected = target.get("starttime")
-    if pid in protected:
+    if pid in rules["protected"]:
         if pid == 1:
-            return _result(target, "refused", "pid1", "PID 1 of this namespace is never signalled")
-        return _result(target, "refused", "runner",
-                       f"PID {pid} is the runner or one of its ancestors")
+            return None, _result(target, "refused", "pid1",
+                                 "PID 1 of this namespace is never signalled")
+        return None, _result(target, "refused", "runner",
+                             f"PID {pid} is the runner or one of its ancestors")
     if expected is None:
-        return _result(target, "refused", "no_identity",
-                       f"no starttime given for PID {pid}: its identity cannot be checked")
+        return None, _result(target, "refused", "no_identity",
+                             f"no starttime given for PID {pid}: its identity cannot be checked")
     if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
-        return _result(target, "refused", "no_pidfd",
-                       "this Python has no pidfd support (needs Python 3.9+ on Linux 5.3+): "
-                       "signals are never sent by bare PID")
+        return None, _result(target, "refused", "no_pidfd",
+                             "this Python has no pidfd support (needs Python 3.9+ on Linux "
+                             "5.3+): signals are never sent by bare PID")
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return _result(target, "gone", reason_code="exited", reason="no such process")
+        return None, _result(target, "gone", reason_code="exited", reason="no such process")
     except OSError as error:
-        return _result(target, "refused", "pidfd", f"pidfd_open failed: {error}")
-    try:
-        # Identity check AFTER opening: if the start time still matches now, the pidfd holds it.
-        stat = _read_stat(pid)
-        status = _read_status(pid)
-        if stat is None or status is None:
-            return _result(target, "gone", reason_code="exited", reason="exited while checked")
-        state, _ppid, flags, starttime = stat
-        if starttime != expected:
-            return _result(target, "refused", "reused",
-                           f"PID {pid} now belongs to another process (starttime {starttime}, "
-                           f"expected {expected})")
-        if flags & PF_KTHREAD:
-            return _result(target, "refused", "kernel_thread", f"PID {pid} is a kernel thread")
-        uids, nspid = status
-        if len(nspid) > 1 and nspid[-1] == 1 and not allow_ns_init:
-            return _result(target, "refused", "ns_init",
-                           f"PID {pid} is PID 1 of its namespace (set include_ns_init to allow)")
-        if not allow_other_users and any(uid != my_uid for uid in uids):
-            owner = "/".join(str(u) for u in uids)
-            return _result(target, "refused", "other_user",
-                           f"PID {pid} belongs to UID {owner}, not {my_uid} "
-                           "(set include_other_users to allow)")
-        if state in ("Z", "X"):
-            return _result(target, "gone", reason_code="zombie",
-                           reason="already dead (zombie, not reaped)", state=state)
-        try:
-            signal.pidfd_send_signal(pidfd, signum)
-        except ProcessLookupError:
-            return _result(target, "gone", reason_code="exited", reason="exited before the signal")
-        except PermissionError as error:
-            return _result(target, "refused", "permission", f"the kernel refused: {error}")
-        return _result(target, "sent", state=state, sent_at=time.time())
-    finally:
+        return None, _result(target, "refused", "pidfd", f"pidfd_open failed: {error}")
+    # Identity check AFTER opening: if the start time still matches now, the pidfd holds it.
+    stat, status = _read_stat(pid), _read_status(pid)
+    refusal = None
+    if stat is None or status is None:
+        refusal = _result(target, "gone", reason_code="exited", reason="exited while checked")
+    elif stat[3] != expected:
+        refusal = _result(target, "refused", "reused",
+                          f"PID {pid} now belongs to another process (starttime {stat[3]}, "
+                          f"expected {expected})")
+    else:
+        refusal = _refusal(target, stat, status, rules)
+    if refusal is not None:
         os.close(pidfd)
+        return None, refusal
+    return pidfd, stat[0]
+
+
+def _poll_exits(pidfds, timeout_s):
+    """Wait up to `timeout_s` on the pidfds {key: fd}; return the keys whose process exited (a
+    pidfd turns readable when its process has exited, zombie or reaped)."""
+    exited = set()  # type: set[str]
+    poller = select.poll()
+    by_fd = {}
+    for key, fd in pidfds.items():
+        poller.register(fd, select.POLLIN)
+        by_fd[fd] = key
+    end = time.monotonic() + timeout_s
+    while len(exited) < len(pidfds):
+        remaining = end - time.monotonic()
+        for fd, _events in poller.poll(max(0.0, remaining) * 1000.0):
+            exited.add(by_fd[fd])
+            poller.unregister(fd)
+        if remaining <= 0:
+            break
+    return exited
+
+
+def _reaped(pid, starttime):
+    stat = _read_stat(pid)
+    return stat is None or stat[3] != starttime
+
+
+def _wait_reaped(entries, end):
+    """Wait until the given exited targets are reaped (gone from /proc) or `end` passes."""
+    pending = list(entries)
+    for entry in entries:
+        entry["reaped"] = False
+    while pending:
+        for entry in [e for e in pending if _reaped(e["pid"], e["starttime"])]:
+            entry.update(reaped=True, reaped_at=time.time())
+            pending.remove(entry)
+        if not pending or time.monotonic() >= end:
+            return
+        time.sleep(0.001)
+
+
+def _send(pidfd, signum, entry):
+    """Send one signal on an open pidfd; record it in the outcome `entry`; False when refused."""
+    try:
+        signal.pidfd_send_signal(pidfd, signum)
+    except ProcessLookupError:
+        return True  # reaped meanwhile: the exit wait sees it at once
+    except PermissionError as error:
+        entry.update(result="refused", reason_code="permission",
+                     reason=f"the kernel refused: {error}")
+        return False
+    entry["signals"].append({"signal": name_of(signum), "at": time.time()})
+    return True
+
+
+def _rules(allow_other_users, allow_ns_init, runner_pid):
+    protected = protected_pids()
+    if runner_pid is not None:
+        protected |= protected_pids(runner_pid)
+    return {"protected": protected, "allow_other_users": bool(allow_other_users),
+            "allow_ns_init": bool(allow_ns_init), "uid": os.getuid()}
+
+
+def _escalate(held, signums, grace_s, end, until):
+    """Send each signal in turn to the held targets not yet exited; wait between and after."""
+    pending = dict(held)
+    for index, signum in enumerate(signums):
+        for key in list(pending):
+            fd, entry = pending[key]
+            if not _send(fd, signum, entry):
+                del pending[key]
+        if until == "sent":
+            continue
+        last = index == len(signums) - 1
+        wait_s = max(0.0, end - time.monotonic())
+        exited = _poll_exits({k: v[0] for k, v in pending.items()},
+                             wait_s if last else min(grace_s, wait_s))
+        now = time.time()
+        for key in exited:
+            entry = pending.pop(key)[1]
+            entry.update(result="exited", exited_at=now, exited_on=name_of(signum))
+    for _fd, entry in pending.values():
+        entry["result"] = "sent" if until == "sent" else "alive"
+
+
+def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=10.0,
+              cont_first=False, until="exit", allow_other_users=False, allow_ns_init=False,
+              runner_pid=None):
+    """The one terminate primitive: signal each target through an identity-checked pidfd,
+    escalating through `signals` with `grace_s` between them, all within `deadline_s`.
+
+    `targets`: a list of {"pid", "starttime"} (PIDs as this process sees them; the start time is
+    mandatory). `cont_first`: SIGCONT first (a stopped process cannot act on SIGTERM). `until`:
+    "sent" (send the signals in turn without waiting), "exit" (wait for exits, escalating)
+    or "reaped" (then also wait, within the deadline, until the dead are gone from /proc:
+    `reaped` and `reaped_at` say when).
+    Returns one outcome per distinct target (see the module docstring); every outcome has
+    `signals`, the list of {"signal", "at"} sent. Raises SignalInputError on bad input, before
+    anything is sent.
+    """
+    signums = [parse_signal(name) for name in (signals or [])]
+    if not signums:
+        raise SignalInputError("signals must name at least one signal, e.g. ['SIGTERM', 'SIGKILL']")
+    grace = _seconds("grace_s", grace_s)
+    deadline = _seconds("deadline_s", deadline_s)
+    if until not in UNTIL:
+        raise SignalInputError(f"until must be one of {', '.join(UNTIL)}, got {until!r}")
+    checked = _validate_targets(targets)
+    end = time.monotonic() + deadline
+    rules = _rules(allow_other_users, allow_ns_init, runner_pid)
+    outcomes, held, seen = [], {}, set()
+    try:
+        for target in checked:
+            key = (target["pid"], target.get("starttime"))
+            if key in seen:
+                continue
+            seen.add(key)
+            pidfd, found = _open_checked(target, rules)
+            if pidfd is None:
+                found.setdefault("signals", [])
+                outcomes.append(found)
+                continue
+            entry = _result(target, "sent", state=found, signals=[])
+            outcomes.append(entry)
+            held[key] = (pidfd, entry)
+        if cont_first:
+            for fd, _entry in held.values():
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGCONT)
+                except OSError:
+                    pass
+        _escalate(held, signums, grace, end, until)
+    finally:
+        for fd, _entry in held.values():
+            os.close(fd)
+    if until == "reaped":
+        _wait_reaped([e for e in outcomes if e["result"] == "exited"], end)
+    return outcomes
+
+
+def wait_exits(targets, deadline_s):
+    """Wait up to `deadline_s` until none of `targets` ({"pid", "starttime"}) is alive (a zombie
+    counts as dead, a PID reused by another process too); return those still alive."""
+    deadline = _seconds("deadline_s", deadline_s)
+    fds = {}
+    try:
+        for target in _validate_targets(targets):
+            key = (target["pid"], target.get("starttime"))
+            if key in fds or target.get("starttime") is None:
+                continue
+            try:
+                fd = os.pidfd_open(target["pid"])
+            except OSError:
+                continue  # reaped already
+            stat = _read_stat(target["pid"])
+            if stat is None or stat[3] != target["starttime"]:
+                os.close(fd)  # gone, and the PID is someone else's now
+                continue
+            fds[key] = fd
+        exited = _poll_exits(fds, deadline)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return [{"pid": key[0], "starttime": key[1]} for key in fds if key not in exited]
 
 
 def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=False,
                    runner_pid=None):
-    """Signal each target through a pidfd after the identity and refusal checks; return a report.
+    """Signal each target once through a pidfd after the identity and refusal checks (the
+    terminate primitive with one signal and no wait); return a report.
 
     `targets` is a list of {"pid", "starttime"} (PIDs as this process sees them). The report is
-    {"schema", "signal", "results": [...], "sent", "refused", "gone"} (counts). `runner_pid`
-    adds another process whose ancestors are protected (this process's always are). Raises
-    SignalInputError on bad input, before anything is sent.
+    {"schema", "signal", "results": [...], "sent", "refused", "gone"} (counts); a sent result
+    has `sent_at`. `runner_pid` adds another process whose ancestors are protected (this
+    process's always are). Raises SignalInputError on bad input, before anything is sent.
     """
     signum = parse_signal(signal_name)
-    checked = _validate_targets(targets)
-    protected = protected_pids()
-    if runner_pid is not None:
-        protected |= protected_pids(runner_pid)
-    my_uid = os.getuid()
-    results = []
-    seen = set()
-    for target in checked:
-        key = (target["pid"], target.get("starttime"))
-        if key in seen:
-            continue
-        seen.add(key)
-        results.append(_signal_one(target, signum, protected, bool(allow_other_users),
-                                   bool(allow_ns_init), my_uid))
+    results = terminate(targets, [signal_name], deadline_s=0, until="sent",
+                        allow_other_users=allow_other_users, allow_ns_init=allow_ns_init,
+                        runner_pid=runner_pid)
+    for result in results:
+        sent = result.pop("signals")
+        if result["result"] == "sent":
+            result["sent_at"] = sent[0]["at"]
     counts = {name: sum(1 for r in results if r["result"] == name)
               for name in ("sent", "refused", "gone")}
-    report = {"schema": SCHEMA, "signal": signal.Signals(signum).name, "results": results}
+    report = {"schema": SCHEMA, "signal": name_of(signum), "results": results}
     report.update(counts)
     return report
+
+
+def _parse_args(args):
+    flags = {"--allow-other-users": False, "--allow-ns-init": False}
+    seconds = {}
+    positional = []
+    for arg in args:
+        if arg in flags:
+            flags[arg] = True
+        elif arg.startswith(("--grace-s=", "--deadline-s=")):
+            key, _, value = arg.partition("=")
+            try:
+                seconds[key[2:].replace("-", "_")] = float(value)
+            except ValueError:
+                raise SignalInputError(f"{key} needs a number of seconds, got {value!r}") from None
+        else:
+            positional.append(arg)
+    if not positional or len(positional) > 2:
+        raise SignalInputError("usage: signal_processes.py SIGNAL[,SIGNAL...] [TARGETS_JSON] "
+                               "[--allow-other-users] [--allow-ns-init] [--grace-s=S] "
+                               "[--deadline-s=S]")
+    return flags, seconds, positional
 
 
 def main(argv=None):
     """Command-line entry: print one JSON document (see the module docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    flags = {"--allow-other-users": False, "--allow-ns-init": False}
-    positional = []
-    for arg in args:
-        if arg in flags:
-            flags[arg] = True
-        elif arg in ("-h", "--help"):
-            print(__doc__)
-            return 0
-        else:
-            positional.append(arg)
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return 0
     try:
-        if not positional or len(positional) > 2:
-            raise SignalInputError("usage: signal_processes.py SIGNAL [TARGETS_JSON] "
-                                   "[--allow-other-users] [--allow-ns-init]")
+        flags, seconds, positional = _parse_args(args)
         raw = positional[1] if len(positional) == 2 else sys.stdin.read()
         try:
             targets = json.loads(raw)
         except ValueError as error:
             raise SignalInputError(f"targets are not valid JSON: {error}") from None
-        report = signal_targets(targets, positional[0],
-                                allow_other_users=flags["--allow-other-users"],
-                                allow_ns_init=flags["--allow-ns-init"])
+        names = positional[0].split(",")
+        rules = {"allow_other_users": flags["--allow-other-users"],
+                 "allow_ns_init": flags["--allow-ns-init"]}
+        if len(names) == 1 and "deadline_s" not in seconds:
+            report = signal_targets(targets, names[0], **rules)
+        else:
+            report = {"schema": SCHEMA, "signals": names,
+                      "results": terminate(targets, names, **seconds, **rules)}
     except SignalInputError as error:
         print(json.dumps({"schema": SCHEMA, "error": str(error)}))
         return 2

@@ -1,17 +1,26 @@
 """chaosgpu: a Chaos Toolkit extension that injects faults into GPU workloads and proves the
 node comes back clean.
 
-This module owns the extension's identity (version) and `discover()`, which `chaos discover`
-calls to list every activity. It must not import heavy dependencies (torch, kubernetes) at
-import time: activity modules are imported lazily by discovery only.
+This module owns the extension's identity (its version, read from the installed package's
+metadata, the one place it is defined being pyproject.toml) and `discover()`, which
+`chaos discover` calls to list every activity. It must not import heavy dependencies (torch,
+kubernetes) at import time: activity modules are imported lazily by discovery only.
 """
 
 import importlib.util
 import logging
+import types
+import typing
+from importlib import metadata
 from typing import Any
 
-__version__ = "0.1.0"
-__all__ = ["__version__", "discover"]
+__all__ = ["__version__", "discover", "portable_type", "ACTIVITY_MODULES", "DISTRIBUTION"]
+
+DISTRIBUTION = "chaostoolkit-gpu"
+try:
+    __version__ = metadata.version(DISTRIBUTION)
+except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -22,12 +31,14 @@ ACTIVITY_MODULES = (
     "chaosgpu.sandbox.actions",
     "chaosgpu.workloads.actions",
     "chaosgpu.gpu.actions",
+    "chaosgpu.network.actions",
     "chaosgpu.k8s.actions",
     "chaosgpu.node.probes",
     "chaosgpu.gpu.probes",
     "chaosgpu.process.probes",
     "chaosgpu.job.probes",
     "chaosgpu.sandbox.probes",
+    "chaosgpu.network.probes",
     "chaosgpu.timeline.probes",
     "chaosgpu.k8s.probes",
     "chaosgpu.agent.probes",
@@ -43,17 +54,44 @@ def discover(discover_system: bool = True) -> dict[str, Any]:
     )
 
     logger.info("Discovering capabilities from chaostoolkit-gpu")
-    discovery = initialize_discovery_result("chaostoolkit-gpu", __version__, "gpu")
+    discovery = initialize_discovery_result(DISTRIBUTION, __version__, "gpu")
     for module in ACTIVITY_MODULES:
         if importlib.util.find_spec(module) is None:
             continue
-        if module.endswith(".actions"):
-            discovery["activities"].extend(discover_actions(module))
-        else:
-            discovery["activities"].extend(discover_probes(module))
+        found = (discover_actions(module) if module.endswith(".actions")
+                 else discover_probes(module))
+        for activity in found:
+            _port_types(activity)
+        discovery["activities"].extend(found)
     if discover_system:
         discovery["system"] = _describe_system()
     return discovery  # type: ignore[no-any-return]
+
+
+def portable_type(annotation: Any) -> str:
+    """chaoslib's portable type name for an annotation, also for Optional[X] (X's name: the
+    argument's null default says it is optional) and Union[X, Y] ("x|y"), which chaoslib itself
+    reports as "object"."""
+    from chaoslib.discovery.discover import portable_type_name
+
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return "|".join(dict.fromkeys(portable_type(arg) for arg in members))
+    return portable_type_name(annotation)  # type: ignore[no-any-return]
+
+
+def _port_types(activity: dict[str, Any]) -> None:
+    """Rewrite the types chaoslib could not name, reading the activity's own signature."""
+    import inspect
+
+    func = getattr(importlib.import_module(activity["mod"]), activity["name"])
+    signature = inspect.signature(func)
+    for argument in activity.get("arguments", []):
+        annotation = signature.parameters[argument["name"]].annotation
+        if annotation is not inspect.Parameter.empty:
+            argument["type"] = portable_type(annotation)
+    if signature.return_annotation is not inspect.Signature.empty:
+        activity["return_type"] = portable_type(signature.return_annotation)
 
 
 def _describe_system() -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """`chaosgpu cleanup`: remove everything chaosgpu left behind on this node, after any run,
 including one whose runner crashed or was killed.
 
-Order: thaw chaosgpu's freezer cgroups (a frozen process ignores SIGKILL until thawed), stop
+Order: heal chaosgpu's network partitions (their nftables tables, by record), thaw chaosgpu's
+freezer cgroups (a frozen process ignores SIGKILL until thawed), stop
 every workload recorded in the state dir (chaosgpu.workloads.actions.stop_workload: SIGCONT,
 SIGTERM, grace, SIGKILL, by recorded PID + start time), then remove every recorded sandbox
 (chaosgpu.sandbox.actions.remove_sandbox), then, for each `--tag`, every live process carrying
-that tag (chaosgpu.job.hang.cleanup). It reports what it removed and, honestly, what it could not;
+that tag (chaosgpu.job.hang.cleanup), and last removes the GPU injector's trigger files of
+processes that are gone. It reports what it removed and, honestly, what it could not;
 exit status 0 when nothing is left alive (zombies whose parent has not reaped them yet are listed,
 they hold no memory), 1 otherwise, 2 on bad usage.
 
@@ -31,8 +33,9 @@ def _safe(step: str, func: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | N
 
 def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
                 tags: list[str] | None = None) -> dict[str, Any]:
-    """Remove every recorded workload and sandbox (and processes of `tags`); return the report
-    {"removed": [...], "not_removed": [...], "thawed_cgroups": [...], "took_s"}."""
+    """Heal every recorded partition, remove every recorded workload and sandbox (and processes
+    of `tags`) and stale injector files; return the report {"removed": [...], "not_removed":
+    [...], "zombies": [...], "thawed_cgroups": [...], "injector_files_removed", "took_s"}."""
     from chaosgpu import state
     from chaosgpu.process.actions import _thaw_freezer_groups
 
@@ -40,6 +43,14 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
     removed: list[dict[str, Any]] = []
     not_removed: list[dict[str, Any]] = []
     zombies: list[dict[str, Any]] = []
+    from chaosgpu.network import partitions
+
+    for ident in sorted(state.list_records(partitions.KIND)):
+        healed, error = _safe(f"partition {ident}", partitions.remove, ident)
+        if error:
+            not_removed.append({"kind": "partition", "name": ident, "reason": error})
+        else:
+            removed.append({"kind": "partition", "name": ident, "detail": healed})
     thawed, error = _safe("thaw freezer cgroups", _thaw_freezer_groups, None)
     if error:
         not_removed.append({"kind": "freezer", "reason": error})
@@ -83,8 +94,13 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
             zombies.append({"kind": "process", "name": tag, **item})
         if result.get("removed"):
             removed.append({"kind": "tag", "name": tag, "pids": result["removed"]})
+    from chaosgpu.gpu import injector
+
+    swept, error = _safe("injector files", injector.sweep, injector.inject_dir())
+    if error:
+        not_removed.append({"kind": "injector-files", "reason": error})
     return {"removed": removed, "not_removed": not_removed, "zombies": zombies,
-            "thawed_cgroups": thawed or [],
+            "thawed_cgroups": thawed or [], "injector_files_removed": swept or 0,
             "state_dir": str(state.state_dir()), "took_s": round(time.monotonic() - started, 3)}
 
 
@@ -123,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dead, not yet reaped by its parent: PID {item['pid']} ({item['name']})")
         for item in report["not_removed"]:
             print(f"NOT removed {item['kind']} {item.get('name', '')}: {item.get('reason')}")
+        if report["injector_files_removed"]:
+            print(f"removed {report['injector_files_removed']} stale GPU injector file(s)")
         print(f"took {report['took_s']} s")
     return 1 if report["not_removed"] else 0
 

@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sandbox": ("chaosgpu.sandbox.cli", "create, exec into, terminate and list local pods"),
     "cleanup": ("chaosgpu.cleanup", "remove every sandbox and workload chaosgpu left behind"),
     "agent": ("chaosgpu.agent.cli", "serve the node's truth and the timeline over HTTP"),
+    "validate": ("chaosgpu.validation",
+                 "validate an experiment: chaoslib's checks, and every ${name} must resolve"),
     "report": ("chaosgpu.report.cli", "build the game-day report (HTML + Markdown) from journals"),
 }
 

@@ -14,6 +14,8 @@ import logging
 import os
 from typing import Any
 
+from chaosgpu.errors import InvalidArgument
+
 __all__ = ["ScopeError", "KINDS", "validate_scope", "resolve_scope", "resolve_scope_detail",
            "describe_scope", "take_census"]
 
@@ -23,7 +25,7 @@ KINDS = ("sandbox", "job", "tag", "pids", "pod")
 OPTIONS = ("include_other_users", "include_ns_init")
 
 
-class ScopeError(ValueError):
+class ScopeError(InvalidArgument):
     """A scope that cannot be used: missing, malformed or naming nothing resolvable."""
 
 

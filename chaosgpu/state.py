@@ -6,15 +6,27 @@ the records mean.
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["state_dir", "write_record", "read_record", "list_records", "remove_record"]
+__all__ = ["StateDirError", "check_private_dir", "state_dir", "write_record", "read_record",
+           "list_records", "remove_record"]
+
+
+class StateDirError(RuntimeError):
+    """The state directory is unsafe to use (the message names it and says what is wrong)."""
 
 
 def state_dir() -> Path:
-    """Return (and create, mode 0700) the directory that holds chaosgpu's live state."""
+    """Return (and create, mode 0700) the directory that holds chaosgpu's live state.
+
+    Its records decide what a later cleanup SIGKILLs, removes and unlinks, so a directory that
+    someone else could have prepared is refused (StateDirError), as ssh-agent and tmux refuse
+    their socket folders: it must be a real directory (not a symlink, checked with lstat) owned
+    by this process's effective UID and closed to group and others (no bits of 0o077).
+    """
     explicit = os.environ.get("CHAOSGPU_STATE_DIR")
     if explicit:
         path = Path(explicit)
@@ -24,8 +36,35 @@ def state_dir() -> Path:
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "chaosgpu"
     else:
         path = Path(tempfile.gettempdir()) / f"chaosgpu-{os.geteuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    check_private_dir(path)
     return path
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise StateDirError unless `path` is a directory (not a symlink) owned by this effective
+    UID with no permission for group or others."""
+    try:
+        info = os.lstat(path)
+    except OSError as error:
+        raise StateDirError(f"state directory {path}: cannot be read ({error})") from None
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link (a real directory is needed)"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.geteuid():
+        problem = f"is owned by UID {info.st_uid}, not by this user (UID {os.geteuid()})"
+    elif info.st_mode & 0o077:
+        problem = (f"has mode {stat.S_IMODE(info.st_mode):04o}: group or others have access "
+                   "(it must be 0700)")
+    if problem is not None:
+        raise StateDirError(f"refusing the state directory {path}: it {problem}; remove it or "
+                            "set CHAOSGPU_STATE_DIR to a private directory")
 
 
 def _record_path(kind: str, name: str) -> Path:

@@ -1,4 +1,11 @@
-"""Shared test fixtures.
+"""Shared test fixtures and the rule on skips.
+
+Skips: a test that needs a tool the machine lacks (tini, nft, ip, unshare, chromium, the chaos
+CLI, torch ...) skips with the reason, naming what to install (`require_tool`). In CI (the
+environment variable CI set to true, as .ci/run does), which installs everything, such a skip is
+a failure: CI fails on any skip for a missing tool. Skips for the machine's nature (not root,
+no cgroup v1, an older kernel, no GPU) stay skips. A test never turns its own failure into a
+skip.
 
 The autouse fixture `no_process_left_behind` proves that every test leaves nothing alive: each
 test runs with a unique CHAOSGPU_TEST_ID in the environment (inherited by everything it starts,
@@ -7,11 +14,14 @@ are killed (so one failure does not cascade) and the test fails.
 """
 
 import os
+import re
+import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,3 +122,62 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# Where the usual tools live when /usr/sbin is not on a user's PATH.
+_SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
+# A skip reason that says a tool is missing (require_tool's, pytest.importorskip's, and the
+# phrasings the tests use): in CI such a skip fails the run.
+MISSING_TOOL = re.compile(r"^missing tool: |not installed|could not import |^needs [\w-]+$"
+                          r"|^no [\w.-]+ here$")
+
+
+def find_tool(name: str) -> str | None:
+    """The path of the executable `name` on PATH or in the usual sbin/bin folders, or None."""
+    return shutil.which(name) or next(
+        (path for folder in _SBIN if os.access(path := os.path.join(folder, name), os.X_OK)),
+        None)
+
+
+def require_tool(*names: str, install: str) -> None:
+    """Skip the test (a failure in CI) unless every executable in `names` is installed;
+    `install` says how to get them, e.g. "apt-get install tini"."""
+    missing = [name for name in names if find_tool(name) is None]
+    if missing:
+        pytest.skip(f"missing tool: {', '.join(missing)} ({install})")
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's (CI=true/1/yes), where a skip for a missing tool fails."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _skip_reason(report: Any) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def _fail_if_missing_tool(report: Any) -> None:
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        if MISSING_TOOL.search(reason):
+            report.outcome = "failed"
+            report.longrepr = (f"skipped in CI, which must install every tool the tests need: "
+                               f"{reason}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, Any, None]:
+    """In CI, a test skipped for a missing tool is reported as failed."""
+    outcome = yield
+    _fail_if_missing_tool(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
+    """In CI, a module skipped at import for a missing tool (importorskip) fails collection."""
+    outcome = yield
+    _fail_if_missing_tool(outcome.get_result())

@@ -403,8 +403,8 @@ def test_pod_processes_are_attributed_in_snapshot_metrics_and_timeline(
             (f'chaosgpu_pod_gpu_memory_mib{{pod_uid="{pod_uid}"}}', 2658.0)]
         assert metrics["chaosgpu_gpu_memory_used_mib"][0][1] == 3281.875
         secrets = {"agent_token": TOKEN}
-        assert probes.pod_gpu_memory(running.url, pod_uid, secrets=secrets) == 2658.0
-        assert probes.pod_gpu_memory(running.url, "other", secrets=secrets) == 0.0
+        assert probes.pod_gpu_memory(pod_uid, url=running.url, secrets=secrets) == 2658.0
+        assert probes.pod_gpu_memory("other", url=running.url, secrets=secrets) == 0.0
         # The timeline (host RSS here: NVML is only replaced in the census) carries the pod.
         _wait(lambda: running.get("/v1/timeline", pod_uid=pod_uid).json()["processes"], 20,
               "the pod's process in the timeline")

@@ -88,3 +88,69 @@ def test_cleanup_bad_usage() -> None:
     assert _cleanup("--bogus")[0] == 2
     code, output = _cleanup("--help")
     assert code == 0 and "chaosgpu cleanup" in output
+
+
+PARTITIONING_RUNNER = """
+import os, signal, socket, subprocess, sys, time
+tag = sys.argv[1]
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen(1)
+port = server.getsockname()[1]
+peer = ("import socket, sys, time; s = socket.create_connection(('127.0.0.1', %d)); "
+        "time.sleep(120)" % port)
+env = dict(os.environ, CHAOSGPU_TAG=tag)
+quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+child = subprocess.Popen([sys.executable, "-c", peer], env=env, start_new_session=True, **quiet)
+conn, _ = server.accept()
+# the listening side lives on in a tagged process holding the accepted connection
+holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env,
+                          pass_fds=(conn.fileno(),), start_new_session=True, **quiet)
+from chaosgpu.network.actions import partition_processes
+out = partition_processes({"tag": tag})
+print("ready", out["partition"], out["table"], child.pid, holder.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the runner crashes: no rollback heals the partition
+"""
+
+
+def _nft_tables() -> str:
+    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True,
+                          timeout=30).stdout
+
+
+def test_cleanup_heals_partitions_and_sweeps_injector_files_of_a_crashed_runner() -> None:
+    import shutil
+
+    from chaosgpu.gpu import injector
+    from chaosgpu.node import process_starttime
+
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        pytest.skip("needs root and nft (nftables)")
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.run([sys.executable, "-c", PARTITIONING_RUNNER, tag],
+                            env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert runner.returncode == -signal.SIGKILL and "ready" in runner.stdout, runner.stderr
+    _, ident, table, *pids = runner.stdout.split()
+    try:
+        assert table in _nft_tables()
+        # a trigger file of a process that is gone (same PID namespace, wrong start time)
+        own = "".join(ch for ch in os.readlink("/proc/self/ns/pid") if ch.isdigit())
+        gone_start = process_starttime(os.getpid()) + 1
+        stale = injector.inject_dir() / f"{own}-{os.getpid()}-{gone_start}.json"
+        stale.write_text("{}")
+        code, output = _cleanup("--json")
+        report = json.loads(output[output.index("{"):])
+        assert code == 0, output
+        assert ("partition", ident) in {(i["kind"], i["name"]) for i in report["removed"]}
+        assert table not in _nft_tables()
+        assert ident not in state.list_records("partitions")
+        assert report["injector_files_removed"] >= 1 and not stale.exists()
+        code, output = _cleanup()
+        assert code == 0 and "nothing to clean up" in output
+    finally:
+        for pid in pids:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+    deadline = time.monotonic() + 10
+    while _alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(tag)

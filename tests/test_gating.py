@@ -56,3 +56,77 @@ def test_failed_method_activity(strict: bool, tmp_path: Path) -> None:
     else:
         assert done.returncode == 0 and journal["status"] == "completed"
         assert journal["deviated"] is False
+
+
+MISSED = Path(__file__).resolve().parent / "experiments" / "missed-steady-state.json"
+
+
+def _alive_with_tag(tag: str) -> list[int]:
+    from chaosgpu.scope import resolve_scope
+
+    return [p["pid"] for p in resolve_scope({"tag": tag}, observe=True) if not p.get("zombie")]
+
+
+def _run_strategy(tmp_path: Path, strategy: str, tag: str) -> tuple[int, dict, str]:
+    """`chaos run --hypothesis-strategy <strategy>` of missed-steady-state.json with the gate
+    on; its method waits 3 s after its action so a during-method check runs at least once."""
+    experiment = json.loads(MISSED.read_text())
+    experiment["method"][0]["pauses"] = {"after": 3}
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(experiment))
+    journal_path = tmp_path / "journal.json"
+    done = subprocess.run(
+        [CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"), "run",
+         "--hypothesis-strategy", strategy, "--hypothesis-frequency", "0.5",
+         "--journal-path", str(journal_path), str(path)],
+        cwd=tmp_path, env=dict(os.environ, SMOKE_GATE="true", SMOKE_TAG=tag),
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return done.returncode, json.loads(journal_path.read_text()), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("strategy", ["default", "before-method-only", "continuously"])
+def test_missed_before_the_method_interrupts(strategy: str, tmp_path: Path) -> None:
+    tag = f"gate-{strategy}-{os.getpid()}"
+    code, journal, output = _run_strategy(tmp_path, strategy, tag)
+    gating = journal["chaosgpu"]["gating"]
+    assert code == 1, output[-3000:]
+    assert journal["status"] == "interrupted" and journal["run"] == []
+    assert gating["before_met"] is False and gating["interrupted"] is True
+    assert [c["when"] for c in gating["checks"]] == ["before"]
+    assert not _alive_with_tag(tag)
+
+
+def _assert_deviated_after_the_method_ran(code: int, journal: dict, output: str) -> dict:
+    """A run whose method and rollbacks ran and whose steady state was missed after the gate:
+    exit 1, completed, deviated, never interrupted, no before-method check; returns gating."""
+    gating = journal["chaosgpu"]["gating"]
+    assert code == 1, output[-3000:]
+    assert journal["status"] == "completed" and journal["deviated"] is True
+    assert [r["status"] for r in journal["run"]] == ["succeeded"]
+    assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
+    assert "before_met" not in gating and "interrupted" not in gating
+    return gating
+
+
+def test_missed_after_the_method_is_a_deviation(tmp_path: Path) -> None:
+    # Before the fix the control took this first check for the gate: status interrupted,
+    # deviated false.
+    tag = f"gate-after-{os.getpid()}"
+    gating = _assert_deviated_after_the_method_ran(
+        *_run_strategy(tmp_path, "after-method-only", tag))
+    assert gating["after_met"] is False
+    assert gating["after_state"]["steady_state_met"] is False
+    assert [c["when"] for c in gating["checks"]] == ["after"]
+    assert not _alive_with_tag(tag)
+
+
+def test_missed_during_the_method_is_a_deviation(tmp_path: Path) -> None:
+    tag = f"gate-during-{os.getpid()}"
+    code, journal, output = _run_strategy(tmp_path, "during-method-only", tag)
+    gating = _assert_deviated_after_the_method_ran(code, journal, output)
+    during = journal["steady_states"]["during"]
+    assert during and all(state["steady_state_met"] is False for state in during)
+    assert {c["when"] for c in gating["checks"]} == {"during"}
+    assert gating["during_missed"] == len(gating["checks"]) >= 1
+    assert gating["deviated_by"].endswith("checks during the method not met")
+    assert not _alive_with_tag(tag)

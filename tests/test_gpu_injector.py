@@ -111,8 +111,9 @@ def test_hold_gil_stalls_a_live_rank_and_its_peer_then_both_resume(tmp_path: Pat
         time.sleep(1.5)
         assert [_progress(job["jobdir"], r) for r in (0, 1)] == stalled, "ranks kept stepping"
         # every rank is alive while the job is stuck: the census sees nothing dead or stopped
+        # (the verdict over time is tests/test_verdicts.py's and the gpu-rank-hang experiment's)
         found = hang.find_job(hang._census(), tag=job["tag"])
-        assert found is not None and not found["hang_suspected"]
+        assert found is not None
         assert {r["state"] for r in found["ranks"]} == {"alive"}
         time.sleep(2.5)
         resumed = [_progress(job["jobdir"], r) for r in (0, 1)]

@@ -2,8 +2,8 @@
 machine, then `chaosgpu report` over their journals (tables checked against the journals, the
 remediation paired with its baseline, the page rendered by headless Chromium when present).
 
-Experiments that do not run here (or not yet) are reported as skipped, not hidden: the report is
-still built from the others. Set CHAOSGPU_REPORT_KEEP=DIR to keep the journals and the report
+Every experiment listed must produce a journal (a run that writes none is a failure, never a
+skip). Set CHAOSGPU_REPORT_KEEP=DIR to keep the journals and the report
 (e.g. to regenerate tests/data/journals from real runs).
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from chaosgpu.report import build_report
-from chaosgpu.report.journal import METRICS
-from chaosgpu.report.tables import comparison_table, format_value
+from chaosgpu.report.model import METRICS
+from chaosgpu.report.tables import comparison_table, format_metric
 
 REPO = Path(__file__).resolve().parent.parent
 CHAOS = str(Path(sys.executable).with_name("chaos"))
@@ -31,6 +31,7 @@ RUNS: dict[str, dict[str, Any]] = {
     "pod-delete-ignore-sigterm": {"grace_s": 3.0, "mib": 64},
     "pod-delete-sigterm-handler": {"grace_s": 3.0, "mib": 64},
     "nccl-rank-kill": {},
+    "nccl-timeout-remediation": {},
 }
 
 
@@ -56,8 +57,8 @@ def test_report_from_real_catalog_journals(tmp_path: Path) -> None:
     folder.mkdir()
     produced = {name: _run(name, overrides, folder) for name, overrides in RUNS.items()}
     journals = [path for path in produced.values() if path is not None]
-    if len(journals) < 2:
-        pytest.skip(f"fewer than two catalog experiments produced a journal: {produced}")
+    # every catalog run must leave its journal: a run that produced none is a failure
+    assert len(journals) == len(RUNS), f"runs without a journal: {produced}"
     report = build_report([str(p) for p in journals], str(tmp_path / "report"))
     assert report.problems == [], report.problems
     assert len(report.runs) == len(journals)
@@ -66,12 +67,11 @@ def test_report_from_real_catalog_journals(tmp_path: Path) -> None:
         raw = json.loads(Path(run.path).read_text())
         assert run.status == raw["status"] and run.deviated == raw["deviated"]
         assert run.timeline is not None, f"{run.name}: the timeline control wrote no timeline"
-        for metric in METRICS:
-            title, unit, _ = METRICS[metric]
+        for metric, (title, unit) in METRICS.items():
             cell = row[header.index(f"{title} ({unit})" if unit else title)]
-            assert cell == format_value(metric, run.metrics[metric].value)
-        # every real catalog run says what its fault was
-        assert run.fault and run.fault != "unknown"
+            assert cell == format_metric(metric, run.metrics[metric])
+        # every real catalog run carries the control's typed events and its fault
+        assert run.typed and run.fault_kind, (run.name, run.fault)
     names = {run.name for run in report.runs}
     if {"zombies-sleep-pid1", "zombies-init-pid1"} <= names:
         pair = next(p for p in report.pairs if p.remediation.name == "zombies-init-pid1")
@@ -80,14 +80,18 @@ def test_report_from_real_catalog_journals(tmp_path: Path) -> None:
         assert pair.remediation.metrics["zombies_after_kill"].value == 0
     if "nccl-rank-kill" in names:
         nccl = next(r for r in report.runs if r.name == "nccl-rank-kill")
-        assert str(nccl.metrics["hang_detected"].value).startswith("yes")
+        assert nccl.metrics["hang_detected"].value is True
+        assert isinstance(nccl.metrics["detection_after_fault_s"].value, float)
         assert nccl.metrics["hang_cleaned"].value is True
+        assert any(row["verdict"] == "hung" and row["culprits"] for row in nccl.verdicts)
+    if "nccl-timeout-remediation" in names:
+        remedy = next(r for r in report.runs if r.name == "nccl-timeout-remediation")
+        assert remedy.is_remediation
+        assert any(row.get("all_exited") is True for row in remedy.verdicts), remedy.verdicts
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.count("data:image/png;base64,") == len(report.plots) >= len(journals)
     keep = os.environ.get("CHAOSGPU_REPORT_KEEP")
     if keep:
         shutil.copytree(folder, Path(keep) / "journals", dirs_exist_ok=True)
         shutil.copytree(tmp_path / "report", Path(keep) / "report", dirs_exist_ok=True)
-    missing = [name for name, path in produced.items() if path is None]
-    if missing:
-        print(f"catalog experiments without a journal here: {missing}")
+

@@ -2,16 +2,17 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 from proc_helpers import wait_until as _wait
 
 from chaosgpu import state
+from chaosgpu.process import terminate
 from chaosgpu.sandbox import actions, probes, runtime
 from chaosgpu.sandbox.cli import main as cli_main
 
@@ -63,10 +64,9 @@ def test_plain_exec_child_is_not_the_pods(box: str) -> None:
 
 @pytest.mark.parametrize("init", ["tini", "dumb-init"])
 def test_init_forwards_sigterm(box: str, init: str) -> None:
-    try:
-        runtime.create(box, init=init, grace_s=5)
-    except runtime.SandboxError as error:
-        pytest.skip(str(error))
+    if init == "tini":
+        require_tool("tini", install="apt-get install tini")
+    runtime.create(box, init=init, grace_s=5)
     timings = runtime.terminate(box)
     assert timings["exited_on_sigterm"] is True
     assert timings["sigkill_sent"] is None
@@ -98,7 +98,7 @@ def test_list_and_abandoned(box: str) -> None:
     # record behind that is reported, then removed.
     record = runtime.get_record(box)
     assert record is not None
-    runtime.send_signal(record["supervisor_pid"], record["supervisor_starttime"], signal.SIGKILL)
+    runtime.kill(record["supervisor_pid"], record["supervisor_starttime"])
     assert _wait(lambda: not probes.sandbox_exists(box))
     (listed,) = [s for s in runtime.list_sandboxes() if s["name"] == box]
     assert listed["abandoned"] and not listed["alive"]
@@ -107,7 +107,8 @@ def test_list_and_abandoned(box: str) -> None:
 
 def test_supervisor_sigterm_tears_the_pod_down(box: str) -> None:
     record = runtime.create(box)
-    runtime.send_signal(record["supervisor_pid"], record["supervisor_starttime"], signal.SIGTERM)
+    supervisor = terminate.Target(record["supervisor_pid"], record["supervisor_starttime"])
+    assert terminate.signal_once([supervisor], "SIGTERM", terminate.Rules())[0].result == "sent"
     assert _wait(lambda: runtime.process_state(record["pid1"], record["pid1_starttime"]) is None)
 
 
@@ -115,7 +116,7 @@ def test_host_pids_and_zombie_probes(box: str) -> None:
     runtime.create(box)
     worker = runtime.exec_in(box, ["sleep", "300"], detached=True)
     assert set(runtime.host_pids(box)) >= {worker["host_pid"]}
-    runtime.send_signal(worker["host_pid"], worker["starttime"], signal.SIGKILL)
+    runtime.kill(worker["host_pid"], worker["starttime"])
     assert _wait(lambda: probes.sandbox_zombies(box) == [worker["host_pid"]])
     assert probes.sandbox_zombie_count(box) == 1
     assert probes.sandbox_orphans(box) == []
@@ -228,7 +229,7 @@ try:
     w = runtime.exec_in("nr", ["sleep", "300"], detached=True)
     out["id"] = runtime.exec_in("nr", ["id", "-u"])["stdout"].strip()
     out["ns_ppid"] = [p["ns_ppid"] for p in runtime.processes("nr") if p["pid"] == w["host_pid"]]
-    runtime.send_signal(w["host_pid"], w["starttime"], signal.SIGKILL)
+    runtime.kill(w["host_pid"], w["starttime"])
     time.sleep(0.2)
     out["zombie"] = runtime.process_state(w["host_pid"]) == "Z"
     out["terminate"] = runtime.terminate("nr")

@@ -8,10 +8,11 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from chaosgpu.process import actions, probes
+from chaosgpu.process import actions, freezer, probes
 from chaosgpu.scope import ScopeError, resolve_scope, resolve_scope_detail, validate_scope
 
 
@@ -151,8 +152,82 @@ def test_freeze_and_resume_with_the_freezer(sleepers: tuple[str, list]) -> None:
     assert resumed["thawed_cgroups"] and not os.path.exists(report["cgroup"])
 
 
+ROOT = os.geteuid() == 0
+FREEZERS = [
+    pytest.param("freezer-v1", marks=pytest.mark.skipif(
+        not ROOT or not (freezer.V1_ROOT / "cgroup.procs").exists(),
+        reason="needs root and the cgroup v1 freezer")),
+    pytest.param("freezer-v2", marks=pytest.mark.skipif(
+        not ROOT or freezer.v2_root() is None, reason="needs root and a cgroup v2 hierarchy")),
+]
+
+
+def _v2_path(pid: int) -> str:
+    with open(f"/proc/{pid}/cgroup") as handle:
+        return next(line.split(":", 2)[2].strip() for line in handle if line.startswith("0::"))
+
+
+def _our_groups() -> list[str]:
+    found = [str(p) for p in freezer.V1_ROOT.glob(f"{freezer.V1_PREFIX}*")]
+    return found + [str(p) for p in freezer._v2_groups()]
+
+
+@pytest.mark.parametrize("method", FREEZERS)
+def test_the_freezer_leaves_a_stopped_process_stopped(sleepers: tuple[str, list],
+                                                      method: str) -> None:
+    # The refusal rules are checked with the null signal: a SIGCONT would resume a process
+    # that something else stopped on purpose.
+    tag, procs = sleepers
+    os.kill(procs[0].pid, signal.SIGSTOP)
+    assert _wait_state(procs[0].pid, ("T",)) == "T"
+    try:
+        report = actions.freeze_processes({"tag": tag}, method=method)
+        assert sorted(report["frozen"]) == sorted(p.pid for p in procs)
+        assert report["freezer_state"] == "FROZEN"
+    finally:
+        thawed = freezer.thaw({p.pid for p in procs})  # the cgroups only: no SIGCONT
+    assert thawed
+    time.sleep(0.2)
+    assert _state(procs[0].pid) == "T", "the freezer resumed a stopped process"
+    assert _wait_state(procs[1].pid, ("S", "R")) in ("S", "R")
+
+
+@pytest.mark.skipif(not ROOT or freezer.v2_root() is None,
+                    reason="needs root and a cgroup v2 hierarchy")
+def test_freeze_and_resume_with_the_v2_freezer(sleepers: tuple[str, list]) -> None:
+    tag, procs = sleepers
+    homes = {p.pid: _v2_path(p.pid) for p in procs}
+    try:
+        report = actions.freeze_processes({"tag": tag}, method="freezer-v2")
+        assert report["cgroup_version"] == 2 and report["freezer_state"] == "FROZEN"
+        assert sorted(report["frozen"]) == sorted(homes)
+        group = Path(report["cgroup"])
+        assert group.name.startswith(freezer.V2_PREFIX)
+        assert "frozen 1" in (group / "cgroup.events").read_text().splitlines()
+        for proc in procs:  # a child of its own cgroup: its parent's limits still apply
+            assert _v2_path(proc.pid) == f"{homes[proc.pid].rstrip('/')}/{group.name}"
+    finally:
+        resumed = actions.resume_processes({"tag": tag})
+    assert [g["cgroup"] for g in resumed["thawed_cgroups"]] == [str(group)]
+    assert not group.exists()
+    assert {p.pid: _v2_path(p.pid) for p in procs} == homes  # back where they were
+    assert all(_wait_state(p.pid, ("S", "R")) in ("S", "R") for p in procs)
+
+
+@pytest.mark.parametrize("method", ["sigstop", "freezer", "freezer-v2"])
+def test_a_negative_deadline_is_refused_before_anything(sleepers: tuple[str, list],
+                                                        method: str) -> None:
+    tag, procs = sleepers
+    before = _our_groups()
+    with pytest.raises(ValueError, match="deadline_s must be a number of seconds > 0, got -1"):
+        actions.freeze_processes({"tag": tag}, method=method, deadline_s=-1)
+    time.sleep(0.1)
+    assert all(_state(p.pid) in ("S", "R") for p in procs), "a target was frozen"
+    assert _our_groups() == before
+
+
 def test_bad_freeze_method() -> None:
-    with pytest.raises(ValueError, match="'sigstop' or 'freezer'"):
+    with pytest.raises(ValueError, match="'sigstop' or 'freezer'.*'freezer-v2'.*got 'ice'"):
         actions.freeze_processes({"tag": "x"}, method="ice")
 
 

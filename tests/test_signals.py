@@ -224,3 +224,24 @@ def test_command_line_prints_one_json_document() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_program_is_python38_syntax() -> None:
+    # It runs inside targets whose Python may be old (3.8 parses it; pidfds need 3.9).
+    import ast
+
+    ast.parse(program_path("actions", "signal_processes").read_text(), feature_version=(3, 8))
+
+
+def test_null_signal_checks_without_sending() -> None:
+    proc = _start(["sleep", "60"])
+    try:
+        assert sp.signal_targets([_target(proc.pid)], "STOP")["sent"] == 1
+        assert _wait_state(proc.pid, ("T",)) == "T"
+        report = sp.signal_targets([_target(proc.pid)], "0")
+        assert report["signal"] == "0" and report["sent"] == 1
+        time.sleep(0.1)
+        assert _state(proc.pid) == "T"  # a SIGCONT would have resumed it
+    finally:
+        proc.kill()
+        proc.wait()

@@ -149,8 +149,10 @@ def test_probes_need_the_control_and_valid_input(sampler_cleanup: list[Sampler])
     with pytest.raises(ValueError, match="no event 'nope'"):
         probes.memory_release_time(after_event="nope")
     assert probes.memory_release_time(after_event="nope", missing_ok=True) == 0.0
-    with pytest.raises(ValueError, match="from_event"):
-        probes.gb_seconds_held()
+    with pytest.raises(TypeError, match="from_event"):
+        probes.gb_seconds_held()  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="from_event must be a non-empty string"):
+        probes.gb_seconds_held(from_event="")
     with pytest.raises(ValueError, match="phase"):
         probes.termination_timings(after_event="x", phase="middle")
 

@@ -3,12 +3,14 @@
 healthy jobs (lockstep compute longer than the window, a normal end, a checkpoint after
 destroy_process_group)."""
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import require_tool
 
 pytest.importorskip("torch")
 
@@ -217,6 +219,9 @@ def test_ranks_stuck_in_the_rendezvous_are_hung_with_the_missing_rank_as_culprit
 
 def test_a_partitioned_rank_hangs_its_peers_and_healing_resumes_the_job(
         workdir: Path, jobs: list[Job]) -> None:
+    require_tool("nft", install="apt-get install nftables")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add nftables rules")
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
@@ -241,6 +246,9 @@ def test_a_partitioned_rank_hangs_its_peers_and_healing_resumes_the_job(
 
 
 def test_node_loss_partition_then_kill_hangs_a_gloo_job(workdir: Path, jobs: list[Job]) -> None:
+    require_tool("nft", install="apt-get install nftables")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add nftables rules")
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
@@ -276,16 +284,16 @@ def test_a_bare_job_whose_rank_is_killed_fails_with_exit_codes(workdir: Path,
 
 def test_a_rank_in_its_own_network_namespace_is_partitioned_there(workdir: Path,
                                                                   jobs: list[Job]) -> None:
-    import os
-    import shutil
     import subprocess
     import uuid
 
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 to make a network namespace")
+    require_tool("ip", install="apt-get install iproute2")
+    require_tool("nft", install="apt-get install nftables")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add nftables rules")
     name = f"chaosgpu-test-{uuid.uuid4().hex[:6]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from jobs.launch import Job, start_torchrun  # noqa: E402
 
-from chaosgpu.job import actions, nccl_ras, probes  # noqa: E402
+from chaosgpu.job import actions, nccl_ras, observe, probes  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -67,7 +67,10 @@ def test_nccl_world_size_1_runs_with_flight_recorder_progress(tmp_path: Path,
                          nproc=1, extra_env=_fr_env(tmp_path))
     jobs.append(job)
     job.wait_steps(3)
-    state = probes.job_state(job=job.run_id, window_s=4)
+    # job_state returns at the first progress; watch 3 s (as `chaosgpu jobs --observe 3` does)
+    # so that the Flight Recorder is dumped a few times
+    observer = observe.observe(job=job.run_id, timeout_s=3.0, window_s=4)
+    state = next(iter(observer.tracks.values())).to_json()
     ras = nccl_ras.query()
     keep("nccl-ws1-running", dict(state, nccl_ras_query=ras))
     assert state["verdict"] == "running", state["reason"]

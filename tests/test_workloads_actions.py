@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 from proc_helpers import alive as _alive
 
 from chaosgpu import state
@@ -105,6 +106,34 @@ def test_stop_all_workloads() -> None:
     assert actions.list_workloads() == []
 
 
+def test_stop_all_workloads_tries_every_one_and_names_every_failure() -> None:
+    # Records another version (or a hand edit) left unreadable fail to stop; the workload
+    # listed between them must still be stopped, and the error must name both failures.
+    for tag in ("a-broken", "z-broken"):
+        state.write_record("workloads", tag, {"tag": tag, "processes": [{"pid": "not-a-pid"}]})
+    started = actions.start_holders(count=2, mib=1, via="host", tag="m-fine")
+    try:
+        with pytest.raises(RuntimeError, match=r"2 of 3 workload\(s\) could not be stopped.*"
+                                               r"a-broken: ValueError.*z-broken: ValueError"):
+            actions.stop_all_workloads()
+        assert not any(_alive(p) for p in started["pids"])
+        assert state.read_record("workloads", "m-fine") is None
+    finally:
+        for tag in ("a-broken", "z-broken"):
+            state.remove_record("workloads", tag)
+        actions.stop_workload("m-fine", grace_s=0)
+
+
+def test_stop_all_workloads_bad_input_changes_nothing() -> None:
+    started = actions.start_holders(count=1, mib=1, via="host", tag="h-keep")
+    try:
+        with pytest.raises(ValueError, match="grace_s must be a number of seconds >= 0"):
+            actions.stop_all_workloads(grace_s=-1)
+        assert _alive(started["pids"][0])
+    finally:
+        actions.stop_workload("h-keep", grace_s=0)
+
+
 @pytest.mark.parametrize(
     "init, count, on_sigterm, fast",
     [("dumb-init", 10, "cleanup", True), ("none", 1, "cleanup", True),
@@ -113,12 +142,11 @@ def test_stop_all_workloads() -> None:
 )  # fmt: skip
 def test_start_pod_with_holders(init: str, count: int, on_sigterm: str, fast: bool) -> None:
     pod = f"pwh-{init}-{count}"
-    try:
-        started = actions.start_pod_with_holders(pod=pod, init=init, count=count, mib=4,
-                                                 via="host", on_sigterm=on_sigterm, grace_s=1.5,
-                                                 tag=f"pwh-{init}", timeout_s=120)  # fmt: skip
-    except runtime.SandboxError as error:
-        pytest.skip(str(error))
+    if init == "tini":
+        require_tool("tini", install="apt-get install tini")
+    started = actions.start_pod_with_holders(pod=pod, init=init, count=count, mib=4,
+                                             via="host", on_sigterm=on_sigterm, grace_s=1.5,
+                                             tag=f"pwh-{init}", timeout_s=120)  # fmt: skip
     try:
         assert len(started["pids"]) == count and all(_alive(p) for p in started["pids"])
         listed = {p["pid"]: p for p in runtime.processes(pod)}

@@ -185,7 +185,7 @@ def test_start_ring_action_and_stop_is_idempotent() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"world_size": 0}, "world size"), ({"backend": "mpi"}, "backend"),
+    [({"world_size": 0}, "world.size"), ({"backend": "mpi"}, "backend"),
      ({"launcher": "srun"}, "launcher"), ({"async_error_handling": 7}, "async"),
      ({"sigterm_handler": "pray"}, "SIGTERM"), ({"process_group_timeout_s": -1}, "timeout")],
 )  # fmt: skip

@@ -17,16 +17,19 @@ import bisect
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Dict, Optional
 
 import requests
+
+from chaosgpu.arguments import INDEX, MIB, POSITIVE_SECONDS, SECONDS, TEXT, checked
+from chaosgpu.timeline.integral import gib_seconds
 
 __all__ = ["agent_snapshot", "pod_gpu_memory", "pod_release_time", "pod_gb_seconds"]
 
 logger = logging.getLogger("chaostoolkit")
 
 
-def _url(url: str, configuration: dict[str, Any] | None) -> str:
+def _url(url: str | None, configuration: dict[str, Any] | None) -> str:
     url = url or str((configuration or {}).get("chaosgpu_agent_url") or "")
     if not url.startswith(("http://", "https://")):
         raise ValueError("the agent's url is required (argument `url` or configuration "
@@ -63,7 +66,7 @@ def _get(url: str, path: str, params: dict[str, Any], timeout_s: float,
     return response.json()
 
 
-def _pod(pod_uid: str, pod: str, since: float | None) -> tuple[str, float | None]:
+def _pod(pod_uid: str | None, pod: str | None, since: float | None) -> tuple[str, float | None]:
     """(pod uid, DELETE time) from the arguments or chaosgpu.k8s's deletion record."""
     if pod_uid:
         return pod_uid, since
@@ -78,9 +81,10 @@ def _pod(pod_uid: str, pod: str, since: float | None) -> tuple[str, float | None
     return str(record["uid"]), since if since is not None else record.get("delete_sent_at")
 
 
-def agent_snapshot(url: str = "", gpu: int | None = None, processes: bool = True,
-                   timeout_s: float = 5.0, configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(gpu=INDEX, timeout_s=POSITIVE_SECONDS)
+def agent_snapshot(url: Optional[str] = None, gpu: Optional[int] = None, processes: bool = True,
+                   timeout_s: float = 5.0, configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Return the node agent's census (`chaosgpu.census/1`): GPUs with their memory, GPU
     processes attributed to pods and containers, zombies, orphans and jobs; `gpu` limits it to
     one device, `processes=False` leaves the process list out."""
@@ -90,9 +94,10 @@ def agent_snapshot(url: str = "", gpu: int | None = None, processes: bool = True
     return result
 
 
-def pod_gpu_memory(url: str = "", pod_uid: str = "", timeout_s: float = 5.0,
-                   configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> float:
+@checked(pod_uid=TEXT, timeout_s=POSITIVE_SECONDS)
+def pod_gpu_memory(pod_uid: str, url: Optional[str] = None, timeout_s: float = 5.0,
+                   configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> float:
     """Return the GPU memory in MiB that the processes of pod `pod_uid` hold now on the agent's
     node (0.0 when it has none there)."""
     if not pod_uid:
@@ -152,11 +157,13 @@ def _release(window: dict[str, Any], since: float, threshold_mib: float) -> floa
     return last_held + interval
 
 
-def pod_release_time(url: str = "", pod_uid: str = "", pod: str = "",
-                     since: float | None = None, threshold_mib: float = 64.0,
+@checked(since=SECONDS, threshold_mib=MIB, timeout_s=POSITIVE_SECONDS, poll_s=POSITIVE_SECONDS)
+def pod_release_time(url: Optional[str] = None, pod_uid: Optional[str] = None,
+                     pod: Optional[str] = None,
+                     since: Optional[float] = None, threshold_mib: float = 64.0,
                      timeout_s: float = 60.0, poll_s: float = 0.25,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> float | None:
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Optional[float]:
     """Seconds from `since` (unix time; by default the DELETE sent for `pod`) until the pod's
     GPU memory was released on the agent's node: its GPU processes gone and the node's total
     down by what they held (within `threshold_mib`), from the agent's timeline. Polls the agent
@@ -190,13 +197,15 @@ def pod_release_time(url: str = "", pod_uid: str = "", pod: str = "",
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
-def pod_gb_seconds(url: str = "", pod_uid: str = "", pod: str = "",
-                   since: float | None = None, until: float | None = None,
-                   timeout_s: float = 10.0, configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> float:
+@checked(since=SECONDS, until=SECONDS, timeout_s=POSITIVE_SECONDS)
+def pod_gb_seconds(url: Optional[str] = None, pod_uid: Optional[str] = None,
+                   pod: Optional[str] = None,
+                   since: Optional[float] = None, until: Optional[float] = None,
+                   timeout_s: float = 10.0, configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> float:
     """GiB x seconds of GPU memory held by the processes of a pod between `since` (unix time;
     by default the DELETE sent for `pod`) and `until` (default now), from the agent's timeline:
-    the field report's "GB x s wasted" during a grace period, with GiB = 1024 MiB."""
+    the field report's "GB x s wasted" during a grace period (chaosgpu.timeline.integral)."""
     pod_uid, since = _pod(pod_uid, pod, since)
     if since is None:
         raise ValueError("since (unix time) is required when the pod has no deletion record")
@@ -206,10 +215,4 @@ def pod_gb_seconds(url: str = "", pod_uid: str = "", pod: str = "",
     window = _get(_url(url, configuration), "/v1/timeline",
                   {"since": since - 2.0, "until": until, "pod_uid": pod_uid}, timeout_s, secrets)
     times, totals, _ = _pod_series(window)
-    area = 0.0
-    for i, t in enumerate(times):
-        nxt = times[i + 1] if i + 1 < len(times) else until
-        lo, hi = max(t, since), min(nxt, until)
-        if hi > lo:
-            area += totals[i] * (hi - lo)
-    return round(area / 1024.0, 4)
+    return round(gib_seconds(times, totals, since, until), 4)

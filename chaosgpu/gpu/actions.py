@@ -12,7 +12,7 @@ signal any process itself: stopping goes through chaosgpu.workloads.actions.stop
 
 import logging
 import time
-from typing import Any
+from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
 from chaosgpu.gpu import devices, injector, launch, monitor
@@ -52,13 +52,13 @@ def _check_timeout(timeout_s: Any) -> float:
     return float(devices.check_number("timeout_s", timeout_s, minimum=0, strict_minimum=True))
 
 
-def start_memory_pressure(device: int | str = 0, mib: int | None = None,
-                          leave_mib: int | None = None, duration_s: float | None = None,
+def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None,
+                          leave_mib: Optional[int] = None, duration_s: Optional[float] = None,
                           backend: str = "driver", chunk_mib: int = 1024,
-                          sandbox: str | None = None, tag: str | None = None,
+                          sandbox: Optional[str] = None, tag: Optional[str] = None,
                           timeout_s: float = 120.0,
-                          configuration: dict[str, Any] | None = None,
-                          secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                          configuration: Optional[Dict[str, Any]] = None,
+                          secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Take GPU memory from outside any job: `mib` MiB, or all of the device's free memory but
     `leave_mib` MiB, on GPU `device` (NVML index or UUID), held by a chaosgpu process until
     `duration_s` has passed (None: until stop_gpu_fault / rollback). With `sandbox` the holder
@@ -95,12 +95,12 @@ def start_memory_pressure(device: int | str = 0, mib: int | None = None,
             "duration_s": duration_s, "ready": ready}
 
 
-def start_compute_contention(device: int | str = 0, duration_s: float = 30.0,
+def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30.0,
                              duty_cycle: float = 1.0, target: str = "sm",
                              period_s: float = 0.1, backend: str = "driver",
-                             tag: str | None = None, timeout_s: float = 60.0,
-                             configuration: dict[str, Any] | None = None,
-                             secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                             tag: Optional[str] = None, timeout_s: float = 60.0,
+                             configuration: Optional[Dict[str, Any]] = None,
+                             secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Keep GPU `device` (NVML index or UUID) busy for `duration_s` seconds from outside any job:
     `target` "sm" (every multiprocessor runs FMA kernels), "memory" (device-to-device copies:
     HBM bandwidth) or "both", for `duty_cycle` (0 < d <= 1) of every `period_s`. Jobs sharing
@@ -143,8 +143,8 @@ def _gpu_pids_left(pids: list[int]) -> list[int]:
 
 
 def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
-                   configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                   configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Stop the GPU fault program of `tag` (memory pressure, contention; a rollback): SIGTERM
     (it frees and exits at once), SIGKILL after `grace_s`, then wait up to `deadline_s` until
     NVML no longer lists it on any GPU (its memory is back). Idempotent: a tag with no record
@@ -184,8 +184,8 @@ def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
 
 
 def stop_all_gpu_faults(grace_s: float = 0.0, deadline_s: float = 10.0,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Stop every recorded GPU fault program (a rollback of last resort), as stop_gpu_fault."""
     return [stop_gpu_fault(tag, grace_s=grace_s, deadline_s=deadline_s)
             for tag, record in state.list_records("workloads").items()
@@ -233,12 +233,12 @@ def _rank_process(job: str | None, tag: str | None, rank: int | None,
         time.sleep(0.05)
 
 
-def inject_rank_fault(mode: str, rank: int | None = 0, tag: str | None = None,
-                      job: str | None = None, duration_s: float | None = None,
-                      device: int | None = None, exception: str | None = None,
+def inject_rank_fault(mode: str, rank: Optional[int] = 0, tag: Optional[str] = None,
+                      job: Optional[str] = None, duration_s: Optional[float] = None,
+                      device: Optional[int] = None, exception: Optional[str] = None,
                       timeout_s: float = 5.0,
-                      configuration: dict[str, Any] | None = None,
-                      secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                      configuration: Optional[Dict[str, Any]] = None,
+                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Fire an in-process fault in one rank of a Python job started armed (chaosgpu's injector
     on PYTHONPATH, e.g. start_ring(inject="python")): `mode` "gpu-hang" (a kernel that never
     ends, or lasts `duration_s`, blocks the rank's GPU stream; the process stays alive),
@@ -266,10 +266,10 @@ def inject_rank_fault(mode: str, rank: int | None = 0, tag: str | None = None,
             "delivered": True, "ack_after_s": ack.get("ack_after_s"), "ack": ack}
 
 
-def release_rank_fault(rank: int | None = 0, tag: str | None = None,
-                       job: str | None = None, timeout_s: float = 5.0,
-                       configuration: dict[str, Any] | None = None,
-                       secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def release_rank_fault(rank: Optional[int] = 0, tag: Optional[str] = None,
+                       job: Optional[str] = None, timeout_s: float = 5.0,
+                       configuration: Optional[Dict[str, Any]] = None,
+                       secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """End a gpu-hang or an oom fault in one rank early (the rank's kernel returns, its
     allocations work again); returns what the rank's injector released."""
     timeout = _check_timeout(timeout_s)
@@ -279,11 +279,11 @@ def release_rank_fault(rank: int | None = 0, tag: str | None = None,
     return {"job": process.get("job"), "rank": rank, "pid": process["pid"], **answer}
 
 
-def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: int | None = 0,
-                      tag: str | None = None, job: str | None = None,
+def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Optional[int] = 0,
+                      tag: Optional[str] = None, job: Optional[str] = None,
                       timeout_s: float = 5.0,
-                      configuration: dict[str, Any] | None = None,
-                      secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                      configuration: Optional[Dict[str, Any]] = None,
+                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Make the next `count` CUDA allocations (fault="alloc") or kernel launches ("launch") of a
     CUDA program fail, through chaosgpu's CUDA injection library (CUDA_INJECTION64_PATH, loaded
     by libcuda at cuInit: any CUDA program, e.g. start_ring(inject="cuda")). The target is rank
@@ -301,10 +301,10 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: int | None = 0
             "count": count, "delivered": True, "ack": ack}
 
 
-def trigger_xid(device: int | str = 0, kind: str = "illegal-address",
+def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
                 watch_s: float = 10.0, check: bool = True, timeout_s: float = 60.0,
-                configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Make GPU `device` (NVML index or UUID) raise a genuine exception in a short-lived chaosgpu
     process: kind "illegal-address" (a store to an unmapped address: an MMU fault) or "trap".
     Watches NVML's XID events on that device from before the fault, for up to `watch_s` after

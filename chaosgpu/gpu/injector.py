@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosgpu import state
+from chaosgpu.errors import ActivityError
 
 __all__ = ["SITE_DIR", "MODES", "EXCEPTIONS", "CUDA_FAULTS", "inject_dir", "environment",
            "process_key", "listening_dir", "armed", "cuda_armed", "trigger", "trigger_cuda",
@@ -35,7 +36,7 @@ CUDA_FAULTS = ("alloc", "launch")
 POLL_S = 0.02
 
 
-class InjectionError(RuntimeError):
+class InjectionError(ActivityError):
     """A fault could not be delivered (target not armed, no ack in time, refused by the target)."""
 
 

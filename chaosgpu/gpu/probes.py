@@ -10,8 +10,18 @@ normal state: `gpu_available` says so, NVML probes raise a clear error naming wh
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional, Union
 
+from chaosgpu.arguments import (
+    DEVICE,
+    INDEX,
+    PID,
+    POSITIVE,
+    POSITIVE_SECONDS,
+    SECONDS,
+    TEXT,
+    checked,
+)
 from chaosgpu.gpu import devices, monitor
 from chaosgpu.node import nvml_snapshot, take_census
 
@@ -33,14 +43,15 @@ def _snapshot(device: int | None) -> dict[str, Any]:
     return snapshot
 
 
-def gpu_available(configuration: dict[str, Any] | None = None,
-                  secrets: dict[str, Any] | None = None) -> bool:
+def gpu_available(configuration: Optional[Dict[str, Any]] = None,
+                  secrets: Optional[Dict[str, Any]] = None) -> bool:
     """Return whether NVML sees at least one GPU here (false without driver, library or GPU)."""
     return bool(nvml_snapshot(with_processes=False).get("available"))
 
 
-def gpu_memory_used(device: int | None = None, configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> float:
+@checked(device=INDEX)
+def gpu_memory_used(device: Optional[int] = None, configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> float:
     """Return the GPU memory used in MiB on GPU `device` (all GPUs summed when None), as NVML
     reports it, including the driver's own reservation (~615 MiB on an idle H200): compare it
     with a baseline, not with zero."""
@@ -49,8 +60,9 @@ def gpu_memory_used(device: int | None = None, configuration: dict[str, Any] | N
                      if device is None or d["index"] == device))
 
 
-def gpu_processes(device: int | None = None, configuration: dict[str, Any] | None = None,
-                  secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+@checked(device=INDEX)
+def gpu_processes(device: Optional[int] = None, configuration: Optional[Dict[str, Any]] = None,
+                  secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the processes holding GPU memory (on GPU `device`, or all), each with host PID,
     the PID seen here and inside its namespace, container, job, rank and MiB; a process whose
     host PID this observer cannot see says "not visible here" (it is not an orphan)."""
@@ -61,9 +73,10 @@ def gpu_processes(device: int | None = None, configuration: dict[str, Any] | Non
     return result
 
 
-def process_gpu_memory(pid: int = 0, device: int | None = None,
-                       configuration: dict[str, Any] | None = None,
-                       secrets: dict[str, Any] | None = None) -> float:
+@checked(pid=PID, device=INDEX)
+def process_gpu_memory(pid: int, device: Optional[int] = None,
+                       configuration: Optional[Dict[str, Any]] = None,
+                       secrets: Optional[Dict[str, Any]] = None) -> float:
     """Return the GPU memory in MiB that host PID `pid` holds (on `device`, or all GPUs);
     0.0 when the process holds none (or is gone)."""
     if not isinstance(pid, int) or pid <= 0:
@@ -74,9 +87,10 @@ def process_gpu_memory(pid: int = 0, device: int | None = None,
                      for p in d["processes"] if p["pid"] == pid))
 
 
-def gpu_utilization(device: int | str = 0, window_s: float = 2.0, interval_s: float = 0.1,
-                    configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(device=DEVICE, window_s=POSITIVE_SECONDS, interval_s=POSITIVE_SECONDS)
+def gpu_utilization(device: Union[int, str] = 0, window_s: float = 2.0, interval_s: float = 0.1,
+                    configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Sample GPU `device`'s utilisation through NVML every `interval_s` for `window_s`: SM busy
     % (share of time a kernel ran) and memory busy % (share of time device memory was read or
     written, NVML's stand-in for bandwidth use; it is not GB/s). Returns mean/min/max of each,
@@ -101,9 +115,10 @@ def gpu_utilization(device: int | str = 0, window_s: float = 2.0, interval_s: fl
     return summary
 
 
-def gpu_usable(device: int | str = 0, timeout_s: float = 60.0,
-               configuration: dict[str, Any] | None = None,
-               secrets: dict[str, Any] | None = None) -> bool:
+@checked(device=DEVICE, timeout_s=POSITIVE_SECONDS)
+def gpu_usable(device: Union[int, str] = 0, timeout_s: float = 60.0,
+               configuration: Optional[Dict[str, Any]] = None,
+               secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when GPU `device` (NVML index or UUID) allocates memory and runs a kernel in a fresh
     process (chaosgpu's XID program in check mode); false when it does not or there is no GPU."""
     import json
@@ -124,9 +139,10 @@ def gpu_usable(device: int | str = 0, timeout_s: float = 60.0,
         return False
 
 
-def xid_events(device: int | str | None = None, timeout_s: float = 5.0,
-               configuration: dict[str, Any] | None = None,
-               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(device=DEVICE, timeout_s=SECONDS)
+def xid_events(device: Optional[Union[int, str]] = None, timeout_s: float = 5.0,
+               configuration: Optional[Dict[str, Any]] = None,
+               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Wait up to `timeout_s` for XID events (NVML critical XID errors) on GPU `device` (all
     GPUs when None), from the moment the probe starts: {"xids": [{"t", "device", "xid"}],
     "registered": [devices], "unsupported": {device: why}}. An empty list after registration
@@ -154,9 +170,10 @@ def _ring_folder(tag: str) -> Path:
     return Path(record["workdir"])
 
 
-def job_progress(tag: str = "", window_s: float = 2.0, stall_factor: float = 0.5,
-                 configuration: dict[str, Any] | None = None,
-                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(tag=TEXT, window_s=POSITIVE_SECONDS, stall_factor=POSITIVE)
+def job_progress(tag: str, window_s: float = 2.0, stall_factor: float = 0.5,
+                 configuration: Optional[Dict[str, Any]] = None,
+                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Measure how fast each rank of the chaosgpu ring `tag` advances over `window_s` (from the
     ranks' own step counters): iterations/s per rank, stalled ranks (no step in the window), the
     straggler (slowest rank below `stall_factor` x the others' median), OOMs the ranks handled,
@@ -174,9 +191,10 @@ def job_progress(tag: str = "", window_s: float = 2.0, stall_factor: float = 0.5
     return result
 
 
-def job_stalled(tag: str = "", window_s: float = 2.0,
-                configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> bool:
+@checked(tag=TEXT, window_s=POSITIVE_SECONDS)
+def job_stalled(tag: str, window_s: float = 2.0,
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when the chaosgpu ring `tag` runs (is recorded) and a rank did not advance during
     `window_s` (blocked on its GPU, holding the GIL, waiting for a stuck peer, or gone); false
     when every rank advanced, or when there is no such ring. The steady state "no stalled
@@ -190,9 +208,10 @@ def job_stalled(tag: str = "", window_s: float = 2.0,
     return not bool(job_progress(tag, window_s)["progressing"])
 
 
-def job_slowdown(tag: str = "", window_s: float = 2.0,
-                 configuration: dict[str, Any] | None = None,
-                 secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(tag=TEXT, window_s=POSITIVE_SECONDS)
+def job_slowdown(tag: str, window_s: float = 2.0,
+                 configuration: Optional[Dict[str, Any]] = None,
+                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Measure the ring `tag` now (as job_progress) and compare with its first measurement in
     this run (the baseline, taken before the fault): per-rank rate now / before, the slowest
     rank's slowdown factor (before / now), and the straggler."""
@@ -212,8 +231,9 @@ def job_slowdown(tag: str = "", window_s: float = 2.0,
             "straggler_rank": now["straggler_rank"], "stalled_ranks": now["stalled_ranks"]}
 
 
-def cuda_oom_seen(tag: str = "", configuration: dict[str, Any] | None = None,
-                  secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(tag=TEXT)
+def cuda_oom_seen(tag: str, configuration: Optional[Dict[str, Any]] = None,
+                  secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Whether processes tagged `tag` hit CUDA out-of-memory, from what reaches outside the job:
     torch's OOM observer (ranks started with chaosgpu's Python injector), allocations failed by
     chaosgpu's CUDA injector, the OOMs a chaosgpu ring reports in its step counter, and the
@@ -248,8 +268,8 @@ def cuda_oom_seen(tag: str = "", configuration: dict[str, Any] | None = None,
             "reached": reached}
 
 
-def gpu_faults(configuration: dict[str, Any] | None = None,
-               secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def gpu_faults(configuration: Optional[Dict[str, Any]] = None,
+               secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """The GPU fault programs chaosgpu has recorded (memory pressure, contention, XID), each with
     its tag, kind, configuration and whether its process is still alive."""
     from chaosgpu.gpu.launch import FAULT_KINDS

@@ -4,20 +4,30 @@ one rank, and clean a hung job up (a rollback).
 A job is named by its id (`chaosgpu jobs` lists it: TORCHELASTIC_RUN_ID, CHAOSGPU_JOB, or
 MASTER_ADDR:MASTER_PORT) or by the tag its ranks carry; when both are given they must agree. This
 module owns these faults; finding ranks is chaosgpu.job.observe's selection, every signal goes
-through the in-target signal program (pidfds, identity and refusal checks), and a fault that
-sent nothing fails (raises) with the kernel's or the scope's reason. Each fault is recorded in
-chaosgpu.faultlog (and on the timeline) with the target's PID and start time, so the observed
-verdict can say what chaosgpu did and time its effect. Each function has a deadline.
+through the terminate primitive (chaosgpu.process.terminate: pidfds, identity and refusal
+checks), and a fault that sent nothing fails (raises) with the kernel's or the scope's reason.
+Each fault is recorded in chaosgpu.faultlog (and on the timeline) with the target's PID and
+start time, so the observed verdict can say what chaosgpu did and time its effect. Each
+function has a deadline.
 """
 
 import logging
+import os
 import time
-from typing import Any
+from typing import Any, Dict, Optional
 
 from chaosgpu import faultlog
+from chaosgpu.arguments import INDEX, POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
-from chaosgpu.process.actions import _freeze_with_freezer, _thaw_freezer_groups, send, wait_gone
+from chaosgpu.process.actions import (
+    FREEZE_METHODS,
+    _freeze_with_freezer,
+    _thaw_freezer_groups,
+    send,
+    wait_gone,
+)
+from chaosgpu.process.terminate import NULL_SIGNAL
 
 __all__ = ["kill_rank", "freeze_rank", "resume_rank", "fail_rank", "cleanup_hung_job"]
 
@@ -34,7 +44,7 @@ def _check_rank(rank: Any) -> int:
 
 
 def _check_seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN
         raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
     return float(value)
 
@@ -97,10 +107,11 @@ def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def kill_rank(rank: int, job: str | None = None, tag: str | None = None,
+@checked(rank=INDEX, wait_s=SECONDS)
+def kill_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
               signal: str = "SIGKILL", wait_s: float = 2.0,
-              configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+              configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Kill one rank of a training job (by job id or the ranks' tag) with `signal` (SIGKILL, a
     crash, by default; SIGTERM for a polite stop) through a pidfd, and wait up to `wait_s` for
     it to die. The other ranks are untouched: gloo peers see the connection close and fail
@@ -113,20 +124,30 @@ def kill_rank(rank: int, job: str | None = None, tag: str | None = None,
     return _signal_process(found, rank, proc, signal, wait)
 
 
-def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
-                method: str = "sigstop", configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(rank=INDEX)
+def freeze_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+                method: str = "sigstop", configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze one rank of a training job (SIGSTOP, or the cgroup freezer with
     method="freezer"): a peer that stops answering while its connections stay open, so its
     peers wait in their next collective. Resume it with resume_rank, or clean the job up with
     cleanup_hung_job."""
-    if method not in ("sigstop", "freezer"):
-        raise ValueError(f"method must be 'sigstop' or 'freezer', got {method!r}")
+    if method not in FREEZE_METHODS:
+        raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
+                         f"to choose the cgroup version), got {method!r}")
     _, found, proc = _rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
         out = _signal_process(found, rank, proc, "SIGSTOP", 0)
     else:
-        frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0)
+        # The refusal rules hold for the freezer too: checked with the null signal (a SIGCONT
+        # would resume a rank stopped on purpose).
+        check = send([proc], NULL_SIGNAL, {"job": found["id"]})["results"][0]
+        if check["result"] != "sent":
+            raise PermissionError(f"rank {rank} (PID {proc['pid']}) may not be frozen: "
+                                  f"{check['result']}: {check.get('reason')}")
+        version = "auto" if method == "freezer" else method[len("freezer-"):]
+        frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0,
+                                      version)
         faultlog.record("freezer", job=found["id"], rank=rank, pid=proc["pid"],
                         starttime=proc["starttime"], restart_count=_restart_count(found, proc))
         out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",
@@ -135,9 +156,10 @@ def freeze_rank(rank: int, job: str | None = None, tag: str | None = None,
     return out
 
 
-def resume_rank(rank: int, job: str | None = None, tag: str | None = None,
-                configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(rank=INDEX)
+def resume_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). Fails when the
     SIGCONT could not be sent."""
     _, found, proc = _rank_process(job, tag, rank, 5.0)
@@ -151,21 +173,45 @@ def resume_rank(rank: int, job: str | None = None, tag: str | None = None,
             "thawed_cgroups": thawed}
 
 
-def fail_rank(rank: int, job: str | None = None, tag: str | None = None,
-              how: str = "auto", configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def _partition_unavailable() -> Optional[str]:
+    """Why this runner cannot partition a rank (None when it can)."""
+    from chaosgpu.network.partitions import PartitionError, nft_path
+
+    if os.geteuid() != 0:
+        return "chaosgpu is not root (nftables needs CAP_NET_ADMIN)"
+    try:
+        nft_path()
+    except PartitionError as error:
+        return str(error)
+    return None
+
+
+@checked(rank=INDEX)
+def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+              how: str = "auto", configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Make one rank fail: how="kill" (SIGKILL: gloo peers fail fast, NCCL peers hang),
     "freeze" (SIGSTOP: the rank stops answering), "partition" (its TCP traffic is dropped
     silently while it lives), "node-loss" (partition, then SIGKILL: its death is invisible to
     its peers, as when a host is lost), or "auto": kill under NCCL, node-loss under gloo (a
     gloo peer of a killed rank sees the connection close and fails, so the hang needs a
-    silent loss). The result says which backend was seen and what was done."""
+    silent loss), or freeze under gloo where a partition cannot be made (not root, or no
+    nftables; the result's `note` says so). The result says which backend was seen and what
+    was done."""
     if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
         raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
                          f"got {how!r}")
     census, found, proc = _rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
     chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
+    note = None
+    if how == "auto" and chosen == "node-loss":
+        why_not = _partition_unavailable()
+        if why_not:
+            chosen = "freeze"
+            note = (f"a node loss needs a network partition, and {why_not}: the rank was "
+                    "frozen instead (its peers hang the same way, and it stays alive)")
+            logger.warning("chaosgpu: %s", note)
     if chosen == "kill":
         out = _signal_process(found, rank, proc, "SIGKILL", 2.0)
     elif chosen == "freeze":
@@ -174,15 +220,16 @@ def fail_rank(rank: int, job: str | None = None, tag: str | None = None,
         from chaosgpu.network.actions import partition_rank
 
         out = partition_rank(rank, job=found["id"], then_kill=chosen == "node-loss")
-    out.update(backend=backend, how=how, done=chosen)
+    out.update(backend=backend, how=how, done=chosen, note=note)
     logger.info("chaosgpu: failed rank %d of %s (%s) by %s", rank, found["id"], backend, chosen)
     return out
 
 
-def cleanup_hung_job(job: str | None = None, tag: str | None = None,
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
                      grace_s: float = 5.0, deadline_s: float = 30.0,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Roll back a hung job: thaw frozen ranks (a frozen process ignores SIGKILL until thawed),
     SIGTERM every remaining process of the job (ranks, launcher, and with a tag everything
     carrying it), wait `grace_s`, SIGKILL what is left, wait until they are dead and NVML no

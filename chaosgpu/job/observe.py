@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaosgpu import faultlog
+from chaosgpu.errors import ActivityError
 from chaosgpu.job import flight_recorder
 from chaosgpu.job.exits import ExitWatch, read_error
 from chaosgpu.job.stacks import take_samples
@@ -28,7 +29,7 @@ DEFAULT_STACK_EVERY_S = 0.5
 DEFAULT_CENSUS_EVERY_S = 1.0
 
 
-class JobError(ValueError):
+class JobError(ActivityError, ValueError):
     """A job selection that is wrong (bad arguments, no such job, job and tag disagree)."""
 
 

@@ -11,8 +11,9 @@ selection that never matched fails after the method). This module owns these pro
 face; it signals nothing. Each function has its own deadline.
 """
 
-from typing import Any
+from typing import Any, Dict, List, Optional, Union
 
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.job import observe as _observe
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S
 
@@ -84,10 +85,11 @@ def _settled_or_progressing(started: float) -> Any:
     return until
 
 
-def job_state(job: str | None = None, tag: str | None = None,
-              window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
-              configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(window_s=POSITIVE_SECONDS)
+def job_state(job: Optional[str] = None, tag: Optional[str] = None,
+              window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
+              configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Observe a training job (by id or its ranks' tag) and return its verdict: "running"
     (progress seen), "hung" (live ranks waiting in a collective, barrier or rendezvous with no
     progress for `window_s`), "failed", "restarting", "finished" or "unknown", with the
@@ -104,10 +106,11 @@ def job_state(job: str | None = None, tag: str | None = None,
     return _one(observer, job, tag, missing_ok)
 
 
-def job_hung(job: str | None = None, tag: str | None = None,
-             window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
-             configuration: dict[str, Any] | None = None,
-             secrets: dict[str, Any] | None = None) -> bool:
+@checked(window_s=POSITIVE_SECONDS)
+def job_hung(job: Optional[str] = None, tag: Optional[str] = None,
+             window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
+             configuration: Optional[Dict[str, Any]] = None,
+             secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when the job (by id or tag) is observed hung: live ranks waiting in a collective,
     barrier or rendezvous with no progress for `window_s` (see job_state). The steady state
     "no hung training job" uses tolerance false. Fails (so the steady state is not met) when
@@ -116,10 +119,11 @@ def job_hung(job: str | None = None, tag: str | None = None,
     return bool(state.get("verdict") == "hung")
 
 
-def detect_hang(job: str | None = None, tag: str | None = None, timeout_s: float = 30.0,
-                window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
-                configuration: dict[str, Any] | None = None,
-                secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
+def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s: float = 30.0,
+                window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Watch a training job (by id or tag) for up to `timeout_s` until a hang is confirmed (no
     progress for `window_s` while live ranks wait in a collective, barrier or rendezvous) or
     the job fails or finishes. Returns the verdict with its evidence: the blocked ranks and
@@ -143,10 +147,11 @@ def detect_hang(job: str | None = None, tag: str | None = None, timeout_s: float
     return result
 
 
-def wait_survivors_exit(job: str | None = None, tag: str | None = None,
-                        timeout_s: float = 60.0, missing_ok: bool | str = False,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(timeout_s=SECONDS)
+def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
+                        timeout_s: float = 60.0, missing_ok: Union[bool, str] = False,
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Wait up to `timeout_s` for the surviving ranks of a job (by id or tag: those running
     when the wait begins, not the stopped or frozen ones) to end by themselves, as they should
     when a process-group timeout and async error handling are set (the NCCL
@@ -186,11 +191,12 @@ def wait_survivors_exit(job: str | None = None, tag: str | None = None,
     return result
 
 
-def wait_job_verdict(verdicts: list[str], job: str | None = None,
-                     tag: str | None = None, timeout_s: float = 60.0,
-                     window_s: float = DEFAULT_WINDOW_S, missing_ok: bool | str = False,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
+def wait_job_verdict(verdicts: List[str], job: Optional[str] = None,
+                     tag: Optional[str] = None, timeout_s: float = 60.0,
+                     window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Observe a job (by id or tag) until its verdict is one of `verdicts` (e.g. ["running"]
     after a restart, ["failed", "finished"]) or `timeout_s` passes; returns the verdict with
     its evidence and "reached": whether one of them was seen."""
@@ -214,9 +220,10 @@ def wait_job_verdict(verdicts: list[str], job: str | None = None,
     return result
 
 
-def job_ranks(job: str | None = None, tag: str | None = None, missing_ok: bool | str = False,
-              configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def job_ranks(job: Optional[str] = None, tag: Optional[str] = None,
+              missing_ok: Union[bool, str] = False,
+              configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """The ranks of a job (by id or tag) as one census reading sees them now: rank, PID, state
     (alive, stopped, frozen, zombie, missing), restart count and GPU MiB (no verdict: see
     job_state). Fails when nothing matches, unless missing_ok (then empty)."""

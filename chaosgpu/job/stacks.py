@@ -271,18 +271,44 @@ def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool)
     return None
 
 
-def signature(sample: StackSample) -> tuple[Any, ...]:
-    """What changes when a rank makes progress and stays put while it waits: for every thread,
-    its frames (file, function, line) with their simple local values, except the innermost
-    frame's line (a poll loop alternates between the check and the sleep)."""
+def signature(sample: StackSample, threads: set[str] | None = None) -> tuple[Any, ...]:
+    """What changes when a rank makes progress and stays put while it waits: for every thread
+    named in `threads` (all of them when None or when none of the sample's threads has one of
+    those names), its frames (file, function, line) with their simple local values, except the
+    innermost frame's line (a poll loop alternates between the check and the sleep)."""
     result = []
-    for thread in sorted(sample.threads, key=lambda t: t.tid or 0):
+    chosen = [t for t in sample.threads if threads is None or t.name in threads]
+    for thread in sorted(chosen or sample.threads, key=lambda t: t.tid or 0):
         frames = []
         for index, frame in enumerate(thread.frames):
             frames.append((frame.filename, frame.function,
                            None if index == 0 else frame.line, frame.locals))
         result.append((thread.tid, tuple(frames)))
     return tuple(result)
+
+
+def describe_move(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    """What differs between two signatures, for the evidence: the first thread and frame that
+    changed (its function, line and the locals that changed), or the thread that came or went."""
+    old = dict(before)
+    new = dict(after)
+    for tid in sorted(set(old) | set(new), key=lambda t: t or 0):
+        if tid not in old or tid not in new:
+            return f"thread {tid} {'started' if tid in new else 'ended'}"
+        frames_old, frames_new = old[tid], new[tid]
+        if len(frames_old) != len(frames_new):
+            leaf = frames_new[0] if frames_new else None
+            return (f"thread {tid}: {len(frames_old)} -> {len(frames_new)} frames"
+                    + (f", now in {leaf[1]}" if leaf else ""))
+        for a, b in zip(frames_old, frames_new, strict=True):
+            if a == b:
+                continue
+            if a[:3] != b[:3]:
+                return f"thread {tid}: {a[1]}:{a[2]} -> {b[1]}:{b[2]}"
+            changed = [f"{name} {dict(a[3]).get(name)} -> {value}" for name, value in b[3]
+                       if dict(a[3]).get(name) != value]
+            return f"thread {tid}: in {b[1]}, " + ", ".join(changed[:3])
+    return "unchanged"
 
 
 def render(sample: StackSample) -> str:

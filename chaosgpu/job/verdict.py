@@ -29,16 +29,27 @@ Recorder collective that completed.
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from chaosgpu.job.exits import Exit
-from chaosgpu.job.stacks import Site, SourceLines, StackSample, classify, render, signature
+from chaosgpu.job.stacks import (
+    Site,
+    SourceLines,
+    StackSample,
+    classify,
+    describe_move,
+    render,
+    signature,
+)
 
 __all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S"]
 
 VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
 DEFAULT_WINDOW_S = 3.0
+#: The span over which CPU use is measured (seconds).
+CPU_SPAN_S = 1.0
 #: CPU use (in cores) that counts as computing for a rank not waiting in a known place.
 COMPUTING_CORES = 0.1
 _HZ = os.sysconf("SC_CLK_TCK")
@@ -62,7 +73,7 @@ class RankTrack:
     error: dict[str, Any] | None = None
     last_progress: float | None = None
     progress_how: str | None = None
-    cpu_prev: tuple[float, int] | None = None
+    cpu_history: deque[tuple[float, int]] = field(default_factory=deque)
     cpu_cores: float | None = None
     wchar_prev: int | None = None
     net_prev: dict[int, int] = field(default_factory=dict)
@@ -95,6 +106,18 @@ class RankTrack:
                 "exit": self.exit.to_json() if self.exit else None,
                 "exited_at": self.exited_at, "error": self.error, "gpu_mib": self.gpu_mib,
                 "network": self.net or None, "stack_error": self.stack_error}
+
+
+def _cpu_rate(history: deque[tuple[float, int]], now: float, ticks: int) -> float | None:
+    """CPU use in cores over the last CPU_SPAN_S seconds (None until that much is seen): a
+    short burst of a waiting process (a timer, a keep-alive) is not computing."""
+    history.append((now, ticks))
+    while len(history) > 2 and now - history[1][0] >= CPU_SPAN_S:
+        history.popleft()
+    first_t, first_ticks = history[0]
+    if now - first_t < CPU_SPAN_S * 0.6:
+        return None
+    return (ticks - first_ticks) / _HZ / (now - first_t)
 
 
 def _backend_from_threads(threads: list[dict[str, Any]] | None) -> str | None:
@@ -201,29 +224,12 @@ class JobTrack:
             return
         track.last_seen = now
         self.sources.add("proc")
-        state = activity["state"]
-        new_state = ("exited" if state in ("Z", "X") else "stopped" if state in ("T", "t")
-                     else "frozen" if frozen else "alive")
-        if new_state == "exited":
-            self._ended(track, now, "proc", "is a zombie (ended, not reaped yet)")
+        if not self._update_state(track, activity, now, frozen):
             return
-        if new_state != track.state:
-            self.note(now, "proc", f"rank {track.rank} is {new_state} (state {state})",
-                      track.rank)
-            track.state = new_state
-        if activity.get("stderr"):
-            track.stderr = activity["stderr"]
-        backend = _backend_from_threads(activity.get("threads"))
-        if backend and track.backend is None:
-            track.backend = backend
-            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
-                      "threads)", track.rank)
         ticks = activity.get("cpu_ticks")
         moved: list[str] = []
         if ticks is not None:
-            if track.cpu_prev is not None and now > track.cpu_prev[0]:
-                track.cpu_cores = (ticks - track.cpu_prev[1]) / _HZ / (now - track.cpu_prev[0])
-            track.cpu_prev = (now, ticks)
+            track.cpu_cores = _cpu_rate(track.cpu_history, now, ticks)
         wchar = activity.get("wchar")
         wrote = wchar is not None and track.wchar_prev is not None and wchar > track.wchar_prev
         if wchar is not None:
@@ -246,6 +252,28 @@ class JobTrack:
             moved.append("writing (bytes written, not waiting)")
         if moved:
             self._progress(track, now, "; ".join(moved))
+
+    def _update_state(self, track: RankTrack, activity: dict[str, Any], now: float,
+                      frozen: bool) -> bool:
+        """A rank's process state, stderr and backend from one sample; False once it ended."""
+        state = activity["state"]
+        new_state = ("exited" if state in ("Z", "X") else "stopped" if state in ("T", "t")
+                     else "frozen" if frozen else "alive")
+        if new_state == "exited":
+            self._ended(track, now, "proc", "is a zombie (ended, not reaped yet)")
+            return False
+        if new_state != track.state:
+            self.note(now, "proc", f"rank {track.rank} is {new_state} (state {state})",
+                      track.rank)
+            track.state = new_state
+        if activity.get("stderr"):
+            track.stderr = activity["stderr"]
+        backend = _backend_from_threads(activity.get("threads"))
+        if backend and track.backend is None:
+            track.backend = backend
+            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
+                      "threads)", track.rank)
+        return True
 
     def _network(self, track: RankTrack, inodes: list[int],
                  sockets: dict[int, dict[str, Any]], now: float) -> int:
@@ -312,11 +340,16 @@ class JobTrack:
                                                             or site.kind != "rendezvous"):
             track.up = True
             self.note(now, "py-spy", f"rank {track.rank} is past its rendezvous", track.rank)
-        sig = signature(sample)
-        moved = track.signature_prev is not None and sig != track.signature_prev
+        # Only the thread that does the job's work moves it forward: the one waiting in a known
+        # site, else the main thread. Background pollers (a watchdog, a logger's heartbeat, an
+        # injector's watcher) change their locals forever, which is not the job's progress.
+        sig = signature(sample, {site.thread} if site is not None and site.thread
+                        else {"MainThread"})
+        before = track.signature_prev
         track.signature_prev = sig
-        if moved and track.state == "alive" and not sample.nonblocking:
-            self._progress(track, now, "its Python stack moved")
+        if (before is not None and sig != before and track.state == "alive"
+                and not sample.nonblocking):
+            self._progress(track, now, f"its Python stack moved ({describe_move(before, sig)})")
 
     def update_flight_recorder(self, track: RankTrack, summary: dict[str, Any],
                                now: float) -> None:

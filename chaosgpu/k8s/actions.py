@@ -10,11 +10,12 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional
 
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, TEXT, checked
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s.client import core_api, describe
 
@@ -30,10 +31,11 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
-def create_gpu_pod(spec_path: str = "", ns: str = "default", wait_running: bool = True,
+@checked(spec_path=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
+def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
-                   configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                   configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Create the pod described by the YAML or JSON manifest at spec_path (one Pod; a relative
     path is read from the directory chaos runs in) in namespace `ns` and, with wait_running,
     wait at most `timeout` seconds until it is Running with every container started; returns
@@ -86,13 +88,14 @@ def _quantities_as_strings(manifest: dict[str, Any]) -> None:
                 resources[kind] = {k: str(v) for k, v in values.items()}
 
 
-def delete_gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
-                    ns: str = "default", grace_period: int = -1, qty: int | None = None,
+@checked(ns=TEXT, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
+def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
+                    ns: str = "default", grace_period: int = -1, qty: Optional[int] = None,
                     rand: bool = False, gpu_only: bool = True, wait: bool = True,
                     timeout: float = 120.0, poll_interval: float = 0.2,
                     missing_ok: bool = False,
-                    configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                    configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Delete the GPU pods matched by label_selector and/or name_pattern (a whole-name regular
     expression) in `ns` — only pods requesting nvidia.com/gpu unless gpu_only is false; an empty
     selector is refused — with the pod's own grace period (grace_period=-1) or the given one,
@@ -159,11 +162,12 @@ def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,
     return result
 
 
-def kill_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0, job: str | None = None,
-                     container: str | None = None, signal: str = "SIGKILL",
+@checked(name=TEXT, ns=TEXT, rank=INDEX, timeout=POSITIVE_SECONDS)
+def kill_rank_in_pod(name: str, ns: str = "default", rank: int = 0, job: Optional[str] = None,
+                     container: Optional[str] = None, signal: str = "SIGKILL",
                      timeout: float = 60.0, allow_other_users: bool = False,
-                     python: str = "python3", configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                     python: str = "python3", configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Kill one rank of the distributed-training job running in pod `ns/name` (container
     optional): the in-pod census finds the rank from the processes' environment, then
     signal_processes sends `signal` (SIGKILL by default: a crash; SIGTERM: a polite stop) through
@@ -173,11 +177,12 @@ def kill_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0, job: st
                         python, secrets)
 
 
-def freeze_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0,
-                       job: str | None = None, container: str | None = None,
+@checked(name=TEXT, ns=TEXT, rank=INDEX, timeout=POSITIVE_SECONDS)
+def freeze_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
+                       job: Optional[str] = None, container: Optional[str] = None,
                        timeout: float = 60.0, allow_other_users: bool = False,
-                       python: str = "python3", configuration: dict[str, Any] | None = None,
-                       secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                       python: str = "python3", configuration: Optional[Dict[str, Any]] = None,
+                       secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze one rank of the job in pod `ns/name` with SIGSTOP (a frozen peer: the survivors
     hang in their collective until their process-group timeout), found and signalled from inside
     the pod like kill_rank_in_pod. Pair it with thaw_rank_in_pod in the rollbacks."""
@@ -185,11 +190,12 @@ def freeze_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0,
                         python, secrets)
 
 
-def thaw_rank_in_pod(name: str = "", ns: str = "default", rank: int = 0,
-                     job: str | None = None, container: str | None = None,
+@checked(name=TEXT, ns=TEXT, rank=INDEX, timeout=POSITIVE_SECONDS)
+def thaw_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
+                     job: Optional[str] = None, container: Optional[str] = None,
                      timeout: float = 60.0, allow_other_users: bool = False,
-                     python: str = "python3", configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                     python: str = "python3", configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Rollback of freeze_rank_in_pod: SIGCONT to the rank in pod `ns/name`. Safe to run twice
     or when there is nothing to thaw: a pod that is gone, or a rank no longer present, is
     reported as skipped rather than failing the rollback."""

@@ -8,9 +8,10 @@ backed by the node agent live with the agent, not here.
 
 import re
 import time
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from chaosgpu import state
+from chaosgpu.arguments import POSITIVE_SECONDS, TEXT, checked
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s.client import core_api
 
@@ -18,10 +19,11 @@ __all__ = ["gpu_pods", "gpu_pod_count", "gpu_pods_terminating", "pod_deletion_ti
            "pod_census"]
 
 
-def gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
+@checked(ns=TEXT)
+def gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
              ns: str = "default", gpu_only: bool = True,
-             configuration: dict[str, Any] | None = None,
-             secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+             configuration: Optional[Dict[str, Any]] = None,
+             secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """List the pods of `ns` matched by label_selector and/or name_pattern (a whole-name regular
     expression; an empty selector is refused) that request nvidia.com/gpu (all matched pods when
     gpu_only is false), each as namespace, name, uid, node, phase, GPU count, grace period,
@@ -31,19 +33,21 @@ def gpu_pods(label_selector: str | None = None, name_pattern: str | None = None,
     return [selection.summarize(pod) for pod in pods]
 
 
-def gpu_pod_count(label_selector: str | None = None, name_pattern: str | None = None,
+@checked(ns=TEXT)
+def gpu_pod_count(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                   ns: str = "default", gpu_only: bool = True,
-                  configuration: dict[str, Any] | None = None,
-                  secrets: dict[str, Any] | None = None) -> int:
+                  configuration: Optional[Dict[str, Any]] = None,
+                  secrets: Optional[Dict[str, Any]] = None) -> int:
     """Count the pods gpu_pods would list (same selection rules), e.g. for a steady state that
     expects the training pods to be there, or gone."""
     return len(gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets))
 
 
-def gpu_pods_terminating(label_selector: str | None = None, name_pattern: str | None = None,
+@checked(ns=TEXT)
+def gpu_pods_terminating(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                          ns: str = "default", gpu_only: bool = True,
-                         configuration: dict[str, Any] | None = None,
-                         secrets: dict[str, Any] | None = None) -> int:
+                         configuration: Optional[Dict[str, Any]] = None,
+                         secrets: Optional[Dict[str, Any]] = None) -> int:
     """Count the selected GPU pods that are being deleted (deletionTimestamp set) but still
     exist: a steady state of 0 holds before a deletion and after a clean one, and catches a pod
     stuck in Terminating with its GPU."""
@@ -51,11 +55,12 @@ def gpu_pods_terminating(label_selector: str | None = None, name_pattern: str | 
     return sum(1 for pod in pods if pod["deletion_timestamp"])
 
 
-def pod_deletion_timings(label_selector: str | None = None, name_pattern: str | None = None,
+@checked(ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
+def pod_deletion_timings(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                          ns: str = "default", wait: bool = True, timeout: float = 120.0,
                          poll_interval: float = 0.2,
-                         configuration: dict[str, Any] | None = None,
-                         secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                         configuration: Optional[Dict[str, Any]] = None,
+                         secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Return the timings of the last delete_gpu_pods in `ns` for the pods matching name_pattern
     (whole-name regular expression) and/or label_selector's equality terms: per pod the seconds
     from DELETE to deletionTimestamp seen, to containers terminated and to pod gone; with `wait`,
@@ -99,10 +104,11 @@ def _equality_terms(label_selector: str | None) -> dict[str, str]:
     return terms
 
 
-def pod_census(name: str = "", ns: str = "default", container: str | None = None,
+@checked(name=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS)
+def pod_census(name: str, ns: str = "default", container: Optional[str] = None,
                timeout: float = 60.0, full: bool = False, python: str = "python3",
-               configuration: dict[str, Any] | None = None,
-               secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+               configuration: Optional[Dict[str, Any]] = None,
+               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Run chaosgpu's census inside pod `ns/name` (container optional) through the exec API —
     the field report's observe.sh done right: GPU processes attributed across PID namespaces
     (NVML's host PIDs are not reported as orphans), zombies, orphans (with their reason), jobs

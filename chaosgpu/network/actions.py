@@ -11,9 +11,10 @@ selection, processes through the declared scope (chaosgpu.scope), and the kill g
 job actions' one signal path.
 """
 
-from typing import Any
+from typing import Any, Dict, Optional
 
 from chaosgpu import faultlog
+from chaosgpu.arguments import INDEX, checked
 from chaosgpu.network import partitions
 
 __all__ = ["partition_rank", "partition_processes", "heal_partition", "heal_all_partitions"]
@@ -25,10 +26,11 @@ def _target(proc: dict[str, Any], rank: int | None = None,
             "comm": proc.get("comm")}
 
 
-def partition_rank(rank: int, job: str | None = None, tag: str | None = None,
+@checked(rank=INDEX)
+def partition_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
                    then_kill: bool = False,
-                   configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                   configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Partition one rank of a training job (by job id or the ranks' tag) from the network:
     drop every TCP connection it holds and new connections to its listening ports, in its
     network namespace, so its peers see silence and no reset. With `then_kill` the rank is
@@ -51,9 +53,9 @@ def partition_rank(rank: int, job: str | None = None, tag: str | None = None,
     return out
 
 
-def partition_processes(scope: dict[str, Any],
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def partition_processes(scope: Dict[str, Any],
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Partition every process of a declared scope (`{"tag": ...}`, `{"sandbox": ...}`,
     `{"pids": [...]}` ...; the scope rules refuse the host's init, the runner and other users'
     processes) from the network: their TCP connections and listening ports are dropped
@@ -75,8 +77,8 @@ def partition_processes(scope: dict[str, Any],
             "table": record["table"], "at": record["created_at"]}
 
 
-def heal_partition(partition: str, configuration: dict[str, Any] | None = None,
-                   secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def heal_partition(partition: str, configuration: Optional[Dict[str, Any]] = None,
+                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Remove one partition (its nftables table and record) by the id partition_rank or
     partition_processes returned. Idempotent: healing a partition already gone says so."""
     if not isinstance(partition, str) or not partition.strip() or "${" in partition:
@@ -85,8 +87,8 @@ def heal_partition(partition: str, configuration: dict[str, Any] | None = None,
     return partitions.remove(partition.strip())
 
 
-def heal_all_partitions(configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def heal_all_partitions(configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Remove every partition chaosgpu recorded on this node (a rollback that needs no id; safe
     to run twice or after a crashed runner). Tables chaosgpu did not create are never touched.
     Returns what was removed."""

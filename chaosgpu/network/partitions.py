@@ -23,6 +23,7 @@ import time
 import uuid
 from typing import Any
 
+from chaosgpu.errors import ActivityError
 from chaosgpu.state import list_records, read_record, remove_record, write_record
 
 __all__ = ["PartitionError", "nft_path", "connections_of", "create", "remove", "remove_all",
@@ -33,7 +34,7 @@ TABLE_PREFIX = "chaosgpu_"
 NFT_TIMEOUT_S = 10.0
 
 
-class PartitionError(RuntimeError):
+class PartitionError(ActivityError):
     """A partition that cannot be made or removed (no nft, no permission, nothing to drop)."""
 
 

@@ -6,8 +6,9 @@ This module owns the probe functions that experiments call; every value comes fr
 is resolved by `chaosgpu.scope` (the one scope resolver).
 """
 
-from typing import Any
+from typing import Any, Dict, List, Optional
 
+from chaosgpu.arguments import POSITIVE_SECONDS, checked
 from chaosgpu.node import take_census
 
 __all__ = ["node_snapshot", "zombies", "orphans", "jobs", "hung_jobs"]
@@ -36,34 +37,34 @@ def _described(proc: dict[str, Any]) -> dict[str, Any]:
 
 
 def node_snapshot(gpu: bool = True, env: bool = True, fds: bool = True,
-                  configuration: dict[str, Any] | None = None,
-                  secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                  configuration: Optional[Dict[str, Any]] = None,
+                  secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Return the whole node census (schema chaosgpu.census/1: GPUs, processes, GPU processes
     attributed to host and namespace PIDs, containers and job ranks, zombies, orphans, jobs);
     set `gpu`, `env` or `fds` to false to skip NVML, environments or fd scanning."""
     return take_census(gpu=gpu, env=env, fds=fds)
 
 
-def zombies(scope: dict[str, Any] | None = None,
-            configuration: dict[str, Any] | None = None,
-            secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def zombies(scope: Optional[Dict[str, Any]] = None,
+            configuration: Optional[Dict[str, Any]] = None,
+            secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the zombie processes (state Z: exited, not reaped by their parent) in `scope`
     (a dict with any of tag, sandbox, job, pids; none = the whole node), each with its host and
     namespace PID, parent, owner, container and tag; an empty list is the healthy value."""
     return _select("zombie", scope)
 
 
-def orphans(scope: dict[str, Any] | None = None,
-            configuration: dict[str, Any] | None = None,
-            secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def orphans(scope: Optional[Dict[str, Any]] = None,
+            configuration: Optional[Dict[str, Any]] = None,
+            secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the orphan processes (reparented to their PID namespace's init or a subreaper and
     not started by it on purpose; rule in docs/census.md) in `scope` (tag, sandbox, job, pids),
     each with host and namespace PID, parent, container and the reason it counts as orphan."""
     return _select("orphan", scope)
 
 
-def jobs(configuration: dict[str, Any] | None = None,
-         secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def jobs(configuration: Optional[Dict[str, Any]] = None,
+         secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the distributed-training jobs found from process environments (TORCHELASTIC_RUN_ID,
     CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT) in one reading, each with world size, launcher,
     restart count, ranks and their states now (alive, stopped, frozen, zombie, missing). No
@@ -73,8 +74,9 @@ def jobs(configuration: dict[str, Any] | None = None,
     return result
 
 
-def hung_jobs(window_s: float = 3.0, configuration: dict[str, Any] | None = None,
-              secrets: dict[str, Any] | None = None) -> list[str]:
+@checked(window_s=POSITIVE_SECONDS)
+def hung_jobs(window_s: float = 3.0, configuration: Optional[Dict[str, Any]] = None,
+              secrets: Optional[Dict[str, Any]] = None) -> List[str]:
     """Observe every training job on the node for about `window_s` (plus a second) and return
     the ids of those observed hung (no progress for the window while live ranks wait in a
     collective, barrier or rendezvous); an empty list is the healthy value for a steady state.

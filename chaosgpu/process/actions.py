@@ -1,25 +1,27 @@
 """Chaos Toolkit actions on the processes of a declared scope: signal, freeze, resume.
 
 This module owns the process faults. Which processes a scope covers is decided by
-chaosgpu.scope (from the census); every signal is sent by the in-target program
-`actions/signal_processes.py` (pidfd + start-time identity + refusal rules). It must not read
-/proc itself nor send a signal any other way. Every function that waits has its own deadline.
+chaosgpu.scope (from the census); every signal is sent and every exit waited for by the terminate
+primitive (`actions/signal_processes.py`, typed in chaosgpu.process.terminate: pidfd +
+start-time identity + refusal rules); the freezers are chaosgpu.process.freezer. It must not read
+/proc itself nor send a signal or wait for an exit any other way. Every function that waits
+has its own deadline.
 """
 
 import logging
-import os
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional
 
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
+from chaosgpu.process import freezer
+from chaosgpu.process.terminate import NULL_SIGNAL, Target, wait_exits
 from chaosgpu.scope import ScopeError, describe_scope, resolve_scope_detail, validate_scope
 
 __all__ = ["signal_processes", "freeze_processes", "resume_processes"]
 
 logger = logging.getLogger("chaostoolkit")
 
-FREEZER_V1_ROOT = Path("/sys/fs/cgroup/freezer")
-FREEZER_PREFIX = "chaosgpu-"
+FREEZE_METHODS = ("sigstop", "freezer", "freezer-v1", "freezer-v2")
 
 
 def _signaller() -> Any:
@@ -43,18 +45,14 @@ def is_alive(pid: int, starttime: int | None) -> bool:
     return state is not None and state not in ("Z", "X")
 
 
-def wait_gone(targets: list[dict[str, Any]], deadline_s: float,
-              poll_s: float = 0.01) -> dict[str, Any]:
-    """Wait until no target is alive (zombies count as dead), at most `deadline_s` seconds."""
+def wait_gone(targets: list[dict[str, Any]], deadline_s: float) -> dict[str, Any]:
+    """Wait until no target ({"pid", "starttime"}) is alive (zombies count as dead), at most
+    `deadline_s` seconds, on pidfds (the terminate primitive's one wait)."""
     started = time.monotonic()
-    remaining = list(targets)
-    while remaining:
-        remaining = [t for t in remaining if is_alive(t["pid"], t.get("starttime"))]
-        if not remaining or time.monotonic() - started >= deadline_s:
-            break
-        time.sleep(poll_s)
-    return {"all_gone": not remaining, "waited_s": round(time.monotonic() - started, 4),
-            "still_alive": [t["pid"] for t in remaining]}
+    left = wait_exits([Target(int(t["pid"]), int(t["starttime"])) for t in targets
+                       if t.get("starttime") is not None], deadline_s)
+    return {"all_gone": not left, "waited_s": round(time.monotonic() - started, 4),
+            "still_alive": [t.pid for t in left]}
 
 
 def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | None = None,
@@ -68,10 +66,11 @@ def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | N
         allow_ns_init=bool(scope.get("include_ns_init")))
 
 
-def signal_processes(scope: dict[str, Any] | None = None, signal: str = "SIGKILL",
+@checked(wait_gone_s=SECONDS)
+def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                      wait_gone_s: float = 0.0, require_match: bool = True,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Send a signal (SIGKILL, SIGTERM, SIGSTOP, SIGCONT, ...) to every process of a declared
     scope (`{"tag": ...}`, `{"sandbox": ...}`, `{"job": ...}`, `{"pids": [...]}`), through
     pidfds after checking each process's identity; the host's PID 1, the runner, kernel threads,
@@ -101,95 +100,38 @@ def signal_processes(scope: dict[str, Any] | None = None, signal: str = "SIGKILL
     return report  # type: ignore[no-any-return]
 
 
-def _freezer_group(checked: dict[str, Any]) -> Path:
-    name = describe_scope(checked)
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
-    return FREEZER_V1_ROOT / f"{FREEZER_PREFIX}{safe}"
-
-
-def _freezer_available() -> str | None:
-    if not (FREEZER_V1_ROOT / "cgroup.procs").exists():
-        return ("the cgroup v1 freezer is not mounted at /sys/fs/cgroup/freezer; "
-                "use method='sigstop'")
-    if os.geteuid() != 0:
-        return "the freezer method needs root (cgroup writes); use method='sigstop'"
-    return None
-
-
-def _write(path: Path, text: str) -> None:
-    with open(path, "w") as handle:
-        handle.write(text)
-
-
 def _freeze_with_freezer(checked: dict[str, Any], processes: list[dict[str, Any]],
-                         deadline_s: float) -> dict[str, Any]:
-    problem = _freezer_available()
-    if problem:
-        raise RuntimeError(problem)
-    group = _freezer_group(checked)
-    group.mkdir(exist_ok=True)
-    moved, failed = [], []
-    for proc in processes:
-        try:
-            _write(group / "cgroup.procs", str(proc["pid"]))
-        except OSError as error:
-            failed.append({"pid": proc["pid"], "reason": str(error)})
-            continue
-        # The PID was written, not a pidfd: if it was reused meanwhile, put the stranger back.
-        if _census_program().process_starttime(proc["pid"]) != proc.get("starttime"):
-            _write(FREEZER_V1_ROOT / "cgroup.procs", str(proc["pid"]))
-            failed.append({"pid": proc["pid"], "reason": "PID reused before the move"})
-            continue
-        moved.append(proc["pid"])
-    _write(group / "freezer.state", "FROZEN")
-    started = time.monotonic()
-    state = ""
-    while time.monotonic() - started < deadline_s:
-        state = (group / "freezer.state").read_text().strip()
-        if state == "FROZEN":
-            break
-        time.sleep(0.005)
-    return {"method": "freezer", "cgroup": str(group), "frozen": moved, "failed": failed,
-            "freezer_state": state, "took_s": round(time.monotonic() - started, 4)}
+                         deadline_s: float, version: str = "auto") -> dict[str, Any]:
+    """Freeze `processes` in chaosgpu's freezer group named after the scope `checked`."""
+    return freezer.freeze(describe_scope(checked), processes, deadline_s, version)
 
 
 def _thaw_freezer_groups(pids: set[int] | None) -> list[dict[str, Any]]:
-    thawed: list[dict[str, Any]] = []
-    if not FREEZER_V1_ROOT.is_dir():
-        return thawed
-    for group in sorted(FREEZER_V1_ROOT.glob(f"{FREEZER_PREFIX}*")):
-        try:
-            members = {int(x) for x in (group / "cgroup.procs").read_text().split()}
-        except OSError:
-            continue
-        if pids is not None and members and not members & pids:
-            continue
-        try:
-            _write(group / "freezer.state", "THAWED")
-            for pid in members:
-                try:
-                    _write(FREEZER_V1_ROOT / "cgroup.procs", str(pid))
-                except OSError:
-                    pass
-            group.rmdir()
-        except OSError as error:
-            logger.warning("chaosgpu: could not thaw/remove freezer cgroup %s: %s", group, error)
-        thawed.append({"cgroup": str(group), "pids": sorted(members)})
-    return thawed
+    """Thaw chaosgpu's freezer groups (v1 and v2) holding any of `pids`."""
+    return freezer.thaw(pids)
 
 
-def freeze_processes(scope: dict[str, Any] | None = None, method: str = "sigstop",
-                     deadline_s: float = 5.0, configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+@checked(deadline_s=POSITIVE_SECONDS)
+def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
+                     deadline_s: float = 5.0, configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze every process of a declared scope, the way a hung peer looks to its job:
     `method="sigstop"` sends SIGSTOP through pidfds (state T, visible to the process's parent),
-    `method="freezer"` moves them into a cgroup v1 freezer group and freezes it (invisible to
-    the process; needs root and the v1 freezer). Same refusal rules as signal_processes. Use
+    `method="freezer"` moves them into a cgroup freezer group and freezes it (invisible to the
+    process; needs root; the v1 freezer where it is mounted, else cgroup v2's cgroup.freeze;
+    "freezer-v1" or "freezer-v2" choose). Same refusal rules as signal_processes. Use
     resume_processes (or the job hang cleanup) to thaw them; a frozen process ignores SIGKILL
     until thawed. Returns what was frozen and how."""
-    if method not in ("sigstop", "freezer"):
-        raise ValueError(f"method must be 'sigstop' or 'freezer', got {method!r}")
+    if method not in FREEZE_METHODS:
+        raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
+                         f"to choose the cgroup version), got {method!r}")
+    freezer.check_seconds("deadline_s", deadline_s)
     checked = validate_scope(scope)
+    version = "auto" if method in ("sigstop", "freezer") else method[len("freezer-"):]
+    if method != "sigstop":
+        problem = freezer.available(version)[1]
+        if problem is not None:  # before anything is looked at or touched
+            raise RuntimeError(problem)
     detail = resolve_scope_detail(checked)
     if not detail["processes"]:
         raise ScopeError(f"scope {describe_scope(checked)} matched no process to freeze "
@@ -199,19 +141,21 @@ def freeze_processes(scope: dict[str, Any] | None = None, method: str = "sigstop
         report["method"] = "sigstop"
     else:
         # The freezer path does not signal, but the same refusal rules must hold: check them
-        # with a harmless SIGCONT through the signal program first.
-        check = send(detail["processes"], "SIGCONT", checked)
+        # with the null signal (permission and identity only; a SIGCONT would resume a process
+        # stopped on purpose) through the terminate primitive first.
+        check = send(detail["processes"], NULL_SIGNAL, checked)
         allowed = {r["pid"] for r in check["results"] if r["result"] == "sent"}
         report = _freeze_with_freezer(
-            checked, [p for p in detail["processes"] if p["pid"] in allowed], deadline_s)
+            checked, [p for p in detail["processes"] if p["pid"] in allowed], deadline_s,
+            version)
         report["refused"] = [r for r in check["results"] if r["result"] == "refused"]
     report.update(scope=checked, excluded=detail["excluded"])
     return report
 
 
-def resume_processes(scope: dict[str, Any] | None = None,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def resume_processes(scope: Dict[str, Any],
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume the frozen processes of a declared scope: thaw chaosgpu's freezer cgroups that
     hold them and send SIGCONT through pidfds. Safe to run twice and when nothing is frozen
     (a rollback). Returns what was resumed."""

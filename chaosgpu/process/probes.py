@@ -7,7 +7,7 @@ processes and namespace inits are counted (they are refused only for signals).
 """
 
 import logging
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from chaosgpu.scope import describe_scope, resolve_scope_detail, validate_scope
 
@@ -25,9 +25,9 @@ def _observed(scope: dict[str, Any] | None) -> tuple[dict[str, Any], list[dict[s
     return checked, detail["processes"]
 
 
-def processes_in_scope(scope: dict[str, Any] | None = None,
-                       configuration: dict[str, Any] | None = None,
-                       secrets: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def processes_in_scope(scope: Dict[str, Any],
+                       configuration: Optional[Dict[str, Any]] = None,
+                       secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """List the processes a declared scope covers now (pid, ppid, state, zombie, orphan, uid,
     comm, starttime, NSpid, namespace init, tag), as the census sees them; the runner, host
     PID 1 and kernel threads are never listed."""
@@ -35,9 +35,9 @@ def processes_in_scope(scope: dict[str, Any] | None = None,
     return [{k: p.get(k) for k in SUMMARY_KEYS} for p in processes]
 
 
-def zombies_in_scope(scope: dict[str, Any] | None = None,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> int:
+def zombies_in_scope(scope: Dict[str, Any],
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> int:
     """Count the zombie processes (dead, not reaped by their parent) in a declared scope: a
     steady state of "no zombies" uses tolerance 0. The PIDs are logged."""
     checked, processes = _observed(scope)
@@ -47,9 +47,9 @@ def zombies_in_scope(scope: dict[str, Any] | None = None,
     return len(zombies)
 
 
-def orphans_in_scope(scope: dict[str, Any] | None = None,
-                     configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> int:
+def orphans_in_scope(scope: Dict[str, Any],
+                     configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> int:
     """Count the orphan processes (reparented to their namespace's init or a subreaper, per the
     census rule) in a declared scope; tolerance 0 for "no orphans". The PIDs are logged."""
     checked, processes = _observed(scope)
@@ -59,9 +59,9 @@ def orphans_in_scope(scope: dict[str, Any] | None = None,
     return len(orphans)
 
 
-def nothing_left(scope: dict[str, Any] | None = None,
-                 configuration: dict[str, Any] | None = None,
-                 secrets: dict[str, Any] | None = None) -> bool:
+def nothing_left(scope: Dict[str, Any],
+                 configuration: Optional[Dict[str, Any]] = None,
+                 secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when a declared scope covers no process at all, zombies included: the steady state
     "nothing the experiment started is left" (tolerance true). A sandbox that is no longer
     recorded counts as empty. What is left is logged."""

@@ -1,15 +1,18 @@
 """chaosgpu.report: the game-day report (HTML + Markdown) built from Chaos Toolkit journals.
 
-This package owns `build_report`, which ties the parts together: `journal` (reading and
-validating journals), `tables` (rows and pairing), `plots` (matplotlib PNGs), `html` and
-`markdown` (rendering), `cli` (`chaosgpu report`). Nothing here runs experiments or reads the
-node; a bad journal never stops the report (it is listed under "problems").
+This package owns `build_report`, which ties the parts together: `loading` (reading and
+validating journals), `events` (the typed facts: fault, signals, release, verdicts),
+`figures` (the figures), `model` (the shapes), `tables` (rows and pairing), `plots`
+(matplotlib PNGs), `html` and `markdown` (rendering), `cli` (`chaosgpu report`). Nothing
+here runs experiments or reads the node; a bad journal never stops the report (it is listed
+under "problems").
 """
 
 import os
 from dataclasses import dataclass, field
 
-from chaosgpu.report.journal import Problem, RunView, load_journals
+from chaosgpu.report.loading import load_journals
+from chaosgpu.report.model import Problem, RunView
 from chaosgpu.report.tables import Pair, pair_runs
 
 __all__ = ["Report", "build_report", "collect"]

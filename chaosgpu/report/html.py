@@ -10,16 +10,17 @@ import datetime
 import html
 
 from chaosgpu.report import Report
-from chaosgpu.report.journal import METRICS
 from chaosgpu.report.markdown import (
     NOT_SHOWN_NOTE,
     UNITS_NOTE,
+    figure_notes,
     run_facts,
     shown_events,
     shown_path,
     sources_of,
 )
-from chaosgpu.report.tables import comparison_table, pair_table, summary_table
+from chaosgpu.report.model import RunView
+from chaosgpu.report.tables import comparison_table, pair_table, summary_table, verdict_table
 
 __all__ = ["render"]
 
@@ -67,6 +68,38 @@ def _img(png: bytes, alt: str) -> str:
     return f'<p><img alt="{_e(alt)}" src="data:image/png;base64,{data}"></p>'
 
 
+def _run_parts(report: Report, run: RunView) -> list[str]:
+    """The HTML of one run: facts, notes, plot, verdicts and events."""
+    parts: list[str] = []
+    parts.append(f"<h3 id=\"run-{_e(run.name)}\">{_e(run.title)}</h3>")
+    parts.append("<ul>")
+    for key, value in run_facts(run):
+        css = f" class=\"status-{_e(value)}\"" if key == "status" else ""
+        parts.append(f"<li><b>{_e(key)}</b>: <span{css}>{_e(value)}</span></li>")
+    parts.append("</ul>")
+    for note in run.notes:
+        parts.append(f"<p class=\"missing\">{_e(note)}</p>")
+    if run.missing:
+        parts.append("<p class=\"missing\">missing: " + _e("; ".join(run.missing)) + "</p>")
+    sources = sources_of(run)
+    if sources:
+        parts.append("<p class=\"note\">where the figures come from: " + _e(sources) + "</p>")
+    png = report.plots.get(f"run:{run.name}")
+    if png:
+        parts.append(_img(png, f"{run.memory.split(' (')[0]} over time, {run.name}"))
+    elif run.timeline is None:
+        parts.append("<p class=\"missing\">no timeline in this journal: no plot.</p>")
+    if run.verdicts:
+        parts.append("<p>Observed job verdicts:</p>")
+        parts.append(_table(*verdict_table(run)))
+    events = shown_events(run)
+    if events:
+        rows = [[f"{e['t']:.3f}", e["kind"], e["name"], str(e.get("activity") or "")]
+                for e in events]
+        parts.append(_table(["t (s)", "kind", "event", "activity"], rows, numeric_from=9))
+    return parts
+
+
 def render(report: Report) -> str:
     """Return the whole HTML page."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -111,32 +144,10 @@ def render(report: Report) -> str:
 
     parts.append("<h2>Runs</h2>")
     for run in report.runs:
-        parts.append(f"<h3 id=\"run-{_e(run.name)}\">{_e(run.title)}</h3>")
-        parts.append("<ul>")
-        for key, value in run_facts(run):
-            css = f" class=\"status-{_e(value)}\"" if key == "status" else ""
-            parts.append(f"<li><b>{_e(key)}</b>: <span{css}>{_e(value)}</span></li>")
-        parts.append("</ul>")
-        for note in run.notes:
-            parts.append(f"<p class=\"missing\">{_e(note)}</p>")
-        if run.missing:
-            parts.append("<p class=\"missing\">missing: " + _e("; ".join(run.missing)) + "</p>")
-        sources = sources_of(run)
-        if sources:
-            parts.append("<p class=\"note\">where the figures come from: " + _e(sources) + "</p>")
-        png = report.plots.get(f"run:{run.name}")
-        if png:
-            parts.append(_img(png, f"GPU memory over time, {run.name}"))
-        elif run.timeline is None:
-            parts.append("<p class=\"missing\">no timeline in this journal: no plot.</p>")
-        events = shown_events(run)
-        if events:
-            rows = [[f"{e['t']:.3f}", e["kind"], e["name"], str(e.get("activity") or "")]
-                    for e in events]
-            parts.append(_table(["t (s)", "kind", "event", "activity"], rows, numeric_from=9))
+        parts += _run_parts(report, run)
     parts.append("<h2>Figures</h2><ul>")
-    for title, unit, keys in METRICS.values():
-        parts.append(f"<li><b>{_e(title)}</b>{f' ({_e(unit)})' if unit else ''}: journal keys "
-                     f"<code>{_e(', '.join(keys))}</code></li>")
+    for title, unit, what in figure_notes():
+        parts.append(f"<li><b>{_e(title)}</b>{f' ({_e(unit)})' if unit else ''}: {_e(what)}"
+                     "</li>")
     parts.append("</ul></body></html>")
     return "".join(parts)

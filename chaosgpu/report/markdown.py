@@ -8,11 +8,12 @@ and passes their relative paths.
 from typing import Any
 
 from chaosgpu.report import Report
-from chaosgpu.report.journal import RunView
-from chaosgpu.report.tables import comparison_table, pair_table, summary_table
+from chaosgpu.report.model import FIGURE_NOTES, METRICS, RunView
+from chaosgpu.report.tables import comparison_table, pair_table, summary_table, verdict_table
+from chaosgpu.timeline.integral import RULE
 
-__all__ = ["NOT_SHOWN_NOTE", "UNITS_NOTE", "render", "run_facts", "shown_events", "shown_path",
-           "sources_of"]
+__all__ = ["NOT_SHOWN_NOTE", "UNITS_NOTE", "figure_notes", "render", "run_facts", "shown_events",
+           "shown_path", "sources_of"]
 
 NOT_SHOWN_NOTE = ("— = not in the journal, or not applicable (zombies after kill when the "
                   "method has no kill fault; hang figures when there is no hang).")
@@ -30,10 +31,17 @@ def shown_path(path: str) -> str:
     return path if not os.path.isabs(path) else os.path.basename(path)
 
 UNITS_NOTE = (
-    "Units: MiB = 2^20 bytes; s = seconds; GiB x s = GPU memory held (MiB / 1024) times seconds, "
-    "integrated over the timeline. (The field report's 'GB x s' figures are decimal GB x s: "
-    "24.7 GB x 30 s = 740; in GiB x s that is 24702 / 1024 x 30 = 724.)"
+    "Units: MiB = 2^20 bytes; s = seconds; GiB x s = memory held (MiB / 1024) times seconds, "
+    f"integrated over the timeline ({RULE}). Memory is GPU memory (NVML) or, on a run without "
+    "a GPU, the host memory (RSS) of the tracked processes: the 'memory measured' column says "
+    "which. (The field report's 'GB x s' figures are decimal GB x s: 24.7 GB x 30 s = 740; in "
+    "GiB x s that is 24702 / 1024 x 30 = 724.)"
 )
+
+
+def figure_notes() -> list[tuple[str, str, str]]:
+    """(title, unit, what it is) of every figure, for the report's "Figures" section."""
+    return [(title, unit, FIGURE_NOTES[name]) for name, (title, unit) in METRICS.items()]
 
 
 def run_facts(run: RunView) -> list[tuple[str, str]]:
@@ -44,6 +52,7 @@ def run_facts(run: RunView) -> list[tuple[str, str]]:
         ("deviated", "unknown" if run.deviated is None else ("yes" if run.deviated else "no")),
         ("fault", run.fault),
         ("remediation", run.remediation),
+        ("memory measured", run.memory),
     ]
     if run.remediation_of:
         facts.append(("remediation of", run.remediation_of))
@@ -79,8 +88,6 @@ def shown_events(run: RunView) -> list[dict[str, Any]]:
 
 def sources_of(run: RunView) -> str:
     """Which figures came from where, e.g. 'computed from the timeline: time to release, ...'."""
-    from chaosgpu.report.journal import METRICS
-
     by_source: dict[str, list[str]] = {}
     for metric, value in run.metrics.items():
         if value.value is not None:
@@ -138,12 +145,17 @@ def render(report: Report, images: dict[str, str]) -> str:
         out.append("")
         key = f"run:{run.name}"
         if key in images:
-            out += [f"![GPU memory over time, {run.name}]({images[key]})", ""]
+            out += [f"![{run.memory.split(' (')[0]} over time, {run.name}]({images[key]})", ""]
         elif run.timeline is None:
             out += ["No timeline in this journal: no plot.", ""]
+        if run.verdicts:
+            out += ["Observed job verdicts:", "", _table(*verdict_table(run))]
         events = shown_events(run)
         if events:
             rows = [[f"{e['t']:.3f}", e["kind"], e["name"], str(e.get("activity") or "")]
                     for e in events]
             out += [_table(["t (s)", "kind", "event", "activity"], rows)]
+    out += ["## Figures", ""]
+    out += [f"- **{title}**{f' ({unit})' if unit else ''}: {what}"
+            for title, unit, what in figure_notes()]
     return "\n".join(out) + "\n"

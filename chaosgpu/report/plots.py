@@ -9,7 +9,9 @@ plots. It must not read journals or write files.
 import io
 from typing import Any
 
-from chaosgpu.report.journal import RunView, fault_time, total_process_series
+from chaosgpu.report.events import fault_time
+from chaosgpu.report.figures import total_process_series
+from chaosgpu.report.model import RunView
 
 __all__ = ["PlotsUnavailable", "pair_plot", "run_plot"]
 
@@ -151,10 +153,14 @@ def _aligned(run: RunView) -> tuple[list[float], list[float], float] | None:
 
 def _back(run: RunView) -> str:
     """', memory back after 30.11 s' for a legend (empty when unknown)."""
-    value = run.metrics["release_s"].value if "release_s" in run.metrics else None
+    figure = run.metrics.get("release_s")
+    value = figure.value if figure else None
     if isinstance(value, int | float) and not isinstance(value, bool):
         return f" (memory back {value:.2f} s after the fault)"
-    return f" (memory back {value})" if isinstance(value, str) else ""
+    cleanup = run.metrics.get("cleanup_release_s")
+    if cleanup is not None and isinstance(cleanup.value, int | float):
+        return f" (memory back {cleanup.value:.2f} s after the cleanup started)"
+    return f" ({figure.note})" if figure is not None and figure.note else ""
 
 
 def pair_plot(baseline: RunView, remediation: RunView) -> bytes | None:

@@ -15,12 +15,14 @@ the run of the same scenario id that has no remediation.
 from dataclasses import dataclass
 from typing import Any
 
-from chaosgpu.report.journal import METRICS, RunView
+from chaosgpu.report.model import METRICS, Metric, RunView
 
 __all__ = [
     "MISSING",
+    "verdict_table",
     "Pair",
     "comparison_table",
+    "format_metric",
     "format_value",
     "pair_runs",
     "pair_table",
@@ -58,8 +60,17 @@ def format_value(metric: str, value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def format_metric(metric: str, figure: Metric) -> str:
+    """A figure's table cell: its value with its unit's precision, and its note beside it (the
+    note alone when the value is unknown, e.g. "no SIGKILL")."""
+    if figure.value is None:
+        return figure.note or MISSING
+    text = format_value(metric, figure.value)
+    return f"{text} ({figure.note})" if figure.note else text
+
+
 def _column_title(metric: str) -> str:
-    title, unit, _ = METRICS[metric]
+    title, unit = METRICS[metric]
     return f"{title} ({unit})" if unit else title
 
 
@@ -84,12 +95,12 @@ def summary_table(runs: list[RunView]) -> tuple[list[str], list[list[str]]]:
 
 def comparison_table(runs: list[RunView]) -> tuple[list[str], list[list[str]]]:
     """The field report's table: one row per run, one column per figure of METRICS."""
-    header = ["run"] + [_column_title(metric) for metric in METRICS]
+    header = ["run", "memory measured"] + [_column_title(metric) for metric in METRICS]
     rows = []
     for run in runs:
-        row = [run.name]
+        row = [run.name, run.memory.split(" (")[0]]
         for metric in METRICS:
-            row.append(format_value(metric, run.metrics[metric].value))
+            row.append(format_metric(metric, run.metrics[metric]))
         rows.append(row)
     return header, rows
 
@@ -153,12 +164,53 @@ def pair_table(pair: Pair) -> tuple[list[str], list[list[str]]]:
     """Before/after of one remediation: a row per figure, baseline vs remediation and change."""
     header = ["figure", f"baseline: {pair.baseline.name}",
               f"remediation: {pair.remediation.name}", "change"]
-    rows = []
+    rows = [["memory measured", pair.baseline.memory, pair.remediation.memory,
+             "same" if pair.baseline.memory == pair.remediation.memory else "differs"]]
     for metric in METRICS:
-        before = pair.baseline.metrics[metric].value
-        after = pair.remediation.metrics[metric].value
-        if before is None and after is None:
+        before, after = pair.baseline.metrics[metric], pair.remediation.metrics[metric]
+        if before.value is None and after.value is None and not (before.note or after.note):
             continue
-        rows.append([_column_title(metric), format_value(metric, before),
-                     format_value(metric, after), _change(metric, before, after)])
+        rows.append([_column_title(metric), format_metric(metric, before),
+                     format_metric(metric, after), _change(metric, before.value, after.value)])
+    return header, rows
+
+
+def _exit_text(exit: Any) -> str:
+    """'exit code 1' from an exit record (chaosgpu.job.exits), or its own text."""
+    if not isinstance(exit, dict):
+        return str(exit)
+    if exit.get("text"):
+        return str(exit["text"])
+    if exit.get("signal"):
+        return f"killed by {exit['signal']}"
+    return f"exit code {exit.get('code')}"
+
+
+def verdict_table(run: RunView) -> tuple[list[str], list[list[str]]]:
+    """The observed job verdicts of one run: activity, state, culprits, where the survivors
+    were blocked, detection after the fault, survivors' exits, and what it means for this run
+    (for a remediation, survivors that ended by themselves are the good outcome)."""
+    from chaosgpu.report.events import verdict_outcome
+
+    header = ["activity", "verdict", "culprits", "survivors blocked in",
+              "confirmed after the fault (s)", "survivors' exits", "outcome"]
+    rows = []
+    for row in run.verdicts:
+        culprits = "; ".join(f"rank {c.get('rank')}: {c.get('why')}"
+                             for c in row.get("culprits") or []) or (
+            row.get("culprits_note") or MISSING)
+        blocked = row.get("blocked_in") or {}
+        where = (f"{blocked.get('kind')} {blocked.get('what')} (ranks {blocked.get('ranks')})"
+                 if blocked.get("kind") else MISSING)
+        after = row.get("after_fault_s")
+        exits = MISSING
+        if "all_exited" in row:
+            exits = ("all exited" if row["all_exited"] else
+                     f"still alive: ranks {row.get('still_alive')}")
+            if row.get("exits"):
+                exits += " (" + ", ".join(f"rank {k}: {_exit_text(v)}"
+                                          for k, v in row["exits"].items()) + ")"
+        rows.append([str(row.get("activity")), str(row.get("verdict") or MISSING), culprits,
+                     where, f"{after:.3f}" if isinstance(after, int | float) else MISSING,
+                     exits, verdict_outcome(row, run.is_remediation) or MISSING])
     return header, rows

@@ -6,8 +6,9 @@ owner, so one left behind by a crashed runner is reported as abandoned.
 """
 
 import os
-from typing import Any
+from typing import Any, Dict, List, Optional, Union
 
+from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, SECONDS, TEXT, checked
 from chaosgpu.sandbox import runtime
 
 __all__ = [
@@ -19,17 +20,18 @@ __all__ = [
 ]
 
 
+@checked(name=TEXT, uid=INDEX, gid=INDEX, grace_s=SECONDS)
 def create_sandbox(
     name: str,
     init: str = "sleep",
-    argv: list[str] | None = None,
-    uid: int | None = None,
-    gid: int | None = None,
-    env: dict[str, str] | None = None,
+    argv: Optional[List[str]] = None,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
+    env: Optional[Dict[str, str]] = None,
     grace_s: float = 30.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Create a local pod `name`: a new PID + mount namespace whose PID 1 is `init` ("sleep" like
     the field report, "tini", "dumb-init", or "none" to make `argv` itself PID 1), optionally as
     user `uid`/`gid`, with `grace_s` as its termination grace period. Returns its state record
@@ -40,17 +42,18 @@ def create_sandbox(
     )  # fmt: skip
 
 
+@checked(name=TEXT, count=COUNT, timeout_s=POSITIVE_SECONDS)
 def exec_in_sandbox(
     name: str,
-    argv: list[str],
+    argv: List[str],
     detached: bool = False,
     count: int = 1,
-    user: int | str | None = None,
-    env: dict[str, str] | None = None,
+    user: Optional[Union[int, str]] = None,
+    env: Optional[Dict[str, str]] = None,
     timeout_s: float = 60.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Run `argv` inside sandbox `name` like `kubectl exec`: attached (waits up to `timeout_s`,
     returns rc and output) or `detached` as a backgrounded shell job, `count` times, so each
     worker becomes an orphan of the pod's PID 1 as in the field report (returns host and
@@ -72,13 +75,14 @@ def exec_in_sandbox(
     }
 
 
+@checked(name=TEXT, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def terminate_sandbox(
     name: str,
-    grace_s: float | None = None,
+    grace_s: Optional[float] = None,
     deadline_s: float = 10.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Terminate sandbox `name` with kubelet semantics: SIGTERM to PID 1, wait up to `grace_s`
     (default: the sandbox's own) for the namespace to empty, SIGKILL, wait up to `deadline_s`
     until it is gone. Returns the timings (SIGTERM sent, namespace empty or grace end, SIGKILL
@@ -86,19 +90,20 @@ def terminate_sandbox(
     return runtime.terminate(name, grace_s=grace_s, deadline_s=deadline_s)
 
 
+@checked(name=TEXT)
 def remove_sandbox(
     name: str,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Remove sandbox `name`: kill it at once if it still runs and delete its record. Safe to run
     twice and after a crash of the runner (a rollback)."""
     return runtime.remove(name)
 
 
 def remove_all_sandboxes(
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """Remove every recorded sandbox, alive or abandoned (a rollback of last resort)."""
     return runtime.cleanup_all()

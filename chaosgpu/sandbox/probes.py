@@ -6,8 +6,9 @@ A missing sandbox reads as absent (False, empty lists, 0), never as an error, so
 hypotheses can use it before and after an experiment.
 """
 
-from typing import Any
+from typing import Any, Dict, List, Optional
 
+from chaosgpu.arguments import TEXT, checked
 from chaosgpu.node import take_census
 from chaosgpu.sandbox import runtime
 
@@ -27,48 +28,53 @@ def _processes(name: str) -> list[dict[str, Any]]:
     return runtime.processes(name)
 
 
+@checked(name=TEXT)
 def sandbox_exists(
     name: str,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
 ) -> bool:
     """Tell whether sandbox `name` is running (its recorded PID 1 is alive)."""
     return any(s["name"] == name and s["alive"] for s in runtime.list_sandboxes())
 
 
+@checked(name=TEXT)
 def sandbox_processes(
     name: str,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """List the processes in sandbox `name`'s PID namespace: host pid, namespace pid, namespace
     ppid, state (Z = zombie) and command line."""
     return _processes(name)
 
 
+@checked(name=TEXT)
 def sandbox_zombies(
     name: str,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[int]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[int]:
     """Host PIDs of the zombie processes in sandbox `name` (what `sleep` as PID 1 never reaps)."""
     return [p["pid"] for p in _processes(name) if p["zombie"]]
 
 
+@checked(name=TEXT)
 def sandbox_zombie_count(
     name: str,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
 ) -> int:
     """How many zombie processes sandbox `name` holds (0 for a missing sandbox)."""
     return len(sandbox_zombies(name))
 
 
+@checked(name=TEXT)
 def sandbox_orphans(
     name: str,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[int]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[int]:
     """Host PIDs of live processes in sandbox `name` that are orphans by the census's one rule
     (docs/census.md): reparented to the pod's PID 1 or a subreaper and not started by it (the
     field report's orphaned workers); the same answer the census gives from inside the pod."""
@@ -82,9 +88,9 @@ def sandbox_orphans(
 
 
 def sandboxes(
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """Every recorded sandbox with `alive` and `abandoned` (record present but its supervisor or
     the runner that created it is gone, or nothing runs behind it any more)."""
     return runtime.list_sandboxes()

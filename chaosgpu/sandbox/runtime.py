@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosgpu import node, state
+from chaosgpu.process import terminate as terminate_
 
 __all__ = [
     "INITS",
@@ -40,15 +41,14 @@ __all__ = [
     "exec_in",
     "get_record",
     "host_pids",
+    "kill",
     "list_sandboxes",
-    "open_pidfd",
     "process_state",
     "process_starttime",
     "processes",
     "read_cmdline",
     "remove",
     "sandbox_alive",
-    "send_signal",
     "terminate",
 ]
 
@@ -116,47 +116,16 @@ def _pid_ns_inode(pid: int) -> int | None:
         return None
 
 
-def open_pidfd(pid: int, starttime: int | None) -> int | None:
-    """Open a pidfd on `pid` only if it is still the process recorded (same starttime)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
-        return None
-    # Checked after opening: from here on the pidfd pins this very process.
-    if starttime is not None and process_starttime(pid) != starttime:
-        os.close(fd)
-        return None
-    return fd
+def _rules() -> terminate_.Rules:
+    """A sandbox's own processes may be another user's and are PID 1 of their namespace."""
+    return terminate_.Rules(allow_other_users=True, allow_ns_init=True)
 
 
-def send_signal(pid: int, starttime: int | None, signum: int) -> bool:
-    """Send `signum` to `pid` through a pidfd if it is still the recorded process; True if sent."""
-    fd = open_pidfd(pid, starttime)
-    if fd is None:
-        return False
-    try:
-        signal.pidfd_send_signal(fd, signum)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def _wait_pidfd(fd: int, timeout_s: float) -> bool:
-    """Wait until the process behind `fd` has exited (zombie or reaped); True if it did."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(max(0.0, timeout_s) * 1000.0))
-
-
-def _wait_gone(pid: int, starttime: int | None, deadline: float) -> bool:
-    """Wait until `pid` (recorded with `starttime`) no longer exists at all (reaped)."""
-    while time.monotonic() < deadline:
-        if process_state(pid, starttime) is None:
-            return True
-        time.sleep(0.001)
-    return process_state(pid, starttime) is None
+def kill(pid: int, starttime: int) -> bool:
+    """SIGKILL `pid` if it is still the process recorded with `starttime` (the terminate
+    primitive, no wait); True if the kernel accepted the signal."""
+    target = terminate_.Target(pid, starttime)
+    return terminate_.signal_once([target], "SIGKILL", _rules())[0].result == "sent"
 
 
 # ------------------------------------------------------------------ records
@@ -291,25 +260,10 @@ def _setpriv(uid: int, gid: int) -> list[str]:
     ]  # fmt: skip
 
 
-def create(
-    name: str,
-    init: str = "sleep",
-    argv: list[str] | None = None,
-    uid: int | None = None,
-    gid: int | None = None,
-    env: dict[str, str] | None = None,
-    grace_s: float = 30.0,
-    owner_pid: int | None = None,
-    timeout_s: float = CREATE_TIMEOUT_S,
-) -> dict[str, Any]:
-    """Create sandbox `name` and return its state record.
-
-    `init`: "sleep" (PID 1 is `sleep infinity`, like the report), "tini" or "dumb-init" (running
-    `argv`, default `sleep infinity`, as their child), or "none" (`argv` itself is PID 1).
-    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. `env` is added to
-    the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
-    period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
-    """
+def _validate_create(name: str, init: str, argv: list[str] | None,
+                     env: dict[str, str] | None, grace_s: float) -> None:
+    """Refuse bad arguments of `create` (ValueError naming the argument) before anything
+    is started."""
     _validate_name(name)
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
@@ -323,7 +277,6 @@ def create(
         raise ValueError("init 'none' needs argv: the workload that becomes PID 1")
     if init == "sleep" and argv:
         raise ValueError("init 'sleep' takes no argv (PID 1 is `sleep infinity`)")
-    uid, gid = _validate_ids(uid, gid)
     if env is not None and not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
@@ -331,15 +284,12 @@ def create(
     bad_keys = [k for k in env or {} if not k or "=" in k or k.startswith("-")]
     if bad_keys:
         raise ValueError(f"env has invalid variable name(s) {bad_keys!r}")
-    existing = get_record(name)
-    if existing is not None:
-        if _is_alive(existing):
-            raise SandboxError(
-                f"sandbox name {name!r} is already in use (PID 1 {existing['pid1']})"
-            )
-        logger.info("chaosgpu: replacing the stale record of sandbox %s", name)
-        _remove_dead(name, existing)
 
+
+def _sandbox_command(init: str, argv: list[str] | None, uid: int | None, gid: int | None,
+                     env: dict[str, str] | None) -> tuple[list[str], list[str], bool]:
+    """The unshare command line of a sandbox (PID namespace, its init and workload, the
+    user to run as), the part that runs inside it, and whether it needs a user namespace."""
     unshare = _require("unshare")
     init_path = _find_binary(init)
     if init == "none":
@@ -374,7 +324,41 @@ def create(
     if root and uid is not None:
         assert gid is not None
         prefix += _setpriv(uid, gid)
-    command = prefix + payload
+    return prefix + payload, payload, userns
+
+
+def create(
+    name: str,
+    init: str = "sleep",
+    argv: list[str] | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    env: dict[str, str] | None = None,
+    grace_s: float = 30.0,
+    owner_pid: int | None = None,
+    timeout_s: float = CREATE_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Create sandbox `name` and return its state record.
+
+    `init`: "sleep" (PID 1 is `sleep infinity`, like the report), "tini" or "dumb-init" (running
+    `argv`, default `sleep infinity`, as their child), or "none" (`argv` itself is PID 1).
+    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. `env` is added to
+    the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
+    period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
+    """
+    _validate_create(name, init, argv, env, grace_s)
+    uid, gid = _validate_ids(uid, gid)
+    existing = get_record(name)
+    if existing is not None:
+        if _is_alive(existing):
+            raise SandboxError(
+                f"sandbox name {name!r} is already in use (PID 1 {existing['pid1']})"
+            )
+        logger.info("chaosgpu: replacing the stale record of sandbox %s", name)
+        _remove_dead(name, existing)
+
+    command, payload, userns = _sandbox_command(init, argv, uid, gid, env)
+    root = os.geteuid() == 0
 
     child_env = dict(os.environ)
     child_env["CHAOSGPU_SANDBOX"] = name
@@ -415,7 +399,7 @@ def create(
     if not line:
         record = get_record(name)
         if record is not None:
-            _remove_dead(name, record, kill=True)
+            _remove_dead(name, record, force=True)
         raise SandboxError(
             f"sandbox {name!r} did not start within {timeout_s:g} s (see {log_path})"
         )
@@ -655,65 +639,61 @@ def terminate(
         raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
     pid1, starttime = int(record["pid1"]), record.get("pid1_starttime")
     result: dict[str, Any] = {"sandbox": name, "pid1": pid1, "grace_s": float(grace_s)}
-    fd = open_pidfd(pid1, starttime) if starttime is not None else None
-    if fd is None or process_state(pid1, starttime) in (None, "Z", "X"):
-        if fd is not None:
-            os.close(fd)
+    outcome = None
+    if starttime is not None:  # no start time: PID 1 was gone when recorded, nothing to signal
+        start = time.monotonic()
+        outcome = terminate_.terminate(
+            [terminate_.Target(pid1, int(starttime))], ["SIGTERM", "SIGKILL"], grace_s,
+            grace_s + deadline_s, _rules(), until="reaped")[0]
+        total = time.monotonic() - start
+    if outcome is None or outcome.result in ("gone", "refused"):
+        if outcome is not None and outcome.reason_code not in ("exited", "zombie", "reused"):
+            raise SandboxError(f"sandbox {name!r}: PID 1 ({pid1}) refused: {outcome.reason}")
         _finish_supervisor(record, deadline_s)
         _mark(name, record, "terminated")
         return dict(result, already_gone=True)
-    try:
-        start = time.monotonic()
-        sigterm_at = time.time()
-        signal.pidfd_send_signal(fd, signal.SIGTERM)
-        exited = _wait_pidfd(fd, grace_s) if grace_s > 0 else _wait_pidfd(fd, 0)
-        empty_or_grace_end = time.time()
-        empty_offset = time.monotonic() - start
-        sigkill_at = None
-        if not exited:
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            sigkill_at = time.time()
-            if not _wait_pidfd(fd, deadline_s):
-                raise SandboxError(
-                    f"sandbox {name!r}: PID 1 ({pid1}) still there {deadline_s:g} s after SIGKILL"
-                )
-    finally:
-        os.close(fd)
-    gone = _wait_gone(pid1, starttime, time.monotonic() + deadline_s)
-    gone_at = time.time()
-    total = time.monotonic() - start
+    if outcome.result != "exited":
+        raise SandboxError(
+            f"sandbox {name!r}: PID 1 ({pid1}) still there {deadline_s:g} s after SIGKILL")
     _finish_supervisor(record, deadline_s)
     _mark(name, record, "terminated")
-    result.update(
-        already_gone=False,
-        sigterm_sent=sigterm_at,
-        namespace_empty_or_grace_end=empty_or_grace_end,
-        sigkill_sent=sigkill_at,
-        gone=gone_at if gone else None,
-        exited_on_sigterm=exited,
-        namespace_empty_or_grace_end_s=round(empty_offset, 6),
-        sigkill_sent_s=round(sigkill_at - sigterm_at, 6) if sigkill_at else None,
-        gone_after_sigkill_s=round(gone_at - sigkill_at, 6) if sigkill_at and gone else None,
-        total_s=round(total, 6),
-    )
+    result.update(already_gone=False, **_timings(outcome, total))
     return result
 
 
+def _timings(outcome: terminate_.Outcome, total: float) -> dict[str, Any]:
+    """The kubelet-like timings of a sandbox's termination, from the primitive's outcome."""
+    sigterm_at = outcome.sent_at("SIGTERM") or 0.0
+    sigkill_at = outcome.sent_at("SIGKILL")
+    exited_on_sigterm = outcome.exited_on == "SIGTERM"
+    empty_or_grace_end = (outcome.exited_at if exited_on_sigterm else sigkill_at) or sigterm_at
+    gone_at = outcome.reaped_at
+    return {
+        "sigterm_sent": sigterm_at,
+        "namespace_empty_or_grace_end": empty_or_grace_end,
+        "sigkill_sent": sigkill_at,
+        "gone": gone_at,
+        "exited_on_sigterm": exited_on_sigterm,
+        "namespace_empty_or_grace_end_s": round(empty_or_grace_end - sigterm_at, 6),
+        "sigkill_sent_s": round(sigkill_at - sigterm_at, 6) if sigkill_at else None,
+        "gone_after_sigkill_s": (round(gone_at - sigkill_at, 6)
+                                 if sigkill_at and gone_at is not None else None),
+        "total_s": round(total, 6),
+    }
+
+
 def _finish_supervisor(record: dict[str, Any], deadline_s: float) -> None:
-    """Wait (with a deadline) for the supervisor to exit on its own; SIGKILL it if it does not."""
+    """Wait (with a deadline) for the supervisor to exit on its own; SIGKILL it if it does not:
+    the primitive with the null signal first (wait, send nothing), then SIGKILL."""
     pid, starttime = int(record.get("supervisor_pid") or 0), record.get("supervisor_starttime")
     if not pid or starttime is None:  # no start time: no identity to wait on or signal
         return
-    deadline = time.monotonic() + min(deadline_s, 5.0)
-    while time.monotonic() < deadline:
-        if not _alive(pid, starttime):
-            return
-        time.sleep(0.005)
-    logger.warning("chaosgpu: sandbox supervisor %s did not exit; killing it", pid)
-    send_signal(pid, starttime, signal.SIGKILL)
+    grace = min(deadline_s, 5.0)
+    outcome = terminate_.terminate([terminate_.Target(pid, int(starttime))],
+                                   [terminate_.NULL_SIGNAL, "SIGKILL"], grace, grace + deadline_s,
+                                   _rules())[0]
+    if outcome.sent_at("SIGKILL") is not None:
+        logger.warning("chaosgpu: sandbox supervisor %s did not exit; killed it", pid)
 
 
 def _mark(name: str, record: dict[str, Any], status: str) -> None:
@@ -721,9 +701,9 @@ def _mark(name: str, record: dict[str, Any], status: str) -> None:
         state.write_record(KIND, name, dict(record, state=status, state_changed_at=time.time()))
 
 
-def _remove_dead(name: str, record: dict[str, Any], kill: bool = False) -> None:
-    if kill and record.get("pid1_starttime") is not None:
-        send_signal(int(record["pid1"]), record.get("pid1_starttime"), signal.SIGKILL)
+def _remove_dead(name: str, record: dict[str, Any], force: bool = False) -> None:
+    if force and record.get("pid1_starttime") is not None:
+        kill(int(record["pid1"]), int(record["pid1_starttime"]))
     _finish_supervisor(record, KILL_DEADLINE_S)
     state.remove_record(KIND, name)
     log = record.get("log")

@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     target: dict[str, int] = {}
 
     def _teardown(signum: int, frame: Any) -> None:
-        if target:
-            from chaosgpu.sandbox.runtime import send_signal
+        if target:  # through the terminate primitive (pidfd, start time checked)
+            from chaosgpu.sandbox.runtime import kill
 
-            send_signal(target["pid"], target["starttime"], signal.SIGKILL)
+            kill(target["pid"], target["starttime"])
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _teardown)

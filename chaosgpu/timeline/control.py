@@ -12,17 +12,27 @@ samples, default 20), `scope` (which processes to track; default every chaosgpu-
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
 `fail_on_missed_steady_state` (default false), `fail_on_failed_activity` (default false: stop
 the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
-fault that was never injected could pass as a met steady state).
+fault that was never injected could pass as a met steady state), `fault_activity` (the name of
+the method action that is the fault, when the rules of chaosgpu.timeline.events would not find
+it).
 
 What it does: starts the sampler and records the baseline before the experiment; marks every
-activity's start and end on the timeline; at the end writes `journal["chaosgpu"]` =
-{"timeline" | null, "timeline_file" | null, "events", "measurements", "summary", "backend",
-"gating"}. The timeline is inline when it holds at most `inline_max_points` numbers, otherwise
+activity's start and end on the timeline and keeps a typed record of it (provider, part of the
+run, start, end, the faults chaosgpu.faultlog recorded while it ran, its output); at the end
+writes `journal["chaosgpu"]` = {"timeline" | null, "timeline_file" | null, "events",
+"measurements", "summary", "backend", "gating", "format": 2, "fault", "signals", "release",
+"verdicts"} (the typed events: chaosgpu.timeline.events says what each is). The timeline is
+inline when it holds at most `inline_max_points` numbers, otherwise
 it goes to a JSON file next to the journal (`<journal>.timeline.json`, the journal path taken
 from `chaos run --journal-path`, else `timeline_path`, else the working directory) and the journal
 keeps the path. With `fail_on_missed_steady_state`, a steady-state hypothesis that is not met
 BEFORE the method raises InterruptExecution, so `chaos run` exits 1 (Chaos Toolkit alone exits 0
-there). Chaos Toolkit swallows exceptions in controls: every failure here is logged at ERROR.
+there); one not met AFTER the method is Chaos Toolkit's deviation (exit 1); one not met DURING
+the method (`--hypothesis-strategy during-method-only` or `continuously`) marks the run deviated
+(Chaos Toolkit alone only logs it). Which check is which comes from when it runs (before the
+method started, on Chaos Toolkit's during-method thread, or after), never from counting, so every
+`--hypothesis-strategy` gates the same way; `gating` records each check.
+Chaos Toolkit swallows exceptions in controls: every failure here is logged at ERROR.
 
 This module owns the hooks and the journal section; the sampling is chaosgpu.timeline.sampler.
 """
@@ -31,10 +41,12 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from chaosgpu.timeline import events as events_mod
 from chaosgpu.timeline import sampler as sampler_mod
 
 __all__ = [
@@ -48,8 +60,13 @@ logger = logging.getLogger("chaostoolkit")
 
 _settings: dict[str, Any] = {}
 _in_method = False
-_hypotheses_seen = 0
+_method_started = False
 _gating: dict[str, Any] = {}
+_gating_lock = threading.Lock()
+_stage = "other"  # the part of the run now: "method", "rollbacks" or "other"
+_in_hypothesis = threading.local()  # .depth > 0 on a thread running a hypothesis's probes
+_open: dict[tuple[str, int], events_mod.ActivityRecord] = {}
+_records: list[events_mod.ActivityRecord] = []
 
 
 def _loud(what: str) -> None:
@@ -60,16 +77,22 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       scope: dict[str, Any] | None = None, source: str = "auto",
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
                       fail_on_missed_steady_state: bool = False,
-                      fail_on_failed_activity: bool = False, **kwargs: Any) -> None:
+                      fail_on_failed_activity: bool = False, fault_activity: str | None = None,
+                      **kwargs: Any) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
-    global _hypotheses_seen, _in_method
-    _hypotheses_seen = 0
+    global _method_started, _in_method, _stage
+    _method_started = False
     _in_method = False
+    _stage = "other"
+    _in_hypothesis.depth = 0
+    _open.clear()
+    _records.clear()
     _gating.clear()
     _settings.clear()
     _settings.update(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
                      inline_max_points=inline_max_points, timeline_path=timeline_path,
+                     fault_activity=fault_activity or None,
                      fail_on_missed_steady_state=_flag(fail_on_missed_steady_state),
                      fail_on_failed_activity=_flag(fail_on_failed_activity))
 
@@ -98,60 +121,89 @@ def _start(**kwargs: Any) -> None:
 
 
 def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
-    """Start the sampler and take the memory baseline before anything runs."""
+    """Refuse an experiment whose `${name}` resolves to nothing (chaosgpu.validation: the run
+    is interrupted before anything starts), then start the sampler and take the memory
+    baseline before anything runs."""
+    from chaosgpu import validation
+
+    validation.before_experiment_control(context, kwargs.get("configuration"),
+                                         kwargs.get("secrets"))
     try:
         _start(**kwargs)
     except Exception:
         _loud("before_experiment_control")
 
 
+def _hypothesis_when() -> str:
+    """Which check this is: "during" (Chaos Toolkit runs the during-method checks on its own
+    thread), "after" once the method has started, else "before". Counting hypotheses would take
+    the first after-method check of `--hypothesis-strategy after-method-only` for the gate."""
+    if threading.current_thread() is not threading.main_thread():
+        return "during"
+    return "after" if _method_started else "before"
+
+
 def before_hypothesis_control(context: Any = None, **kwargs: Any) -> None:
-    """Mark the start of a steady-state hypothesis."""
-    _mark("steady-state-hypothesis", "start")
+    """Mark the start of a steady-state hypothesis (before, during or after the method)."""
+    _in_hypothesis.depth = getattr(_in_hypothesis, "depth", 0) + 1
+    _mark("steady-state-hypothesis", "start", when=_hypothesis_when())
 
 
 def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
-    """Mark the end of a hypothesis; with `fail_on_missed_steady_state`, stop the run (exit 1)
-    when the hypothesis before the method was not met."""
-    global _hypotheses_seen
-    _hypotheses_seen += 1
+    """Mark the end of a hypothesis and record it under `gating`; with
+    `fail_on_missed_steady_state`, stop the run (exit 1) when the check BEFORE the method was not
+    met, and mark the run deviated when a check DURING the method was not met."""
+    when = _hypothesis_when()
+    _in_hypothesis.depth = max(0, getattr(_in_hypothesis, "depth", 0) - 1)
     met = state.get("steady_state_met") if isinstance(state, dict) else None
-    _mark("steady-state-hypothesis", "end", met=met)
-    if _hypotheses_seen == 1:
-        _gating.update(before_met=met,
-                       fail_on_missed_steady_state=_settings.get("fail_on_missed_steady_state"))
+    _mark("steady-state-hypothesis", "end", met=met, when=when)
+    strict = bool(_settings.get("fail_on_missed_steady_state"))
+    with _gating_lock:
+        _gating["fail_on_missed_steady_state"] = strict
+        _gating.setdefault("checks", []).append({"when": when, "met": met})
+        if when == "during":
+            _gating["during_missed"] = int(_gating.get("during_missed", 0)) + (met is False)
+            return
+        _gating[f"{when}_met"] = met
         if met is False:
-            _gating["before_state"] = state
-        if met is False and _settings.get("fail_on_missed_steady_state"):
-            from chaoslib.exceptions import InterruptExecution
+            _gating[f"{when}_state"] = state
+    if when == "before" and met is False and strict:
+        from chaoslib.exceptions import InterruptExecution
 
-            _gating["interrupted"] = True
-            raise InterruptExecution(
-                "chaosgpu: the steady state was not met BEFORE the method: the experiment "
-                "cannot show anything; failing the run (fail_on_missed_steady_state)")
+        _gating["interrupted"] = True
+        raise InterruptExecution(
+            "chaosgpu: the steady state was not met BEFORE the method: the experiment "
+            "cannot show anything; failing the run (fail_on_missed_steady_state)")
 
 
 def before_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of the method."""
-    global _in_method
+    global _in_method, _method_started, _stage
     _in_method = True
+    _method_started = True
+    _stage = "method"
     _mark("method", "start")
 
 
 def after_method_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the end of the method."""
-    global _in_method
+    global _in_method, _stage
     _in_method = False
+    _stage = "other"
     _mark("method", "end")
 
 
 def before_rollback_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the start of the rollbacks."""
+    global _stage
+    _stage = "rollbacks"
     _mark("rollbacks", "start")
 
 
 def after_rollback_control(context: Any = None, **kwargs: Any) -> None:
     """Mark the end of the rollbacks."""
+    global _stage
+    _stage = "other"
     _mark("rollbacks", "end")
 
 
@@ -166,22 +218,56 @@ def _mark(name: str, phase: str, **extra: Any) -> None:
 
 
 def before_activity_control(context: Any = None, **kwargs: Any) -> None:
-    """Mark an activity's start (its name) on the timeline."""
+    """Mark an activity's start (its name) on the timeline and open its typed record."""
     if isinstance(context, dict):
         _mark(str(context.get("name")), "start", type=context.get("type"))
+        provider = context.get("provider")
+        provider = provider if isinstance(provider, dict) else {}
+        record = events_mod.ActivityRecord(
+            name=str(context.get("name")), type=str(context.get("type") or ""),
+            module=str(provider.get("module") or ""), func=str(provider.get("func") or ""),
+            part=_part(), at=time.time())
+        with _gating_lock:
+            _open[(record.name, threading.get_ident())] = record
+
+
+def _part() -> str:
+    if getattr(_in_hypothesis, "depth", 0):  # (a background method action is no hypothesis)
+        return "hypothesis"
+    return _stage
 
 
 def after_activity_control(context: Any = None, state: Any = None, **kwargs: Any) -> None:
-    """Mark an activity's end (with its status) and look for the processes it started."""
+    """Mark an activity's end (with its status), close its typed record (the faults recorded
+    while it ran, its output) and look for the processes it started."""
     if isinstance(context, dict):
         status = state.get("status") if isinstance(state, dict) else None
         _mark(str(context.get("name")), "end", type=context.get("type"), status=status)
+        _close(str(context.get("name")), state)
     sampler = sampler_mod.current()
     if sampler is not None:
         sampler.request_rescan()
     if (_in_method and _settings.get("fail_on_failed_activity") and isinstance(state, dict)
             and state.get("status") == "failed" and isinstance(context, dict)):
         _fail_run_on_failed_activity(context, state)
+
+
+def _close(name: str, state: Any) -> None:
+    with _gating_lock:
+        record = _open.pop((name, threading.get_ident()), None)
+    if record is None:
+        return
+    try:
+        from chaosgpu import faultlog
+
+        record.end_at = time.time()
+        record.status = state.get("status") if isinstance(state, dict) else None
+        record.output = state.get("output") if isinstance(state, dict) else None
+        record.faults = [f for f in faultlog.recent(record.at) if f["t"] <= record.end_at]
+        with _gating_lock:
+            _records.append(record)
+    except Exception:
+        _loud(f"recording activity {name}")
 
 
 def _fail_run_on_failed_activity(context: dict[str, Any], state: dict[str, Any]) -> None:
@@ -257,10 +343,39 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
                         summary["samples"], summary["rate_hz"], summary["overhead_cpu_pct"])
         else:
             section["summary"] = {"error": "the sampler did not run (see errors above)"}
+        section.update(_typed(sampler))
         if isinstance(state, dict):
+            _deviate_on_missed_during(state, section["gating"])
             state.setdefault("chaosgpu", {}).update(section)
     except Exception:
         _loud("after_experiment_control")
+
+
+def _typed(sampler: sampler_mod.Sampler | None) -> dict[str, Any]:
+    """The typed events (chaosgpu.timeline.events): fault, signals, release, verdicts."""
+    try:
+        with _gating_lock:
+            records = list(_records)
+        if sampler is None:
+            return events_mod.typed_section(records, {}, None, lambda name, phase: None,
+                                            _settings.get("fault_activity"))
+        return events_mod.typed_section(records, dict(sampler.measurements), sampler.t0,
+                                        sampler.event_time, _settings.get("fault_activity"))
+    except Exception:
+        _loud("recording the typed events")
+        return {"format": events_mod.FORMAT, "fault": None, "signals": [], "release": None,
+                "verdicts": [], "error": "the typed events could not be recorded (see log)"}
+
+
+def _deviate_on_missed_during(journal: dict[str, Any], gating: dict[str, Any]) -> None:
+    """With `fail_on_missed_steady_state`, a check DURING the method that was not met makes the
+    run deviated (Chaos Toolkit alone only logs it, and `chaos run` exits 0)."""
+    missed = int(gating.get("during_missed") or 0)
+    if not missed or not _settings.get("fail_on_missed_steady_state"):
+        return
+    checks = sum(1 for check in gating.get("checks") or [] if check.get("when") == "during")
+    gating["deviated_by"] = f"{missed} of {checks} checks during the method not met"
+    journal["deviated"] = True
 
 
 def cleanup_control(control: Any = None, **kwargs: Any) -> None:

@@ -1,3 +1,4 @@
+# ruff: noqa: UP006, UP035, UP045 (chaos discover reads typing.Dict/Optional, not dict | None)
 """Measurement probes over the timeline: baseline, residual memory, release time, GiB x s held,
 termination timings.
 
@@ -7,15 +8,18 @@ process (declare the control in the experiment, or these probes raise a clear er
 (source "host-rss", say so when reading figures). Units: MiB = 2**20 bytes; GiB x s with
 GiB = 1024 MiB. Residual memory is always measured against the baseline taken before the
 experiment, never as `used == 0` (an idle H200 shows 615 MiB used). Each probe also records its
-result under `journal["chaosgpu"]["measurements"]`. Every waiting probe has its own deadline.
+result under `journal["chaosgpu"]["measurements"]` (a record with `value` and `unit`).
+Every waiting probe has its own deadline.
 This module owns these computations' public face and must not sample or signal anything.
 """
 
 import logging
 import statistics
 import time
-from typing import Any
+from typing import Any, Dict, Optional
 
+from chaosgpu.arguments import MIB, SECONDS, TEXT, checked
+from chaosgpu.timeline import integral
 from chaosgpu.timeline import sampler as sampler_mod
 
 __all__ = ["baseline_memory", "residual_gpu_memory", "gpu_memory_at_baseline",
@@ -54,8 +58,8 @@ def _event_t(sampler: sampler_mod.Sampler, name: str, phase: str) -> float:
     return t
 
 
-def baseline_memory(configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def baseline_memory(configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Return the memory baseline recorded when the experiment started: the total in MiB, per
     GPU when NVML is the source, and the source ("nvml" or "host-rss")."""
     sampler = _sampler()
@@ -64,9 +68,10 @@ def baseline_memory(configuration: dict[str, Any] | None = None,
     return dict(sampler.baseline)
 
 
+@checked(tolerance_mib=MIB, timeout_s=SECONDS)
 def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> float:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> float:
     """Return the memory still held above the experiment's baseline, in MiB (median of the
     last samples). Waits up to `timeout_s` for it to fall to `tolerance_mib` or below (memory
     is freed a little after the processes die), then returns the value either way: use a range
@@ -82,24 +87,27 @@ def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
         time.sleep(0.02)
         residual = _current_mib(sampler) - base
     residual = round(residual, 3)
-    _record(sampler, "residual_gpu_memory", {"residual_mib": residual, "baseline_mib": base,
+    _record(sampler, "residual_gpu_memory", {"value": residual, "unit": "MiB",
+                                             "residual_mib": residual, "baseline_mib": base,
                                              "source": sampler.source,
                                              "tolerance_mib": tolerance_mib})
     return residual
 
 
+@checked(tolerance_mib=MIB, timeout_s=SECONDS)
 def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
-                           configuration: dict[str, Any] | None = None,
-                           secrets: dict[str, Any] | None = None) -> bool:
+                           configuration: Optional[Dict[str, Any]] = None,
+                           secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when memory is back within `tolerance_mib` MiB of the baseline taken before the
     experiment (waiting up to `timeout_s`): the steady state "no residual GPU memory"."""
     return residual_gpu_memory(tolerance_mib, timeout_s) <= tolerance_mib
 
 
-def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
+def memory_release_time(after_event: str, threshold_mib: float = 64.0,
                         timeout_s: float = 30.0, phase: str = "start", missing_ok: bool = False,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> float | None:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Optional[float]:
     """Seconds from an event on the timeline (an activity's name; its `phase` "start" by
     default) to the first sample where memory is back within `threshold_mib` of the baseline.
     Waits up to `timeout_s` for that to happen; returns None (and logs why) when it did not.
@@ -111,7 +119,7 @@ def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
     assert sampler.baseline is not None
     if missing_ok and sampler.event_time(after_event, phase) is None:
         _record(sampler, "memory_release_time", {
-            "after_event": after_event, "phase": phase, "seconds": 0.0,
+            "after_event": after_event, "phase": phase, "seconds": 0.0, "value": 0.0, "unit": "s",
             "note": "event not on the timeline (yet): nothing to release"})
         return 0.0
     t_event = _event_t(sampler, after_event, phase)
@@ -125,7 +133,8 @@ def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
                 value = round(t[i] - t_event, 4)
                 _record(sampler, "memory_release_time", {
                     "after_event": after_event, "phase": phase, "seconds": value,
-                    "threshold_mib": threshold_mib, "source": sampler.source})
+                    "value": value, "unit": "s", "threshold_mib": threshold_mib,
+                    "source": sampler.source})
                 return value
         checked = len(t)
         if time.monotonic() >= deadline:
@@ -134,18 +143,20 @@ def memory_release_time(after_event: str = "", threshold_mib: float = 64.0,
     logger.warning("chaosgpu: memory not back within %.0f MiB of baseline %.1fs after %s",
                    threshold_mib, timeout_s, after_event)
     _record(sampler, "memory_release_time", {"after_event": after_event, "seconds": None,
+                                             "value": None, "unit": "s",
                                              "timed_out_s": timeout_s})
     return None
 
 
-def gb_seconds_held(from_event: str = "", to_event: str | None = None,
+@checked(from_event=TEXT, to_event=TEXT)
+def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
                     from_phase: str = "start", to_phase: str = "end",
-                    configuration: dict[str, Any] | None = None,
-                    secrets: dict[str, Any] | None = None) -> float:
+                    configuration: Optional[Dict[str, Any]] = None,
+                    secrets: Optional[Dict[str, Any]] = None) -> float:
     """GiB x seconds of memory held above the baseline between two events (activity names;
     from the first's start to the second's end, or to now when `to_event` is omitted): the
-    integral of (memory - baseline) over time, GiB = 1024 MiB. The field report's "GB x s
-    wasted" during a pod's 30 s grace period is this figure."""
+    integral of (memory - baseline) over time by chaosgpu.timeline.integral. The field
+    report's "GB x s wasted" during a pod's 30 s grace period is this figure."""
     if not from_event:
         raise ValueError("from_event must name an activity on the timeline")
     sampler = _sampler()
@@ -156,16 +167,17 @@ def gb_seconds_held(from_event: str = "", to_event: str | None = None,
         raise ValueError(f"{to_event!r} ({to_phase}) comes before {from_event!r} ({from_phase})")
     value = round(sampler.integral_gib_s(t_from, t_to, float(sampler.baseline["total_mib"])), 4)
     _record(sampler, "gb_seconds_held", {
-        "from_event": from_event, "to_event": to_event, "gib_s": value,
-        "seconds": round(t_to - t_from, 4), "unit": "GiB x s (GiB = 1024 MiB)",
+        "from_event": from_event, "to_event": to_event, "gib_s": value, "value": value,
+        "unit": "GiB x s", "seconds": round(t_to - t_from, 4), "rule": integral.RULE,
         "source": sampler.source})
     return value
 
 
-def termination_timings(after_event: str = "", phase: str = "start",
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
+def termination_timings(after_event: str, phase: str = "start",
                         threshold_mib: float = 64.0, timeout_s: float = 5.0,
-                        configuration: dict[str, Any] | None = None,
-                        secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+                        configuration: Optional[Dict[str, Any]] = None,
+                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """How long after an event (an activity's start by default) each tracked process died
     (first seen zombie or gone) and memory came back within `threshold_mib` of the baseline:
     {"after_event", "processes": {pid: {"dead_after_s", "gone_after_s", "tag", "rank"}},
@@ -187,7 +199,7 @@ def termination_timings(after_event: str = "", phase: str = "start",
     return result
 
 
-def _termination(after_event: str, phase: str, threshold_mib: float) -> dict[str, Any]:
+def _termination(after_event: str, phase: str, threshold_mib: float) -> Dict[str, Any]:
     sampler = _sampler()
     assert sampler.baseline is not None
     t_event = _event_t(sampler, after_event, phase)
@@ -215,13 +227,13 @@ def _termination(after_event: str, phase: str, threshold_mib: float) -> dict[str
         "all_dead_after_s": (round(max(d for d in dead_times if d is not None) - t_event, 4)
                              if dead_times and None not in dead_times else None),
         "memory_released_after_s": None if released is None else round(released - t_event, 4),
-        "state_sampling_hz": round(sampler.rate_hz / sampler.process_every, 2),
+        "state_sampling_hz": round(sampler.rate_hz / sampler.process_every, 2), "unit": "s",
         "source": sampler.source}
     return result
 
 
-def timeline_summary(configuration: dict[str, Any] | None = None,
-                     secrets: dict[str, Any] | None = None) -> dict[str, Any]:
+def timeline_summary(configuration: Optional[Dict[str, Any]] = None,
+                     secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The timeline so far: samples, real rate, source, baseline, peak and current memory."""
     sampler = _sampler()
     summary = sampler.summary()

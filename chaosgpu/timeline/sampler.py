@@ -34,12 +34,13 @@ import threading
 import time
 from typing import Any
 
+from chaosgpu.timeline.integral import GIB_PER_MIB, gib_seconds
+
 __all__ = ["Sampler", "current", "install", "uninstall", "MIB", "GIB_PER_MIB"]
 
 logger = logging.getLogger("chaostoolkit")
 
 MIB = 1024 * 1024
-GIB_PER_MIB = 1.0 / 1024.0
 REEXAMINE_S = 2.0
 _current: "Sampler | None" = None
 _lock = threading.Lock()
@@ -477,17 +478,9 @@ class Sampler:
         return matches[occurrence]
 
     def integral_gib_s(self, t_from: float, t_to: float, above: float) -> float:
-        """Integral of max(0, total - above) MiB over [t_from, t_to], in GiB x s (trapezoids)."""
+        """GiB x s of max(0, total - above) MiB over [t_from, t_to]: chaosgpu.timeline.integral."""
         t, total = self.snapshot()
-        area = 0.0
-        for i in range(1, len(t)):
-            a, b = max(t[i - 1], t_from), min(t[i], t_to)
-            if b <= a:
-                continue
-            ya = max(0.0, total[i - 1] - above)
-            yb = max(0.0, total[i] - above)
-            area += (ya + yb) / 2.0 * (b - a)
-        return area * GIB_PER_MIB
+        return gib_seconds(t, total, t_from, t_to, above)
 
     # -- export ----------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

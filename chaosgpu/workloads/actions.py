@@ -11,10 +11,8 @@ a record it wrote.
 import logging
 import os
 import re
-import select
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,9 +20,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from chaosgpu import state
+from chaosgpu.arguments import COUNT, INDEX, POSITIVE, POSITIVE_SECONDS, SECONDS, TEXT, checked
+from chaosgpu.process import terminate
 from chaosgpu.workloads.readiness import wait_all_ready
 
 __all__ = [
@@ -131,19 +131,20 @@ def _record_process(pid: int, ns_pid: int | None = None, role: str = "worker") -
     }
 
 
+@checked(count=COUNT, mib=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS)
 def start_holders(
     count: int = 1,
     mib: int = 256,
     via: str = "auto",
     on_sigterm: str = "ignore",
-    sandbox: str | None = None,
-    tag: str | None = None,
+    sandbox: Optional[str] = None,
+    tag: Optional[str] = None,
     device: int = 0,
     allow_host_fallback: bool = False,
     timeout_s: float = 60.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Start `count` hold workers of `mib` MiB each and wait (up to `timeout_s`) until all hold it.
 
     `via`: torch, driver (CUDA driver API, no torch), host (host memory, no GPU needed) or auto.
@@ -237,6 +238,8 @@ def _hold_argv(exe: str, mib: int, via: str, device: int, on_sigterm: str, ready
     return argv
 
 
+@checked(pod=TEXT, count=COUNT, mib=INDEX, grace_s=SECONDS, uid=INDEX, gid=INDEX, device=INDEX,
+         timeout_s=POSITIVE_SECONDS)
 def start_pod_with_holders(
     pod: str,
     init: str = "dumb-init",
@@ -244,16 +247,16 @@ def start_pod_with_holders(
     mib: int = 256,
     via: str = "auto",
     on_sigterm: str = "cleanup",
-    tag: str | None = None,
+    tag: Optional[str] = None,
     grace_s: float = 30.0,
-    uid: int | None = None,
-    gid: int | None = None,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
     device: int = 0,
     allow_host_fallback: bool = False,
     timeout_s: float = 60.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Create local pod `pod` whose main process runs `count` hold workers, and wait until they
     hold their memory. Unlike exec'd workers, these are the pod's own processes: with `init`
     "dumb-init" they share its child's process group, so SIGTERM to the pod reaches them (the
@@ -358,6 +361,8 @@ def _tail(path: Path, limit: int = 400) -> str:
         return ""
 
 
+@checked(world_size=COUNT, process_group_timeout_s=POSITIVE_SECONDS, mib=INDEX,
+         iters_per_s=POSITIVE, timeout_s=POSITIVE_SECONDS, matmul=INDEX, step_mib=INDEX)
 def start_ring(
     world_size: int = 2,
     backend: str = "auto",
@@ -367,16 +372,16 @@ def start_ring(
     sigterm_handler: str = "none",
     mib: int = 0,
     iters_per_s: float = 10.0,
-    tag: str | None = None,
-    job_id: str | None = None,
+    tag: Optional[str] = None,
+    job_id: Optional[str] = None,
     timeout_s: float = 120.0,
     matmul: int = 0,
     step_mib: int = 0,
     on_oom: str = "fail",
     inject: str = "none",
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Start a ring of `world_size` ranks doing all_reduce, and wait until every rank ran one.
 
     `backend`: nccl (one GPU per rank), gloo (CPU) or auto; `launcher`: bare (ranks started
@@ -475,13 +480,14 @@ def _injector_env(inject: str) -> dict[str, str]:
     return env
 
 
+@checked(tag=TEXT, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_workload(
     tag: str,
     grace_s: float = 5.0,
     deadline_s: float = 10.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Stop the workload `tag`: SIGCONT+SIGTERM, up to `grace_s` to exit, then SIGKILL; idempotent.
 
     Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
@@ -494,43 +500,27 @@ def stop_workload(
     record = state.read_record(KIND, tag)
     if record is None:
         return {"tag": tag, "stopped": False, "note": "no such workload"}
-    runtime = _proc()
-    fds: dict[int, int] = {}
     outcome: dict[str, str] = {}
+    targets = []
     for entry in record.get("processes", []):
-        pid = int(entry["pid"])
+        pid, starttime = int(entry["pid"]), entry.get("starttime")
         # No start time recorded: the worker had exited before it was recorded, so whatever has
-        # this PID now is a stranger (and open_pidfd would check nothing): never signal it.
-        starttime = entry.get("starttime")
-        fd = runtime.open_pidfd(pid, starttime) if starttime is not None else None
-        if fd is None:
+        # this PID now is a stranger: never signal it.
+        if starttime is None:
             outcome[str(pid)] = "already gone"
-            continue
-        fds[pid] = fd
-    stuck: set[int] = set()
-    try:
-        for fd in fds.values():
-            for signum in (signal.SIGCONT, signal.SIGTERM):
-                try:
-                    signal.pidfd_send_signal(fd, signum)
-                except ProcessLookupError:
-                    pass
-        pending = _wait_fds(fds, grace_s)
-        for pid in fds:
-            if pid not in pending:
-                outcome[str(pid)] = "exited on SIGTERM"
-        for pid in pending:
-            try:
-                signal.pidfd_send_signal(fds[pid], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            outcome[str(pid)] = "killed"
-        stuck = _wait_fds({pid: fds[pid] for pid in pending}, deadline_s)
-        for pid in stuck:
-            outcome[str(pid)] = "still alive after SIGKILL"
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+        else:
+            targets.append(terminate.Target(pid, int(starttime)))
+    # Recorded processes are ours: they may run as another user or be PID 1 of a pod.
+    rules = terminate.Rules(allow_other_users=True, allow_ns_init=True)
+    results = terminate.terminate(targets, ["SIGTERM", "SIGKILL"], grace_s, grace_s + deadline_s,
+                                  rules, cont_first=True)
+    stuck = False
+    for result in results:
+        said = _STOPPED.get(result.exited_on or result.result)
+        if result.result == "refused" and result.reason_code != "reused":
+            said = f"refused: {result.reason}"
+        outcome[str(result.pid)] = said or "already gone"
+        stuck = stuck or (result.result in ("alive", "refused") and result.reason_code != "reused")
     if stuck:  # e.g. frozen by the v1 freezer: keep the record so a later stop/cleanup finds it
         return {"tag": tag, "stopped": True, "processes": outcome, "record_kept": True}
     if record.get("workdir"):
@@ -539,42 +529,41 @@ def stop_workload(
     return {"tag": tag, "stopped": True, "processes": outcome}
 
 
+# What stop_workload says of each process, from the terminate primitive's outcome.
+_STOPPED = {"SIGTERM": "exited on SIGTERM", "SIGKILL": "killed",
+            "alive": "still alive after SIGKILL", "gone": "already gone"}
+
+
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_all_workloads(
     grace_s: float = 0.0,
     deadline_s: float = 10.0,
-    configuration: dict[str, Any] | None = None,
-    secrets: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None,
+    secrets: Optional[Dict[str, Any]] = None,
+) -> List[Dict[str, Any]]:
     """Stop every recorded workload (a rollback of last resort, and `chaosgpu cleanup`): each as
-    `stop_workload` does, with `grace_s` (default 0: SIGKILL at once)."""
-    return [
-        stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s)
-        for tag in state.list_records(KIND)
-    ]
-
-
-def _wait_fds(fds: dict[int, int], timeout_s: float) -> set[int]:
-    """Wait until every pidfd in `fds` reports an exit or `timeout_s` passes; return those left."""
-    pending = set(fds)
-    deadline = time.monotonic() + timeout_s
-    poller = select.poll()
-    by_fd = {fd: pid for pid, fd in fds.items()}
-    for fd in fds.values():
-        poller.register(fd, select.POLLIN)
-    while pending:
-        remaining = deadline - time.monotonic()
-        events = poller.poll(max(0.0, remaining) * 1000.0)
-        for fd, _ in events:
-            pending.discard(by_fd[fd])
-            poller.unregister(fd)
-        if remaining <= 0:
-            break
-    return pending
+    `stop_workload` does, with `grace_s` (default 0: SIGKILL at once). One that cannot be
+    stopped does not stop the others: every workload is tried, then one error names every
+    failure."""
+    if grace_s < 0 or deadline_s <= 0:
+        raise ValueError("grace_s must be >= 0 and deadline_s > 0")
+    done: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for tag in state.list_records(KIND):
+        try:
+            done.append(stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s))
+        except Exception as error:  # the next workloads must still be stopped
+            logger.warning("chaosgpu: could not stop workload %s: %s", tag, error)
+            failures.append(f"{tag}: {type(error).__name__}: {error}")
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(failures) + len(done)} workload(s) could not "
+                           f"be stopped (the others were): {'; '.join(failures)}")
+    return done
 
 
 def list_workloads(
-    configuration: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
+    configuration: Optional[Dict[str, Any]] = None, secrets: Optional[Dict[str, Any]] = None
+) -> List[Dict[str, Any]]:
     """List every recorded workload with, for each process, whether it is still alive."""
     runtime = _proc()
     listed = []

@@ -375,6 +375,95 @@ def _fail(rank: int, message: str, code: int = 1) -> None:
     os._exit(code)
 
 
+def _placement(torch: Any, backend: str, rank: int, local_rank: int, world_size: int,
+               wants_gpu: bool) -> tuple[str, Any, int | None]:
+    """(backend, the collective's device, the GPU index for the rank's own work or None)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        backend = "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl":
+        if gpus < 1:
+            _fail(rank, "backend nccl needs a GPU and torch sees none", 3)
+        device_index = local_rank % gpus
+        torch.cuda.set_device(device_index)
+        return backend, torch.device("cuda", device_index), device_index
+    return backend, torch.device("cpu"), (local_rank % gpus if wants_gpu and gpus > 0 else None)
+
+
+def _hold(torch: Any, mib: int, device_index: int | None) -> tuple[Any, str]:
+    """Hold `mib` MiB, touched, on the GPU when there is one for the rank, else in host RAM."""
+    if mib <= 0:
+        return None, "none"
+    if device_index is not None:
+        held = torch.empty(mib * MIB, dtype=torch.uint8, device=f"cuda:{device_index}")
+        held.fill_(1)
+        torch.cuda.synchronize(device_index)
+        return held, "torch"
+    host = bytearray(mib * MIB)
+    for offset in range(0, len(host), 4096):
+        host[offset] = 1
+    return host, "host"
+
+
+def _own_work(torch: Any, device: Any, args: argparse.Namespace, operands: tuple[Any, Any],
+              rank: int, iteration: int, ooms: int) -> int:
+    """The step's own work (see _step); a CUDA OOM is counted (or fatal with --on-oom fail)."""
+    oom_errors = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    try:
+        _step(torch, device, args, *operands)
+    except oom_errors as error:
+        ooms += 1
+        print(f"rank {rank}: CUDA out of memory at iteration {iteration} "
+              f"({ooms} so far): {str(error).splitlines()[0][:200]}",
+              file=sys.stderr, flush=True)
+        if args.on_oom == "fail":
+            _fail(rank, "giving up after CUDA out of memory (--on-oom fail)")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return ooms
+
+
+def _all_reduce(torch: Any, dist: Any, tensor: Any, device: Any, backend: str, rank: int,
+                iteration: int, started: float, own_limit: float | None) -> None:
+    """One all_reduce, polled (so a Python SIGTERM handler can run meanwhile), with the rank's
+    own limit; any failure ends the rank."""
+    try:
+        work = dist.all_reduce(tensor, async_op=True)
+        assert work is not None
+        while not work.is_completed():
+            if own_limit is not None and time.monotonic() - started > own_limit:
+                _fail(rank, f"all_reduce {iteration} still pending after {own_limit:g} s", 4)
+            time.sleep(0.002)
+        work.wait()
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
+    except Exception as error:
+        _fail(rank, f"all_reduce {iteration} failed: {type(error).__name__}: {error}")
+    tensor.fill_(1.0)
+
+
+def _ready_record(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
+                  backend: str, via: str, device_index: int | None) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "rank": rank,
+        "local_rank": local_rank,
+        "world_size": world_size,
+        "backend": backend,
+        "launcher": args.launcher,
+        "job": os.environ.get("CHAOSGPU_JOB"),
+        "tag": os.environ.get("CHAOSGPU_TAG"),
+        "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+        "mib": args.mib,
+        "via": via,
+        "device": device_index,
+        "timeout_s": args.timeout_s,
+        "async_error_handling": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+        "sigterm_handler": args.sigterm_handler,
+        "t_ready": time.time(),
+    }
+
+
 def rank_main(argv: list[str] | None = None) -> int:
     """One rank: join the process group, hold memory, all_reduce until killed or failed."""
     args = _rank_parser().parse_args(argv)
@@ -384,35 +473,10 @@ def rank_main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    backend = args.backend
-    if backend == "auto":
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        backend = "nccl" if gpus >= world_size else "gloo"
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    held: Any = None
-    via = "none"
-    device_index: int | None = None
-    if backend == "nccl":
-        if gpus < 1:
-            _fail(rank, "backend nccl needs a GPU and torch sees none", 3)
-        device_index = local_rank % gpus
-        torch.cuda.set_device(device_index)
-        device = torch.device("cuda", device_index)
-    else:
-        device = torch.device("cpu")
-        if (args.mib > 0 or args.matmul > 0 or args.step_mib > 0) and gpus > 0:
-            device_index = local_rank % gpus
-    if args.mib > 0:
-        if device_index is not None:
-            held = torch.empty(args.mib * MIB, dtype=torch.uint8, device=f"cuda:{device_index}")
-            held.fill_(1)
-            torch.cuda.synchronize(device_index)
-            via = "torch"
-        else:
-            held = bytearray(args.mib * MIB)
-            for offset in range(0, len(held), 4096):
-                held[offset] = 1
-            via = "host"
+    wants_gpu = args.mib > 0 or args.matmul > 0 or args.step_mib > 0
+    backend, device, device_index = _placement(torch, args.backend, rank, local_rank,
+                                               world_size, wants_gpu)
+    held, via = _hold(torch, args.mib, device_index)  # held (referenced) until the rank ends
 
     def _destroy(signum: int, frame: Any) -> None:
         try:
@@ -434,10 +498,10 @@ def rank_main(argv: list[str] | None = None) -> int:
         _fail(rank, f"init_process_group failed: {error}")
     tensor = torch.ones(1024, device=device)
     step_device = torch.device("cuda", device_index) if device_index is not None else device
+    operands: tuple[Any, Any] = (None, None)
     if args.matmul > 0:
-        left = torch.rand(args.matmul, args.matmul, device=step_device)
-        right = torch.rand(args.matmul, args.matmul, device=step_device)
-    oom_errors = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+        operands = (torch.rand(args.matmul, args.matmul, device=step_device),
+                    torch.rand(args.matmul, args.matmul, device=step_device))
     ooms = 0
     period = 1.0 / args.iters_per_s
     own_limit = args.timeout_s + OWN_TIMEOUT_MARGIN_S if args.timeout_s > 0 else None
@@ -446,54 +510,12 @@ def rank_main(argv: list[str] | None = None) -> int:
     while True:
         started = time.monotonic()
         if args.matmul > 0 or args.step_mib > 0:
-            try:
-                _step(torch, step_device, args, left if args.matmul else None,
-                      right if args.matmul else None)
-            except oom_errors as error:
-                ooms += 1
-                print(f"rank {rank}: CUDA out of memory at iteration {iteration} "
-                      f"({ooms} so far): {str(error).splitlines()[0][:200]}",
-                      file=sys.stderr, flush=True)
-                if args.on_oom == "fail":
-                    _fail(rank, "giving up after CUDA out of memory (--on-oom fail)")
-                if step_device.type == "cuda":
-                    torch.cuda.empty_cache()
-        try:
-            work = dist.all_reduce(tensor, async_op=True)
-            assert work is not None
-            # Poll instead of blocking in C++, so a Python SIGTERM handler can run meanwhile.
-            while not work.is_completed():
-                if own_limit is not None and time.monotonic() - started > own_limit:
-                    _fail(rank, f"all_reduce {iteration} still pending after {own_limit:g} s", 4)
-                time.sleep(0.002)
-            work.wait()
-            if backend == "nccl":
-                torch.cuda.synchronize(device)
-        except Exception as error:
-            _fail(rank, f"all_reduce {iteration} failed: {type(error).__name__}: {error}")
-        tensor.fill_(1.0)
+            ooms = _own_work(torch, step_device, args, operands, rank, iteration, ooms)
+        _all_reduce(torch, dist, tensor, device, backend, rank, iteration, started, own_limit)
         if iteration == 0 and args.ready_dir:
-            write_ready(
-                os.path.join(args.ready_dir, f"rank{rank}.json"),
-                {
-                    "pid": os.getpid(),
-                    "rank": rank,
-                    "local_rank": local_rank,
-                    "world_size": world_size,
-                    "backend": backend,
-                    "launcher": args.launcher,
-                    "job": os.environ.get("CHAOSGPU_JOB"),
-                    "tag": os.environ.get("CHAOSGPU_TAG"),
-                    "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-                    "mib": args.mib,
-                    "via": via,
-                    "device": device_index,
-                    "timeout_s": args.timeout_s,
-                    "async_error_handling": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
-                    "sigterm_handler": args.sigterm_handler,
-                    "t_ready": time.time(),
-                },
-            )
+            write_ready(os.path.join(args.ready_dir, f"rank{rank}.json"),
+                        _ready_record(args, rank, local_rank, world_size, backend, via,
+                                      device_index))
         iteration += 1
         if args.ready_dir and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             last_progress = time.monotonic()

@@ -76,7 +76,9 @@ def main() -> int:
     device = torch.device("cpu")
     init: dict = {"timeout": timedelta(seconds=args.pg_timeout_s)}
     if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # ranks share the GPUs there are (gloo with CUDA tensors can put two ranks on one GPU)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
         if args.backend == "nccl":
             init["device_id"] = device

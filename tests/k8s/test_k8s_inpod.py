@@ -152,7 +152,8 @@ def test_rank_faults_refuse_bad_input(report_pod: dict[str, Any], cluster: Clust
     with pytest.raises(ExecError, match="rank 7 of job .* has no process"):
         actions.kill_rank_in_pod(name="trainer-0", rank=7, job=report_pod["job"],
                                  secrets=secrets)
-    with pytest.raises(ExecError, match="rank must be a non-negative integer"):
+    # refused before the pod is exec'd into (chaosgpu.arguments), no longer by the pod's program
+    with pytest.raises(ValueError, match="kill_rank_in_pod: rank must be a non-negative integer"):
         actions.kill_rank_in_pod(name="trainer-0", rank=-1, secrets=secrets)
     with pytest.raises(ValueError, match="invalid pod name"):
         actions.kill_rank_in_pod(name="Trainer_0", rank=0, secrets=secrets)

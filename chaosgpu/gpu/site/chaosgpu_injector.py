@@ -78,8 +78,9 @@ class ChaosGPUInjectedFault(RuntimeError):
     """The exception chaosgpu raises in a rank's main thread (mode "raise")."""
 
 
+# one mutable record of this process's arming; a type comment, as the job's Python may be old
 _state = {"armed": False, "key": None, "dir": None, "thread": None, "hang": None,
-          "oom": None, "observer": False, "main": None}
+          "oom": None, "observer": False, "main": None}  # type: dict
 
 
 def process_key():

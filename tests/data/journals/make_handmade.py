@@ -4,7 +4,9 @@ They imitate what `chaos run` writes for chaosgpu experiments (the Chaos Toolkit
 plus the `chaosgpu` section of docs/ARCHITECTURE.md), with figures shaped after the field report
 (2466 MiB per worker, a 30 s grace period, 148 MiB of NCCL peer residue). They are NOT real runs:
 replace them with journals of real catalog runs when those exist (the report tests take any
-folder: CHAOSGPU_REPORT_JOURNALS=DIR pytest tests/test_report.py).
+folder: CHAOSGPU_REPORT_JOURNALS=DIR pytest tests/test_report.py). The pod deletions and the
+interrupted run are in the OLDER format (no typed events: the report rebuilds the fault from the
+outputs); the NCCL pair carries the control's typed events (format 2).
 
     python tests/data/journals/make_handmade.py        # rewrites the files next to it
 """
@@ -175,18 +177,16 @@ def method_action(name, func, module, arguments):
 
 
 def probe_figures(tl, fault_t, until_t):
-    """What the timeline probes would record: release time (64 MiB above the baseline) and the
-    trapezoid integral of (total - baseline) from the fault to `until_t`, in GiB x s."""
+    """What the timeline probes would record: release time (64 MiB above the baseline) and
+    GiB x s above the baseline from the fault to `until_t` (chaosgpu.timeline.integral)."""
+    from chaosgpu.timeline.integral import gib_seconds
+
     base = tl["baseline"]["total_mib"]
     t, total = tl["t"], tl["total_mib"]
     release = next((ti - fault_t for ti, v in zip(t, total, strict=True)
                     if ti >= fault_t and v <= base + 64), None)
-    area = 0.0
-    for i in range(1, len(t)):
-        a, b = max(t[i - 1], fault_t), min(t[i], until_t)
-        if b > a:
-            area += (max(0, total[i - 1] - base) + max(0, total[i] - base)) / 2 * (b - a)
-    return (None if release is None else round(release, 4)), round(area / 1024, 4)
+    waste = gib_seconds(t, total, fault_t, until_t, above=base)
+    return (None if release is None else round(release, 4)), round(waste, 4)
 
 
 def section_of(tl, measurements):
@@ -275,58 +275,119 @@ def pod_delete(n_workers, handler, name):
                    section_of(tl, measurements), deviated=not handler, duration=end)
 
 
-def nccl_rank_kill():
-    """The report's variant 5: rank 0 killed, survivors hang holding memory until the cleanup."""
+def verdict_output(job, verdict, reason, after_fault_s, culprits, blocked_ranks, **extra):
+    """A chaosgpu.job.verdict/1 output as job_state / detect_hang / wait_survivors_exit give."""
+    out = {"schema": "chaosgpu.job.verdict/1", "id": job, "verdict": verdict, "reason": reason,
+           "culprit_ranks": culprits, "culprits_note": None,
+           "blocked_in": {"kind": "collective", "what": "all_reduce", "frame": None,
+                          "ranks": blocked_ranks} if blocked_ranks else None,
+           "detection": {"after_fault_s": after_fault_s} if after_fault_s is not None else {}}
+    out.update(extra)
+    return out
+
+
+def nccl_rank_kill(remediation=False):
+    """The report's variant 5 as the control of format 2 records it: rank 0 lost (node loss:
+    partitioned, then SIGKILLed); the survivors hang holding memory until the cleanup (baseline),
+    or, with the NCCL timeout remediation, give up by themselves 15 s after the fault."""
     fault_t, detect_t, cleanup_t = 3.0, 3.8, 12.0
+    if remediation:
+        cleanup_t = 20.0
     kill_survivors_t, gone = cleanup_t + 2.0, cleanup_t + 2.2
-    end = gone + 1.5
+    survivors_gone = fault_t + 15.2 if remediation else gone
+    end = (cleanup_t + 1.0 if remediation else gone) + 1.5
     workers = [
         (52000, 0, 0.6, 1897.0, fault_t + 0.12, "ring-r0", 0),
-        (52001, 1, 0.6, 1897.0, gone, "ring-r1", 1),
-        (52002, 2, 0.6, 1897.0, gone + 0.03, "ring-r2", 2),
+        (52001, 1, 0.6, 1897.0, survivors_gone, "ring-r1", 1),
+        (52002, 2, 0.6, 1897.0, survivors_gone + 0.03, "ring-r2", 2),
     ]
 
     def residue(index, t):  # the survivors' peer contexts on the dead rank's GPU
-        return 148.0 if index == 0 and 0.9 <= t < gone else 0.0
+        return 148.0 if index == 0 and 0.9 <= t < survivors_gone else 0.0
 
+    wait = ("wait-survivors-exit", "wait_survivors_exit") if remediation else (
+        "detect-hang", "detect_hang")
+    wait_end = survivors_gone + 0.1 if remediation else detect_t
     activities = [(0.2, 1.0, "start-ring", "action", "method"),
-                  (fault_t, fault_t + 0.01, "kill-rank-0", "action", "method"),
-                  (fault_t + 0.01, detect_t, "detect-hang", "probe", "method"),
-                  (detect_t, detect_t + 0.05, "zombies", "probe", "method"),
-                  (detect_t + 0.1, detect_t + 0.2, "residual-after-kill", "probe", "method"),
-                  (cleanup_t, gone + 0.1, "cleanup-hang", "action", "rollbacks")]
+                  (fault_t, fault_t + 0.01, "fail-rank-0", "action", "method"),
+                  (fault_t + 0.01, wait_end, wait[0], "probe", "method"),
+                  (wait_end, wait_end + 0.05, "zombies", "probe", "method"),
+                  (cleanup_t, cleanup_t + (0.3 if remediation else 2.3), "cleanup-hang",
+                   "action", "rollbacks")]
     tl = timeline(workers, end, device_extra=residue, events=marks(activities, end),
                   rng=random.Random(3), zombies={52000: fault_t + 0.01})
+    culprits = [{"rank": 0, "pid": 52000, "why": "ended: killed by SIGKILL (chaosgpu's fault)",
+                 "stack": None}]
+    if remediation:
+        verdict = verdict_output("ring-1", "failed", "the survivors ended with errors", 15.2,
+                                 culprits, [], all_exited=True, survivors=[1, 2],
+                                 still_alive=[], exits={
+                                     "1": {"exit": {"code": 1}, "at": T0 + survivors_gone,
+                                           "error": "DistBackendError: timeout"},
+                                     "2": {"exit": {"code": 1}, "at": T0 + survivors_gone,
+                                           "error": "DistBackendError: timeout"}})
+    else:
+        verdict = verdict_output("ring-1", "hung", "ranks [1, 2] wait in collective all_reduce",
+                                 0.8, culprits, [1, 2])
     runs = [
         activity("action", "start-ring", "start_ring", "chaosgpu.workloads.actions",
                  {"world_size": 3, "backend": "auto"}, {"job": "ring-1", "backend": "gloo"},
                  0.2, 1.0),
-        activity("action", "kill-rank-0", "kill_rank", "chaosgpu.job.actions",
-                 {"job": "ring-1", "rank": 0}, {"signal": "SIGKILL", "pid": 52000}, fault_t,
-                 fault_t + 0.01),
-        activity("probe", "detect-hang", "detect_hang", "chaosgpu.job.probes",
-                 {"job": "ring-1", "timeout": 5}, {"hang_detected": True, "dead": [0],
-                                                   "survivors": [1, 2],
-                                                   "detected_after_s": 0.8}, fault_t + 0.01,
-                 detect_t),
+        activity("action", "fail-rank-0", "fail_rank", "chaosgpu.job.actions",
+                 {"job": "ring-1", "rank": 0, "how": "node-loss"},
+                 {"job": "ring-1", "rank": 0, "pid": 52000, "done": "node-loss",
+                  "how": "node-loss", "backend": "gloo"}, fault_t, fault_t + 0.01),
+        activity("probe", wait[0], wait[1], "chaosgpu.job.probes", {"job": "ring-1"}, verdict,
+                 fault_t + 0.01, wait_end),
         activity("probe", "zombies", "zombies_in_scope", "chaosgpu.process.probes",
                  {"scope": {"job": "ring-1"}}, [{"pid": 52000, "host_pid": 52000}],
-                 detect_t, detect_t + 0.05),
+                 wait_end, wait_end + 0.05),
     ]
-    rollbacks = [activity("action", "cleanup-hang", "cleanup_hang", "chaosgpu.job.actions",
-                          {"job": "ring-1", "grace_period": 2},
-                          {"hang_cleaned": True, "killed": [1, 2],
-                           "sigterm_sent": T0 + cleanup_t, "sigkill_sent": T0 + kill_survivors_t,
-                           "memory_back_after_cleanup_s": 2.2},
-                          cleanup_t, gone + 0.1)]
+    cleanup_out = {"job": "ring-1", "found": 0 if remediation else 2,
+                   "steps": [] if remediation else [
+                       {"step": "sigterm", "sent": 2, "gone_in_grace": False, "t": 0.0},
+                       {"step": "sigkill", "sent": 2, "t": 2.0},
+                       {"step": "gpu_release", "released": True, "t": 2.2}],
+                   "removed": [] if remediation else [52001, 52002], "not_removed": [],
+                   "gpu_memory_released": True, "took_s": 0.3 if remediation else 2.3}
+    rollbacks = [activity("action", "cleanup-hang", "cleanup_hung_job", "chaosgpu.job.actions",
+                          {"job": "ring-1"}, cleanup_out, cleanup_t,
+                          cleanup_t + (0.3 if remediation else 2.3))]
     measurements = {"residual_gpu_memory": [
-        {"residual_mib": 3942.0, "baseline_mib": 3 * IDLE_MIB, "source": "nvml",
-         "tolerance_mib": 64.0}]}
-    tags = ["chaosgpu", "gpu", "nccl", "scenario:nccl-rank-kill", "fault:SIGKILL of rank 0"]
-    method = [method_action("kill-rank-0", "kill_rank", "chaosgpu.job.actions",
-                            {"job": "ring-1", "rank": 0})]
-    j = journal("NCCL rank kill: survivors hang holding GPU memory", tags, {}, method, runs,
-                section_of(tl, measurements), deviated=True, duration=end,
+        {"value": 3942.0, "unit": "MiB", "residual_mib": 3942.0, "baseline_mib": 3 * IDLE_MIB,
+         "source": "nvml", "tolerance_mib": 64.0}]}
+    section = section_of(tl, measurements)
+    # What the control of format 2 writes (chaosgpu.timeline.events), by hand.
+    signals = [{"signal": "SIGKILL", "at": T0 + fault_t + 0.005, "t": fault_t + 0.005,
+                "activity": "fail-rank-0", "part": "method"}]
+    if not remediation:
+        signals += [{"signal": "SIGTERM", "at": T0 + cleanup_t, "t": cleanup_t,
+                     "activity": "cleanup-hang", "part": "rollbacks"},
+                    {"signal": "SIGKILL", "at": T0 + kill_survivors_t, "t": kill_survivors_t,
+                     "activity": "cleanup-hang", "part": "rollbacks"}]
+    section.update(format=2, signals=signals, release=None, fault={
+        "activity": "fail-rank-0", "module": "chaosgpu.job.actions", "func": "fail_rank",
+        "kind": "node-loss", "start_at": T0 + fault_t, "start_t": fault_t,
+        "at": T0 + fault_t, "t": fault_t, "source": "chaosgpu.faultlog (recorded by the fault "
+                                                    "action)"},
+        verdicts=[{"activity": wait[0], "part": "method", "job": "ring-1",
+                   "verdict": verdict["verdict"], "reason": verdict["reason"],
+                   "culprits": [{"rank": 0, "why": culprits[0]["why"]}],
+                   "culprits_note": None,
+                   "blocked_in": None if remediation else {
+                       "kind": "collective", "what": "all_reduce", "ranks": [1, 2]},
+                   "after_fault_s": verdict["detection"]["after_fault_s"],
+                   "after_hang_began_s": None,
+                   **({"all_exited": True, "survivors": [1, 2], "still_alive": [],
+                       "exits": {"1": {"code": 1}, "2": {"code": 1}}} if remediation else {})}])
+    tags = ["chaosgpu", "gpu", "nccl", "scenario:nccl-rank-kill", "fault:node-loss"]
+    title = "NCCL rank lost: survivors hang holding GPU memory"
+    if remediation:
+        tags += ["remediation", "remediation-of:nccl-rank-kill"]
+        title = "Remediation: NCCL process-group timeout"
+    method = [method_action("fail-rank-0", "fail_rank", "chaosgpu.job.actions",
+                            {"job": "ring-1", "rank": 0, "how": "node-loss"})]
+    j = journal(title, tags, {}, method, runs, section, deviated=not remediation, duration=end,
                 rollbacks=rollbacks)
     j["experiment"]["runtime"] = {"rollbacks": {"strategy": "always"}}
     return j
@@ -361,6 +422,7 @@ def main() -> None:
     write("handmade-pod-delete-1-worker-sigterm-handler.json", pod_delete(1, True, "pod-1h"))
     write("handmade-pod-delete-10-workers-sigterm-handler.json", pod_delete(10, True, "pod-10h"))
     write("handmade-nccl-rank-kill.json", nccl_rank_kill())
+    write("handmade-nccl-timeout-remediation.json", nccl_rank_kill(remediation=True))
     write("handmade-interrupted.json", interrupted())
     # Bad or foreign journals (the report must say why and go on):
     text = json.dumps(pod_delete(1, False, "pod-t"))

@@ -1,0 +1,102 @@
+"""The one place where an activity's arguments are checked before it runs.
+
+An activity (a function exposed to experiments) is decorated with `checked(...)`, naming a
+rule for each of its arguments that has one. The rules run before the activity's body, so a bad
+argument raises `chaosgpu.errors.InvalidArgument` naming the activity, the argument, what it
+must be and what it was, and nothing is touched. An argument whose default is None, or typed
+Optional, may be None; any other None is refused. Signatures are left as they are (the wrapper
+keeps `__wrapped__`), so `chaos discover` and `chaos validate` see the activity's own.
+"""
+
+import functools
+import inspect
+import math
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from chaosgpu.errors import InvalidArgument
+
+__all__ = ["Rule", "checked", "rules_of", "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX",
+           "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "DEVICE"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Rule:
+    """A named predicate on one argument's value; `what` completes "NAME must be ..."."""
+
+    def __init__(self, what: str, accepts: Callable[[Any], bool]) -> None:
+        self.what = what
+        self.accepts = accepts
+
+    def __repr__(self) -> str:
+        return f"Rule({self.what!r})"
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+SECONDS = Rule("a number of seconds >= 0", lambda v: _number(v) and v >= 0)
+POSITIVE_SECONDS = Rule("a number of seconds > 0", lambda v: _number(v) and v > 0)
+POSITIVE = Rule("a number > 0", lambda v: _number(v) and v > 0)
+FRACTION = Rule("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
+COUNT = Rule(">= 1 (an integer)", lambda v: _integer(v) and v >= 1)
+INDEX = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
+MIB = Rule("a number of MiB >= 0", lambda v: _number(v) and v >= 0)
+PID = Rule("a positive host PID (an integer > 0)", lambda v: _integer(v) and v > 0)
+TEXT = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
+DEVICE = Rule("a GPU index (an integer >= 0) or a non-empty UUID or PCI bus id string",
+              lambda v: (_integer(v) and v >= 0) or (isinstance(v, str) and bool(v.strip())))
+
+
+def rules_of(activity: Callable[..., Any]) -> dict[str, Rule]:
+    """The argument rules `checked` gave an activity ({} for one without)."""
+    return dict(getattr(activity, "__chaosgpu_rules__", {}))
+
+
+def _allows_none(parameter: inspect.Parameter) -> bool:
+    """Whether None is a value the parameter declares: its default, or Optional[...]."""
+    if parameter.default is None:
+        return True
+    annotation = parameter.annotation
+    return (typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            and type(None) in typing.get_args(annotation))
+
+
+def checked(**rules: Rule) -> Callable[[F], F]:
+    """Decorate an activity so that each argument named in `rules` is checked before it runs (a
+    missing one is Python's TypeError, as without the decorator). The rules stay readable as
+    `rules_of(activity)`."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        unknown = sorted(set(rules) - set(signature.parameters))
+        if unknown:
+            raise TypeError(f"{func.__qualname__} has no argument {unknown}")
+        optional = {name for name in rules if _allows_none(signature.parameters[name])}
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)  # a missing argument stays a TypeError
+            bound.apply_defaults()
+            for name, rule in rules.items():
+                value = bound.arguments[name]
+                if value is None and name in optional:
+                    continue
+                if not rule.accepts(value):
+                    raise InvalidArgument(f"{func.__name__}: {name} must be {rule.what}, "
+                                          f"got {value!r}")
+            return func(*args, **kwargs)
+
+        wrapper.__chaosgpu_rules__ = dict(rules)  # type: ignore[attr-defined]
+        return cast(F, wrapper)
+
+    return decorate

@@ -1,0 +1,223 @@
+"""The cgroup freezers, v1 (`freezer.state`) and v2 (`cgroup.freeze`): freeze a set of processes
+so that they stop without being able to tell, and thaw them again.
+
+v1: a group `chaosgpu-<name>` at the root of the v1 freezer hierarchy (that hierarchy holds only
+the freezer controller, so moving a process there changes nothing else); FROZEN is waited for in
+`freezer.state`. v2: a child group `chaosgpu-freeze-<name>` of each process's own v2 cgroup (so
+its memory and CPU limits, which are its parent's, still apply), `1` written to `cgroup.freeze`,
+and `frozen 1` waited for in `cgroup.events`. The v2 hierarchy is /sys/fs/cgroup (unified) or
+/sys/fs/cgroup/unified (hybrid). Thawing moves the processes back where they were and removes
+the groups. This module owns the freezer files; which processes may be frozen is decided by the
+caller (scope and the refusal rules of the terminate primitive); it reads a process's cgroup
+through the census program, never /proc itself.
+"""
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "v2_root", "available", "check_seconds"]
+
+logger = logging.getLogger("chaostoolkit")
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V1_ROOT = CGROUP_ROOT / "freezer"
+V1_PREFIX = "chaosgpu-"
+V2_PREFIX = "chaosgpu-freeze-"
+VERSIONS = ("auto", "v1", "v2")
+
+
+def _census_program() -> Any:
+    from chaosgpu.intarget import load
+
+    return load("probes", "node_census")
+
+
+def v2_root() -> Path | None:
+    """The mount point of the cgroup v2 hierarchy, or None when there is none."""
+    for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+        if (root / "cgroup.controllers").is_file():
+            return root
+    return None
+
+
+def available(version: str) -> tuple[str | None, str | None]:
+    """(the version to use, "v1" or "v2", or None; the reason when none). "auto" prefers v1 where
+    it is mounted (the hybrid layout), else v2."""
+    if version not in VERSIONS:
+        raise ValueError(f"freezer version must be one of {', '.join(VERSIONS)}, got {version!r}")
+    if os.geteuid() != 0:
+        return None, "the freezer method needs root (cgroup writes); use method='sigstop'"
+    has_v1 = (V1_ROOT / "cgroup.procs").exists()
+    root = v2_root()
+    has_v2 = root is not None and (root / "cgroup.procs").exists()
+    if version in ("auto", "v1") and has_v1:
+        return "v1", None
+    if version in ("auto", "v2") and has_v2:
+        return "v2", None
+    wanted = {"v1": "the cgroup v1 freezer is not mounted at /sys/fs/cgroup/freezer",
+              "v2": "no cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified",
+              "auto": "neither the cgroup v1 freezer nor a cgroup v2 hierarchy is mounted"}
+    return None, f"{wanted[version]}; use method='sigstop'"
+
+
+def check_seconds(label: str, value: object) -> float:
+    """Return `value` as seconds, or raise ValueError naming `label` (negative, NaN, not a
+    number)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{label} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(text)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
+
+
+def _v2_home(pid: int, root: Path) -> Path | None:
+    """The v2 cgroup directory `pid` is in now, or None when it cannot be read."""
+    census = _census_program()
+    try:
+        _main, _freezer, path = census._pick_cgroup(census._read_bytes(f"/proc/{pid}/cgroup"))
+    except OSError:
+        return None
+    if path is None:
+        return None
+    home = root / str(path).lstrip("/")
+    return home.parent if home.name.startswith(V2_PREFIX) else home  # already in one of ours
+
+
+GroupOf = Callable[[dict[str, Any]], tuple[Path | None, Path | None]]
+
+
+def _move(processes: list[dict[str, Any]], group_of: GroupOf
+          ) -> tuple[dict[Path, list[int]], list[dict[str, Any]]]:
+    """Move each process into the group `group_of(proc)` names; undo the move of a reused PID."""
+    census = _census_program()
+    groups: dict[Path, list[int]] = {}
+    failed: list[dict[str, Any]] = []
+    for proc in processes:
+        group, home = group_of(proc)
+        if group is None or home is None:
+            failed.append({"pid": proc["pid"], "reason": "its cgroup could not be read"})
+            continue
+        try:
+            group.mkdir(exist_ok=True)
+            _write(group / "cgroup.procs", str(proc["pid"]))
+        except OSError as error:
+            failed.append({"pid": proc["pid"], "reason": str(error)})
+            continue
+        # The PID was written, not a pidfd: if it was reused meanwhile, put the stranger back.
+        if census.process_starttime(proc["pid"]) != proc.get("starttime"):
+            _write(home / "cgroup.procs", str(proc["pid"]))
+            failed.append({"pid": proc["pid"], "reason": "PID reused before the move"})
+            continue
+        groups.setdefault(group, []).append(proc["pid"])
+    return groups, failed
+
+
+def _is_frozen(group: Path, version: str) -> bool:
+    if version == "v1":
+        return (group / "freezer.state").read_text().strip() == "FROZEN"
+    return "frozen 1" in (group / "cgroup.events").read_text().splitlines()
+
+
+def freeze(name: str, processes: list[dict[str, Any]], deadline_s: float,
+           version: str = "auto") -> dict[str, Any]:
+    """Freeze census `processes` (pid + starttime) in chaosgpu freezer group(s) named after
+    `name`, waiting up to `deadline_s` until the kernel reports them frozen. Returns
+    {"method", "cgroup_version", "cgroup", "cgroups", "frozen", "failed", "freezer_state",
+    "took_s"}; freezer_state is "FROZEN" only when every group is frozen."""
+    check_seconds("deadline_s", deadline_s)
+    chosen, problem = available(version)
+    if chosen is None:
+        raise RuntimeError(problem)
+    if chosen == "v1":
+        v1_group = V1_ROOT / f"{V1_PREFIX}{_safe(name)}"
+        v1_group.mkdir(exist_ok=True)
+        groups, failed = _move(processes, lambda proc: (v1_group, V1_ROOT))
+        groups.setdefault(v1_group, [])
+        control, value = "freezer.state", "FROZEN"
+    else:
+        root = v2_root()
+        assert root is not None
+
+        def group_of(proc: dict[str, Any]) -> tuple[Path | None, Path | None]:
+            home = _v2_home(proc["pid"], root)
+            return (None, None) if home is None else (home / f"{V2_PREFIX}{_safe(name)}", home)
+
+        groups, failed = _move(processes, group_of)
+        control, value = "cgroup.freeze", "1"
+    for group in groups:
+        if group.is_dir():
+            _write(group / control, value)
+    started = time.monotonic()
+    frozen = False
+    while True:
+        frozen = all(_is_frozen(group, chosen) for group in groups if group.is_dir())
+        if frozen or time.monotonic() - started >= deadline_s:
+            break
+        time.sleep(0.005)
+    listed = sorted(str(g) for g in groups)
+    return {"method": "freezer", "cgroup_version": int(chosen[1]),
+            "cgroup": listed[0] if listed else None, "cgroups": listed,
+            "frozen": [pid for pids in groups.values() for pid in pids], "failed": failed,
+            "freezer_state": "FROZEN" if frozen and any(groups.values()) else "FREEZING",
+            "took_s": round(time.monotonic() - started, 4)}
+
+
+def _v2_groups() -> list[Path]:
+    root = v2_root()
+    if root is None:
+        return []
+    found = []
+    for folder, dirs, _files in os.walk(root):
+        for name in list(dirs):
+            if name.startswith(V2_PREFIX):
+                found.append(Path(folder) / name)
+                dirs.remove(name)  # ours have no children
+    return sorted(found)
+
+
+def _thaw_one(group: Path, home: Path, control: str, value: str,
+              pids: set[int] | None) -> dict[str, Any] | None:
+    try:
+        members = {int(x) for x in (group / "cgroup.procs").read_text().split()}
+    except OSError:
+        return None
+    if pids is not None and members and not members & pids:
+        return None
+    try:
+        _write(group / control, value)
+        for pid in members:
+            try:
+                _write(home / "cgroup.procs", str(pid))
+            except OSError:
+                pass
+        group.rmdir()
+    except OSError as error:
+        logger.warning("chaosgpu: could not thaw/remove freezer cgroup %s: %s", group, error)
+    return {"cgroup": str(group), "pids": sorted(members)}
+
+
+def thaw(pids: set[int] | None) -> list[dict[str, Any]]:
+    """Thaw and remove chaosgpu's freezer groups (v1 and v2) holding any of `pids` (all of them
+    with None, and empty ones), moving their processes back; return what was thawed."""
+    thawed: list[dict[str, Any]] = []
+    if V1_ROOT.is_dir():
+        for group in sorted(V1_ROOT.glob(f"{V1_PREFIX}*")):
+            done = _thaw_one(group, V1_ROOT, "freezer.state", "THAWED", pids)
+            if done is not None:
+                thawed.append(done)
+    for group in _v2_groups():
+        done = _thaw_one(group, group.parent, "cgroup.freeze", "0", pids)
+        if done is not None:
+            thawed.append(done)
+    return thawed

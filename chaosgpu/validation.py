@@ -1,0 +1,134 @@
+"""Static checks of a whole experiment that chaoslib's validation does not make.
+
+chaoslib substitutes `${name}` in arguments from the configuration and secrets, and leaves a
+`${name}` that neither defines in place, silently: a typo'd variable reaches the activity as
+the literal text "${nmae}" and fails, if at all, only when that activity runs, perhaps in a
+rollback. `unresolved_variables` lists every `${name}` in an experiment (its method, steady
+state, rollbacks, controls...) that no configuration key, secret or `--var` defines;
+`ensure_variables_resolve` raises `chaosgpu.errors.UnknownVariable` naming each and where it
+is used. `$${name}` is chaoslib's escape for a literal `${name}` and is not a reference.
+
+Where it runs: `chaosgpu validate EXPERIMENT` (chaoslib's own validation, then this), and, as a
+Chaos Toolkit control (`"module": "chaosgpu.validation"`), before the experiment starts: a
+typo'd variable interrupts `chaos run` before anything is touched.
+"""
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from string import Template
+from typing import Any
+
+from chaosgpu.errors import UnknownVariable
+
+__all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve",
+           "before_experiment_control", "main"]
+
+# The experiment's own declarations of variables: not places where variables are used.
+DECLARATIONS = ("configuration", "secrets")
+
+
+def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _strings(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            label = item.get("name") if isinstance(item, Mapping) else None
+            yield from _strings(item, f"{where}[{label!r}]" if label else f"{where}[{index}]")
+
+
+def _references(text: str) -> Iterator[str]:
+    for match in Template.pattern.finditer(text):
+        if match.group("braced"):
+            yield match.group("braced")
+
+
+def defined_names(experiment: Mapping[str, Any]) -> set[str]:
+    """Every name the experiment itself defines for `${name}`: its configuration keys and the
+    keys of every secret scope."""
+    names = set(experiment.get("configuration") or {})
+    for scope in (experiment.get("secrets") or {}).values():
+        if isinstance(scope, Mapping):
+            names |= set(scope)
+    return names
+
+
+def unresolved_variables(experiment: Mapping[str, Any],
+                         also_defined: set[str] | None = None) -> list[tuple[str, str]]:
+    """(name, where) of every `${name}` that resolves to nothing, in document order: neither
+    the experiment's configuration and secrets nor `also_defined` (the run's variables)."""
+    known = defined_names(experiment) | (also_defined or set())
+    found: list[tuple[str, str]] = []
+    for key, value in experiment.items():
+        if key in DECLARATIONS:
+            continue
+        for where, text in _strings(value, key):
+            found.extend((name, where) for name in _references(text) if name not in known)
+    return found
+
+
+def ensure_variables_resolve(experiment: Mapping[str, Any],
+                             also_defined: set[str] | None = None) -> None:
+    """Raise UnknownVariable naming every `${name}` the experiment uses and nothing defines."""
+    missing = unresolved_variables(experiment, also_defined)
+    if missing:
+        known = sorted(defined_names(experiment) | (also_defined or set()))
+        listed = "; ".join(f"${{{name}}} in {where}" for name, where in missing)
+        raise UnknownVariable(f"the experiment refers to variables that no configuration key "
+                              f"or secret defines: {listed} (defined: {known})")
+
+
+def before_experiment_control(context: Any = None, configuration: Any = None,
+                              secrets: Any = None, **kwargs: Any) -> None:
+    """Chaos Toolkit control: interrupt the run before anything starts when a `${name}` of the
+    experiment resolves to nothing (configuration as loaded, `--var` included, and secrets)."""
+    from chaoslib.exceptions import InterruptExecution
+
+    defined = set(configuration or {})
+    for scope in (secrets or {}).values():
+        if isinstance(scope, Mapping):
+            defined |= set(scope)
+    try:
+        ensure_variables_resolve(context or {}, defined)
+    except UnknownVariable as error:
+        raise InterruptExecution(str(error)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`chaosgpu validate EXPERIMENT [--var NAME=VALUE]...`: chaoslib's validation, then every
+    `${name}` must resolve. Exit 0 when valid, 1 with the reason on stderr when not."""
+    parser = argparse.ArgumentParser(
+        prog="chaosgpu validate",
+        description="Validate an experiment as `chaos validate` does, and check that every "
+                    "${name} it uses is a configuration key, a secret or a --var.")
+    parser.add_argument("experiment", help="the experiment file (JSON or YAML)")
+    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
+                        help="a variable the run will be given (as `chaos run --var`)")
+    args = parser.parse_args(argv)
+    from chaoslib.exceptions import ChaosException
+    from chaoslib.experiment import ensure_experiment_is_valid
+    from chaoslib.loader import load_experiment
+
+    extra = {}
+    for item in args.var:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--var expects NAME=VALUE, got {item!r}")
+        extra[name] = value
+    try:
+        experiment = load_experiment(args.experiment, verify_tls=True)
+        ensure_experiment_is_valid(experiment)
+        ensure_variables_resolve(experiment, set(extra))
+    except ChaosException as error:
+        print(f"chaosgpu validate: {args.experiment}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps({"experiment": args.experiment, "valid": True}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Bad arguments are refused before an activity touches anything (chaosgpu.arguments).
+
+Every rule of every activity is tried with values it must refuse: the activity raises
+InvalidArgument (chaoslib's InvalidActivity, a ValueError) naming the argument, before its body
+runs. Two holes a review found are proved on real processes: freeze_processes(deadline_s=-1)
+froze its target, and kill_rank(wait_s=-1) was accepted.
+"""
+
+import importlib
+import inspect
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from chaoslib.exceptions import InvalidActivity
+
+import chaosgpu
+from chaosgpu import arguments
+from chaosgpu.arguments import checked, rules_of
+from chaosgpu.errors import InvalidArgument
+
+BAD: dict[str, list[Any]] = {
+    "SECONDS": [-1, -0.5, float("nan"), float("inf"), True, "5"],
+    "POSITIVE_SECONDS": [0, -1, float("nan"), True, "5"],
+    "POSITIVE": [0, -2.0, True, "1"],
+    "FRACTION": [0, 1.5, -0.1, True],
+    "COUNT": [0, -1, 1.5, True, "2"],
+    "INDEX": [-1, 1.5, True, "0"],
+    "MIB": [-1, float("nan"), True, "64"],
+    "PID": [0, -3, 1.0, True, "12"],
+    "TEXT": ["", "   ", 3, ["x"]],
+    "DEVICE": [-1, "", 1.5, True],
+}
+RULE_NAMES = {id(getattr(arguments, name)): name for name in BAD}
+
+
+def _placeholder(param: inspect.Parameter) -> Any:
+    """A value a required argument's rule accepts (the rule under test fails first)."""
+    text = str(param.annotation)
+    if "Dict" in text or "dict" in text:
+        return {"pids": [1]}
+    if "List" in text or "list" in text:
+        return ["x"]
+    if param.annotation is int:
+        return 1
+    return "x"
+
+
+def _checked_activities() -> list[tuple[str, str]]:
+    found = []
+    for module_name in chaosgpu.ACTIVITY_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            if rules_of(getattr(module, name)):
+                found.append((module_name, name))
+    return found
+
+
+def test_every_rule_has_bad_values_to_try() -> None:
+    for module_name, name in _checked_activities():
+        func = getattr(importlib.import_module(module_name), name)
+        for argument, rule in rules_of(func).items():
+            assert id(rule) in RULE_NAMES, (name, argument, rule)
+
+
+@pytest.mark.parametrize(("module_name", "name"), _checked_activities())
+def test_bad_arguments_are_refused_by_name(module_name: str, name: str) -> None:
+    func = getattr(importlib.import_module(module_name), name)
+    signature = inspect.signature(func)
+    required = {p.name: _placeholder(p) for p in signature.parameters.values()
+                if p.default is inspect.Parameter.empty}
+    for argument, rule in rules_of(func).items():
+        for bad in BAD[RULE_NAMES[id(rule)]]:
+            with pytest.raises(InvalidArgument, match=f"^{name}: {argument} must be ") as error:
+                func(**{**required, argument: bad})
+            assert isinstance(error.value, InvalidActivity) and isinstance(error.value, ValueError)
+            assert repr(bad) in str(error.value)
+
+
+def test_none_only_where_the_argument_is_optional() -> None:
+    @checked(grace_s=arguments.SECONDS, limit=arguments.COUNT, name=arguments.TEXT)
+    def probe(name: str, grace_s: float = 1.0, limit: int | None = 3) -> str:
+        """A test activity."""
+        return name
+
+    assert probe("a", limit=None) == "a"
+    with pytest.raises(InvalidArgument, match="probe: grace_s must be a number of seconds >= 0, "
+                                              "got None"):
+        probe("a", grace_s=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        probe()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="no argument"):
+        checked(nope=arguments.TEXT)(probe)
+    assert inspect.signature(probe).parameters["grace_s"].default == 1.0  # signature kept
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        stat = handle.read()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_freeze_with_a_negative_deadline_freezes_nothing() -> None:
+    from chaosgpu.process.actions import freeze_processes
+
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        for bad in (-1, 0):
+            with pytest.raises(InvalidArgument, match="deadline_s must be a number of seconds"):
+                freeze_processes(scope={"pids": [target.pid]}, deadline_s=bad)
+        time.sleep(0.2)
+        assert _state(target.pid) == "S"  # still running, never stopped
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(timeout=10)
+
+
+def test_kill_rank_with_a_negative_wait_kills_nothing() -> None:
+    from chaosgpu.job.actions import kill_rank
+
+    tag = f"args-{os.environ['CHAOSGPU_TEST_ID']}"
+    target = subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=tag, RANK="0",
+                                                       WORLD_SIZE="1", LOCAL_RANK="0"))
+    try:
+        with pytest.raises(InvalidArgument, match="kill_rank: wait_s must be a number of seconds"):
+            kill_rank(rank=0, tag=tag, wait_s=-1)
+        with pytest.raises(InvalidArgument, match="kill_rank: rank must be a non-negative"):
+            kill_rank(rank=-1, tag=tag)
+        time.sleep(0.2)
+        assert target.poll() is None and _state(target.pid) == "S"
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(timeout=10)

@@ -1,0 +1,187 @@
+"""An experiment that omits a required argument, or names a variable nothing defines, is refused
+by validation, before anything runs: chaoslib's validation (what `chaos validate` runs) for the
+arguments, `chaosgpu validate` and the chaosgpu.validation control for the variables."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chaoslib.exceptions import InvalidActivity
+from chaoslib.experiment import ensure_experiment_is_valid
+
+from chaosgpu.errors import UnknownVariable
+from chaosgpu.validation import ensure_variables_resolve, unresolved_variables
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAOS = shutil.which("chaos") or str(Path(sys.executable).with_name("chaos"))
+
+# (module, function, the required argument left out, the arguments given)
+REQUIRED = [
+    ("chaosgpu.process.actions", "signal_processes", "scope", {"signal": "SIGTERM"}),
+    ("chaosgpu.process.actions", "freeze_processes", "scope", {}),
+    ("chaosgpu.process.actions", "resume_processes", "scope", {}),
+    ("chaosgpu.process.probes", "processes_in_scope", "scope", {}),
+    ("chaosgpu.process.probes", "zombies_in_scope", "scope", {}),
+    ("chaosgpu.process.probes", "orphans_in_scope", "scope", {}),
+    ("chaosgpu.process.probes", "nothing_left", "scope", {}),
+    ("chaosgpu.k8s.actions", "create_gpu_pod", "spec_path", {"ns": "default"}),
+    ("chaosgpu.k8s.actions", "kill_rank_in_pod", "name", {"rank": 0}),
+    ("chaosgpu.k8s.actions", "freeze_rank_in_pod", "name", {"rank": 0}),
+    ("chaosgpu.k8s.actions", "thaw_rank_in_pod", "name", {"rank": 0}),
+    ("chaosgpu.k8s.probes", "pod_census", "name", {}),
+    ("chaosgpu.gpu.probes", "process_gpu_memory", "pid", {}),
+    ("chaosgpu.gpu.probes", "job_progress", "tag", {"window_s": 1}),
+    ("chaosgpu.gpu.probes", "job_stalled", "tag", {}),
+    ("chaosgpu.gpu.probes", "job_slowdown", "tag", {}),
+    ("chaosgpu.gpu.probes", "cuda_oom_seen", "tag", {}),
+    ("chaosgpu.timeline.probes", "memory_release_time", "after_event", {"timeout_s": 5}),
+    ("chaosgpu.timeline.probes", "gb_seconds_held", "from_event", {"to_event": "kill"}),
+    ("chaosgpu.timeline.probes", "termination_timings", "after_event", {}),
+    ("chaosgpu.agent.probes", "pod_gpu_memory", "pod_uid", {"url": "http://127.0.0.1:1"}),
+]
+
+
+def _experiment(module: str, func: str, arguments: dict[str, Any],
+                where: str = "rollbacks") -> dict[str, Any]:
+    activity = {"type": "probe" if module.endswith("probes") else "action", "name": func,
+                "provider": {"type": "python", "module": module, "func": func,
+                             "arguments": arguments}}
+    experiment: dict[str, Any] = {"title": "t", "description": "d", "method": [],
+                                  "configuration": {"tag": "t"}}
+    if where == "method":
+        experiment["method"] = [activity]
+    else:
+        experiment[where] = [activity]
+    return experiment
+
+
+@pytest.mark.parametrize(("module", "func", "missing", "given"), REQUIRED,
+                         ids=[f"{r[1]}-{r[2]}" for r in REQUIRED])
+def test_validation_reports_a_required_argument_left_out(module: str, func: str, missing: str,
+                                                         given: dict[str, Any]) -> None:
+    with pytest.raises(InvalidActivity, match=f"required argument '{missing}' is missing"):
+        ensure_experiment_is_valid(_experiment(module, func, given))
+
+
+def _chaos(tmp_path: Path, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
+                           *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, env=dict(os.environ, **(env or {})))
+
+
+def test_chaos_validate_cli_refuses_an_experiment_missing_a_required_argument(
+        tmp_path: Path) -> None:
+    for module, func, missing, given, where in (
+            ("chaosgpu.timeline.probes", "memory_release_time", "after_event", {}, "method"),
+            ("chaosgpu.process.actions", "signal_processes", "scope", {"signal": "SIGKILL"},
+             "rollbacks")):
+        path = tmp_path / f"{func}.json"
+        path.write_text(json.dumps(_experiment(module, func, given, where)))
+        done = _chaos(tmp_path, "validate", str(path))
+        output = done.stdout + done.stderr
+        assert done.returncode == 1, output
+        assert f"required argument '{missing}' is missing from activity '{func}'" in output
+        given[missing] = "x" if missing == "after_event" else {"pids": [1]}
+        path.write_text(json.dumps(_experiment(module, func, given, where)))
+        done = _chaos(tmp_path, "validate", str(path))
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_unresolved_variables_are_named_with_where_they_are_used() -> None:
+    experiment = {
+        "title": "${title_var}", "description": "d",
+        "configuration": {"tag": "a", "n": {"type": "env", "key": "N"}},
+        "secrets": {"k8s": {"token": "x"}},
+        "method": [{"type": "action", "name": "kill",
+                    "provider": {"type": "python", "module": "m", "func": "f",
+                                 "arguments": {"scope": {"tag": "${tga}"}, "n": "${n}",
+                                               "t": "${token}", "literal": "$${tga}",
+                                               "argv": ["sh", "-c", "echo $HOME ${nope}"]}}}],
+    }
+    assert unresolved_variables(experiment) == [
+        ("title_var", "title"),
+        ("tga", "method['kill'].provider.arguments.scope.tag"),
+        ("nope", "method['kill'].provider.arguments.argv[2]"),
+    ]
+    with pytest.raises(UnknownVariable, match=r"\$\{tga\} in method\['kill'\]"):
+        ensure_variables_resolve(experiment)
+    ensure_variables_resolve(experiment, {"title_var", "tga", "nope"})
+
+
+def test_every_shipped_experiment_validates_and_resolves_its_variables(tmp_path: Path) -> None:
+    paths = sorted((ROOT / "experiments").rglob("*.json")) + sorted(
+        (ROOT / "tests" / "experiments").glob("*.json"))
+    assert paths
+    for path in paths:
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", str(path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env=dict(os.environ, SMOKE_TAG="validate"))
+        assert done.returncode == 0, (path, done.stderr)
+
+
+def _typo_experiment(tmp_path: Path, pid: int, control: str = "chaosgpu.validation") -> Path:
+    experiment = {
+        "title": "a typo'd variable", "description": "the kill must never be sent",
+        "configuration": {"tag": "x"},
+        "controls": [{"name": "chaosgpu-variables",
+                      "provider": {"type": "python", "module": control}}],
+        "method": [{"type": "action", "name": "kill",
+                    "provider": {"type": "python", "module": "chaosgpu.process.actions",
+                                 "func": "signal_processes",
+                                 "arguments": {"scope": {"pids": [pid]}, "signal": "SIGKILL",
+                                               "require_match": "${requier_match}"}}}],
+    }
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(experiment))
+    return path
+
+
+def test_chaosgpu_validate_and_chaos_run_refuse_a_typo_d_variable(tmp_path: Path) -> None:
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        path = _typo_experiment(tmp_path, target.pid)
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", str(path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "${requier_match} in method['kill'].provider.arguments.require_match" \
+            in done.stderr
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
+                               "requier_match=true", str(path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+        journal = tmp_path / "journal.json"
+        run = _chaos(tmp_path, "run", "--journal-path", str(journal), str(path))
+        log = (tmp_path / "log").read_text()
+        assert run.returncode != 0, run.stdout + run.stderr
+        assert "requier_match" in log
+        data = json.loads(journal.read_text())
+        assert data["status"] == "interrupted" and data["run"] == [], data
+        assert target.poll() is None  # the SIGKILL was never sent
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(timeout=10)
+
+
+def test_the_timeline_control_refuses_a_typo_d_variable_too(tmp_path: Path) -> None:
+    """Every catalog experiment declares the timeline control: it runs the same check."""
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        path = _typo_experiment(tmp_path, target.pid, control="chaosgpu.timeline.control")
+        journal = tmp_path / "journal.json"
+        run = _chaos(tmp_path, "run", "--journal-path", str(journal), str(path))
+        assert run.returncode != 0, run.stdout + run.stderr
+        assert "requier_match" in (tmp_path / "log").read_text()
+        data = json.loads(journal.read_text())
+        assert data["status"] == "interrupted" and data["run"] == [], data
+        assert target.poll() is None  # the SIGKILL was never sent
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(timeout=10)
