@@ -1,185 +1,209 @@
-"""Benchmark: the process census over ~10,000 processes, against `fuser` (and `lsof`) on the
-same process tree, in the same run.
+"""Benchmark: `chaosgpu snapshot --json` and the polled census against procps's
+`ps -eo pid,ppid,stat,sess,comm,args`, side by side in one run, at 1,000, 5,000 and 10,000 extra
+processes.
 
-    python3 bench/census_bench.py [--processes 10000] [--repeat 5] [--no-lsof] [--out DIR]
+    python3 bench/census_bench.py [--counts 1000 5000 10000] [--repeat 7] [--out FILE]
 
-It starts a spawner (its own session) that opens a scratch file and forks N children that
-pause, each holding that file open (a /dev/nvidia* node cannot be faked without a GPU, so the
-fd scan is measured on this file: it reads the same fd links the /dev/nvidia* scan reads). It
-then times, several times each: the full census (stat, status, cmdline, cgroup, environ, fd
-scan of every process), the census without fd scan, without environ and fds, and
-`fuser FILE` / `lsof -t FILE`, prints the ratios and writes bench/results/census-<date>.txt.
-Every process it started is killed and reaped before it exits, also on errors.
+A spawner (its own session) forks the extra processes in steps (each pauses, holding a scratch
+file open, so an fd scan has links to read). At each count it times, interleaved, `--repeat`
+times each:
+
+* `ps -eo pid,ppid,stat,sess,comm,args` (the reference: stat, status, environ, cmdline of every
+  process);
+* `chaosgpu snapshot --json` as a user runs it (a new interpreter; readers picked by
+  `auto_workers`; the fd scan as this node needs it: none without an NVIDIA driver);
+* the same with `--scan-fds` (every process's fds read, what a GPU node pays), once with the
+  automatic readers and once with `--workers 1`;
+* the polled census: what the job observer takes every tick (`census(gpu=True, fds=False,
+  cache=True)`, warm, in this process) and what the probes take (`gpu=False, fds=False,
+  cache=True`).
+
+It prints the ratios to ps (goal: snapshot <= 1.0, polled census <= 0.3) and writes them with
+the command, date and machine to `--out` (default bench/results/census-<date>-cpu<N>.txt).
+Every process it started is killed and reaped before it exits, also on errors; the last line
+proves it (no process of the spawner's session is left).
 """
 
 import argparse
 import datetime
 import os
-import platform
-import shlex
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _results import machine  # noqa: E402
 
 from chaosgpu.node import census_module  # noqa: E402
 
+# Reads lines "N" on stdin: forks sleepers until N exist, then prints "ready N". EOF or SIGTERM:
+# SIGKILL every sleeper, reap them all, exit.
 SPAWNER = r"""
 import os, signal, sys
-n = int(sys.argv[1]); held = open(sys.argv[2], "rb")
+held = open(sys.argv[1], "rb")
 kids = []
-signal.signal(signal.SIGTERM, lambda *a: None)
-for i in range(n):
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with open("/proc/self/comm", "w") as comm:
-            comm.write("bench-sleeper")
-        while True:
-            signal.pause()
-    kids.append(pid)
-print("ready", flush=True)
-signal.pause()
-for pid in kids:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-for pid in kids:
-    try:
-        os.waitpid(pid, 0)
-    except OSError:
-        pass
+def finish(*_):
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in kids:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, finish)
+for line in sys.stdin:
+    want = int(line)
+    while len(kids) < want:
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            with open("/proc/self/comm", "w") as comm:
+                comm.write("bench-sleeper")
+            while True:
+                signal.pause()
+        kids.append(pid)
+    print("ready", len(kids), flush=True)
+finish()
 """
 
-
-def timed(function: Any, repeat: int) -> list[float]:
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - started)
-    return samples
+PS = ["ps", "-eo", "pid,ppid,stat,sess,comm,args"]
 
 
-def command_timer(argv: list[str]) -> Any:
+def _chaosgpu() -> list[str]:
+    script = Path(sys.executable).parent / "chaosgpu"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "chaosgpu.cli"]
+
+
+def _command(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
     def run() -> None:
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        result = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=env, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"{argv} failed: {result.stderr.decode()[-500:]}")
     return run
 
 
-def fmt(samples: list[float]) -> str:
-    return (f"median {statistics.median(samples) * 1000:8.1f} ms  min "
-            f"{min(samples) * 1000:8.1f} ms  (n={len(samples)})")
+def _timed(function: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    function()
+    return time.perf_counter() - started
+
+
+def _measure(subjects: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Median seconds of each subject, measured interleaved (one of each per round) so that a
+    load change on the machine hits them all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in subjects}
+    for _ in range(repeat):
+        for name, function in subjects.items():
+            samples[name].append(_timed(function))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _session_members(sid: int) -> list[int]:
+    census = census_module()
+    left = []
+    for pid in census.list_pids():
+        try:
+            if census.read_stat(pid)["sid"] == sid:
+                left.append(pid)
+        except census.ProcError:
+            continue
+    return left
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--processes", type=int, default=10000)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--no-lsof", action="store_true")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--counts", type=int, nargs="+", default=[1000, 5000, 10000])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if args.processes < 1:
-        parser.error("--processes must be >= 1")
+    if any(n < 1 for n in args.counts) or args.repeat < 1:
+        parser.error("--counts and --repeat must be >= 1")
     census = census_module()
-    lines: list[str] = []
+    now = datetime.datetime.now(datetime.UTC)
+    out = Path(args.out) if args.out else (
+        ROOT / "bench" / "results" / f"census-{now:%Y-%m-%d}-cpu{os.cpu_count()}.txt")
+    lines = [f"command: {' '.join(['python3', 'bench/census_bench.py', *sys.argv[1:]])}",
+             f"date: {now:%Y-%m-%dT%H:%M:%SZ}", f"machine: {machine()}", ""]
 
     def say(text: str) -> None:
         print(text, flush=True)
         lines.append(text)
 
+    # the snapshot as installed: bytecode compiled once (an installed wheel has it), and the
+    # environment as a user has it
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "chaosgpu"),
+                    str(ROOT / "probes")], env=env, stdout=subprocess.DEVNULL, check=False)
+    snapshot = [*_chaosgpu(), "snapshot", "--json"]
+    subjects: dict[str, Callable[[], object]] = {
+        "ps -eo pid,ppid,stat,sess,comm,args": _command(PS, env),
+        "chaosgpu snapshot --json": _command(snapshot, env),
+        "chaosgpu snapshot --json --scan-fds": _command([*snapshot, "--scan-fds"], env),
+        "chaosgpu snapshot --json --scan-fds --workers 1":
+            _command([*snapshot, "--scan-fds", "--workers", "1"], env),
+        "polled census, job observer (gpu, no fds, cache)":
+            lambda: census.census(gpu=True, fds=False, cache=True),
+        "polled census, probes (no gpu, no fds, cache)":
+            lambda: census.census(gpu=False, fds=False, cache=True),
+    }
+    say(f"fd scan on this node: {census.census(pids=[os.getpid()])['observer']['nvidia_fd_scan']}")
     scratch = tempfile.NamedTemporaryFile(prefix="chaosgpu-bench-", delete=False)
     scratch.close()
-    env = dict(os.environ, CHAOSGPU_TAG="census-bench")
-    spawner = subprocess.Popen([sys.executable, "-c", SPAWNER, str(args.processes), scratch.name],
-                               stdout=subprocess.PIPE, text=True, env=env,
+    script = Path(scratch.name + ".py")  # a short cmdline, as most processes have
+    script.write_text(SPAWNER, encoding="utf-8")
+    spawner = subprocess.Popen([sys.executable, str(script), scratch.name],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                start_new_session=True)
+    assert spawner.stdin is not None and spawner.stdout is not None
     try:
-        started = time.monotonic()
-        assert spawner.stdout is not None
-        if spawner.stdout.readline().strip() != "ready":
-            raise RuntimeError("the spawner did not start its children")
-        now = datetime.datetime.now(datetime.UTC)
-        say(f"# chaosgpu census bench  {now:%Y-%m-%d %H:%M:%S} UTC")
-        say(f"# command: {shlex.join(['python3', *sys.argv])}")
-        say(f"# machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, kernel "
-            f"{platform.release()}, Python {platform.python_version()}")
-        say(f"# spawned {args.processes} processes holding {scratch.name} in "
-            f"{time.monotonic() - started:.1f} s")
-        total = len(census.list_pids())
-        workers = max(2, min(16, os.cpu_count() or 2))
-        say(f"processes in /proc: {total}")
-        results = {
-            "census full (stat+status+cmdline+cgroup+environ+fd scan)":
-                timed(lambda: census.census(gpu=False), args.repeat),
-            "census warm cache (stat+cgroup+fd scan; stable fields cached)":
-                (census.census(gpu=False, cache=True) and None)
-                or timed(lambda: census.census(gpu=False, cache=True), args.repeat),
-            f"census full, {workers} forked readers":
-                timed(lambda: census.census(gpu=False, workers=workers), args.repeat),
-            f"census lite, {workers} forked readers":
-                timed(lambda: census.census(gpu=False, detail="lite", workers=workers),
-                      args.repeat),
-            "census lite (stat+status all; details for candidates only)":
-                timed(lambda: census.census(gpu=False, detail="lite"), args.repeat),
-            "census lite, warm cache":
-                timed(lambda: census.census(gpu=False, detail="lite", cache=True), args.repeat),
-            "census without fd scan": timed(lambda: census.census(gpu=False, fds=False),
-                                            args.repeat),
-            "census without environ and fd scan":
-                timed(lambda: census.census(gpu=False, env=False, fds=False), args.repeat),
-            "state scan only (list_pids + process_state)":
-                timed(lambda: [census.process_state(p) for p in census.list_pids()],
-                      args.repeat),
-            f"fuser {scratch.name}": timed(command_timer(["fuser", scratch.name]), args.repeat),
-        }
-        if not args.no_lsof and shutil.which("lsof"):
-            results[f"lsof -t {scratch.name}"] = timed(
-                command_timer(["lsof", "-t", scratch.name]), max(1, min(args.repeat, 2)))
-        full = statistics.median(next(iter(results.values())))
-        for name, samples in results.items():
-            say(f"{name:60s} {fmt(samples)}")
-        fuser = statistics.median(results[f"fuser {scratch.name}"])
-        say(f"ratio fuser / census full: {fuser / full:.2f}x  (goal >= 5x)")
-        lite = statistics.median(
-            results["census lite (stat+status all; details for candidates only)"])
-        say(f"ratio fuser / census lite: {fuser / lite:.2f}x;  census lite per 10,000 processes: "
-            f"{lite * 10000 / total * 1000:.1f} ms")
-        if f"lsof -t {scratch.name}" in results:
-            lsof = statistics.median(results[f"lsof -t {scratch.name}"])
-            say(f"ratio lsof / census full:  {lsof / full:.2f}x")
-        per_10k = full * 10000 / total * 1000
-        say(f"census full per 10,000 processes: {per_10k:.1f} ms  (goal <= 100 ms)")
-        for mode in ("full", "lite"):
-            best = statistics.median(results[f"census {mode}, {workers} forked readers"])
-            say(f"census {mode} with {workers} readers: {best * 10000 / total * 1000:.1f} ms per "
-                f"10,000 processes; fuser / it = {fuser / best:.2f}x")
-        holders = census.census(gpu=False, env=False)
-        held = sum(1 for p in holders["processes"] if p["unreadable"])
-        say(f"unreadable records in the last census: {held}")
+        for count in sorted(args.counts):
+            started = time.monotonic()
+            spawner.stdin.write(f"{count}\n")
+            spawner.stdin.flush()
+            if spawner.stdout.readline().split() != ["ready", str(count)]:
+                raise RuntimeError("the spawner did not start its processes")
+            total = len(census.list_pids())
+            say(f"== {count} extra processes ({total} in /proc, spawned in "
+                f"{time.monotonic() - started:.1f} s); auto readers: "
+                f"{census.auto_workers(total)}; medians of {args.repeat}, interleaved")
+            census.census(gpu=True, fds=False, cache=True)  # warm the cache (polled census)
+            time.sleep(2.1)  # the cache keeps processes older than 2 s
+            census.census(gpu=True, fds=False, cache=True)
+            medians = _measure(subjects, args.repeat)
+            ps = medians["ps -eo pid,ppid,stat,sess,comm,args"]
+            for name, value in medians.items():
+                say(f"  {name:52s} {value * 1000:8.1f} ms  ratio to ps {value / ps:5.2f}")
+            say(f"  goal: snapshot / ps <= 1.0 -> {medians['chaosgpu snapshot --json'] / ps:.2f};"
+                f" polled / ps <= 0.3 -> "
+                f"{medians['polled census, job observer (gpu, no fds, cache)'] / ps:.2f}")
     finally:
-        os.kill(spawner.pid, signal.SIGTERM)
         try:
+            spawner.stdin.close()  # EOF: the spawner SIGKILLs and reaps every sleeper
             spawner.wait(timeout=120)
-        except subprocess.TimeoutExpired:
+        except (OSError, subprocess.TimeoutExpired):
             os.killpg(spawner.pid, signal.SIGKILL)
             spawner.wait()
         os.unlink(scratch.name)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"census-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}.txt"
-    path.write_text("\n".join(lines) + "\n")
-    print(f"written {path}")
-    return 0
+        script.unlink()
+    left = _session_members(spawner.pid)
+    say(f"processes left of the spawner's session (all reaped when 0): {len(left)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"written {out}")
+    return 0 if not left else 1
 
 
 if __name__ == "__main__":

@@ -16,19 +16,19 @@ Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [
 Definitions (also in docs/census.md):
 
 * zombie: state ``Z`` (exited, not yet reaped by its parent).
-* orphan: a process whose parent is the init (PID 1) of a PID namespace visible to the observer
-  (its own namespace's init, or an ancestor namespace's init such as the host's PID 1) or a known
-  subreaper (containerd-shim, conmon, tini, dumb-init, catatonit, systemd --user ...), and which
-  that parent did not start on purpose. The heuristic for "did not start on purpose": a process
-  the init started itself is a session leader (``sid == pid``, as systemd and container runtimes
-  do with setsid) or belongs to the init's own session (``sid == ppid``, as the children of an
-  init that is the workload or tini do). A process whose session leader is elsewhere (a dead
-  shell, an ``exec`` from outside the namespace, where the session is invisible and reads 0) was
-  reparented: it is an orphan. Never orphans: namespace inits themselves, kernel threads,
-  zombies are reported as zombies (an orphaned zombie is both). Limits: a daemon that
-  double-forks on purpose (fork, setsid, fork) keeps a session id of a dead leader and looks
-  like an orphan; a process that called setsid after being orphaned looks like an intended
-  child; a subreaper that is not in the known list is not recognised.
+* orphan (``orphan_reason``): judged from the process's own PID namespace, so that the host and
+  a census run inside that namespace agree. Its parent, in its own namespace (a parent outside
+  it reads PPID 0 there: not judged), is that namespace's init or a known subreaper
+  (containerd-shim, conmon, tini, dumb-init, catatonit ...), and it is none of: a session
+  leader; in a session the namespace sees that is its parent's own; in a session whose leader
+  is outside the namespace (as unshare and nsenter leave it), the leader of its own process
+  group (as tini makes its child). Sessions and groups are compared as the namespace sees them
+  (NSsid/NSpgid from the host; 0 when the leader is outside). Never orphans: namespace inits,
+  kernel threads; an orphaned zombie is both. Limits: a deliberate double-fork daemon looks
+  orphaned; a process that called setsid after being orphaned looks intended; an unknown
+  subreaper is not recognised; under an init whose own session is outside its namespace
+  (unshare without setsid), the children it forks without a group of their own look
+  reparented in both views.
 * GPU attribution: NVML reports PIDs of the caller's PID namespace when the driver can
   translate them, else PIDs of the initial (host) namespace. An observer in the host namespace
   finds them directly and translates to the PID seen inside the container with the last field
@@ -41,11 +41,10 @@ Definitions (also in docs/census.md):
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 SCHEMA = "chaosgpu.census/1"
 #: The initial ("host") PID namespace: its inode number is fixed by the kernel (0xEFFFFFFC).
@@ -91,7 +90,6 @@ ENV_KEYS = (
     "TORCH_NCCL_TRACE_BUFFER_SIZE",
 )
 _ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
-_ENV_HINTS = (b"RANK=", b"MASTER_", b"CHAOSGPU_", b"TORCHELASTIC_", b"TORCH_")
 
 #: Process names that act as subreapers (children of dead parents are reparented to them).
 KNOWN_SUBREAPERS = frozenset((
@@ -113,6 +111,31 @@ def _errno_name(error: OSError) -> str:
     return name or type(error).__name__
 
 
+class ProcError(Exception):
+    """A /proc reading failed for a reason that is a fact about the process (base class)."""
+
+    def __init__(self, pid: int, what: str, message: str) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.what = what
+
+
+class NoSuchProcess(ProcError):
+    """The process does not exist: it never did, it exited (and was reaped), or its PID now
+    belongs to another process (the start time given did not match)."""
+
+    def __init__(self, pid: int, what: str = "stat", message: Optional[str] = None) -> None:
+        super().__init__(pid, what, message or "no process with PID %d (%s)" % (pid, what))
+
+
+class AccessDenied(ProcError):
+    """The process exists but this observer may not read ``what`` of it (EACCES/EPERM: another
+    user's process as non-root, ptrace rules for environ and fds)."""
+
+    def __init__(self, pid: int, what: str, message: Optional[str] = None) -> None:
+        super().__init__(pid, what, message or "access denied to %s of PID %d" % (what, pid))
+
+
 def _read_bytes(path: str) -> bytes:
     """Read a whole (/proc) file with raw os calls: ~40% cheaper than open() objects, which
     matters at 10,000 processes."""
@@ -130,6 +153,25 @@ def _read_bytes(path: str) -> bytes:
         os.close(fd)
 
 
+def _typed(pid: int, what: str, error: OSError) -> ProcError:
+    """The typed error for an OSError of a /proc reading (vanished -> NoSuchProcess, EACCES or
+    EPERM -> AccessDenied); other errors (EIO, ...) are returned as a ProcError."""
+    if isinstance(error, (FileNotFoundError, ProcessLookupError)):
+        return NoSuchProcess(pid, what)
+    if isinstance(error, PermissionError):
+        return AccessDenied(pid, what)
+    return ProcError(pid, what, "cannot read %s of PID %d: %s" % (what, pid, _errno_name(error)))
+
+
+def read_proc_file(pid: int, name: str, proc_root: str = "/proc") -> bytes:
+    """Return the bytes of ``/proc/PID/<name>`` in one read; raise NoSuchProcess (gone),
+    AccessDenied (not allowed) or ProcError (any other failure)."""
+    try:
+        return _read_bytes("%s/%d/%s" % (proc_root, pid, name))
+    except OSError as error:
+        raise _typed(pid, name, error) from None
+
+
 def list_pids(proc_root: str = "/proc") -> List[int]:
     """Return every PID listed in ``proc_root`` (numeric entries), unsorted, in one listdir."""
     return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
@@ -141,6 +183,142 @@ def _parse_stat(data: bytes) -> Tuple[str, List[bytes]]:
     right = data.rindex(b")")
     comm = data[left + 1:right].decode("utf-8", "replace")
     return comm, data[right + 2:].split()
+
+
+def read_stat(pid: int, proc_root: str = "/proc",
+              starttime: Optional[int] = None) -> Dict[str, Any]:
+    """One read of /proc/PID/stat: ``{"pid", "comm", "state", "ppid", "pgid", "sid", "flags",
+    "kthread", "cpu_ticks", "num_threads", "starttime", "exit_code"}`` (PIDs as this /proc
+    shows them). With ``starttime``, a process of another start time (a reused PID) raises
+    NoSuchProcess, so one read both identifies and describes the process."""
+    comm, fields = _parse_stat(read_proc_file(pid, "stat", proc_root))
+    started = int(fields[19])
+    if starttime is not None and started != starttime:
+        raise NoSuchProcess(pid, "stat", "PID %d is another process now (start time %d, "
+                            "expected %d)" % (pid, started, starttime))
+    flags = int(fields[6])
+    return {"pid": pid, "comm": comm, "state": fields[0].decode(), "ppid": int(fields[1]),
+            "pgid": int(fields[2]), "sid": int(fields[3]), "flags": flags,
+            "kthread": bool(flags & _PF_KTHREAD), "cpu_ticks": _cpu_ticks(fields),
+            "num_threads": int(fields[_F_THREADS]), "starttime": started,
+            "exit_code": int(fields[_F_EXIT_CODE]) if len(fields) > _F_EXIT_CODE else None}
+
+
+def _status_line(data: bytes, key: bytes) -> Optional[List[int]]:
+    start = data.find(b"\n" + key)
+    if start < 0:
+        return None
+    end = data.find(b"\n", start + 1)
+    return [int(x) for x in data[start + len(key) + 1:end if end >= 0 else len(data)].split()]
+
+
+def read_status(pid: int, proc_root: str = "/proc") -> Dict[str, Any]:
+    """One read of /proc/PID/status: ``{"uid" (real), "euid", "nspid", "nspgid", "nssid"}``,
+    the NS* lists from this /proc's PID namespace down to the process's own (its own view
+    last; 0 where the group or session leader is outside that namespace); None for a line the
+    kernel does not have (NSpid needs Linux 4.1)."""
+    data = read_proc_file(pid, "status", proc_root)
+    uids = _status_line(data, b"Uid:")
+    return {"uid": uids[0] if uids else None, "euid": uids[1] if uids else None,
+            "nspid": _status_line(data, b"NSpid:"), "nspgid": _status_line(data, b"NSpgid:"),
+            "nssid": _status_line(data, b"NSsid:")}
+
+
+def _split_cmdline(raw: bytes) -> List[str]:
+    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+
+
+def read_cmdline(pid: int, proc_root: str = "/proc") -> List[str]:
+    """The argv of ``pid`` (empty for a kernel thread or a zombie, whose memory is gone)."""
+    return _split_cmdline(read_proc_file(pid, "cmdline", proc_root))
+
+
+def read_environ(pid: int, proc_root: str = "/proc",
+                 keys: Optional[Iterable[str]] = None) -> Dict[str, str]:
+    """The environment of ``pid`` as it was at exec (only ``keys`` when given); AccessDenied
+    for another user's process (ptrace rules)."""
+    data = read_proc_file(pid, "environ", proc_root)
+    wanted = None if keys is None else frozenset(keys)
+    env = {}  # type: Dict[str, str]
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            name = key.decode("utf-8", "replace")
+            if wanted is None or name in wanted:
+                env[name] = value.decode("utf-8", "replace")
+    return env
+
+
+def read_children(pid: int, proc_root: str = "/proc") -> List[int]:
+    """The direct children of ``pid`` (/proc/PID/task/*/children, every thread's), sorted."""
+    base = "%s/%d/task" % (proc_root, pid)
+    try:
+        tasks = os.listdir(base)
+    except OSError as error:
+        raise _typed(pid, "task", error) from None
+    kids = []  # type: List[int]
+    for task in tasks:
+        try:
+            kids.extend(int(x) for x in _read_bytes(base + "/" + task + "/children").split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # that thread ended while we listed
+        except OSError as error:
+            raise _typed(pid, "children", error) from None
+    return sorted(set(kids))
+
+
+def read_pid_ns(pid: int, proc_root: str = "/proc") -> str:
+    """The PID namespace of ``pid`` as ``pid:[inode]`` (the ns/pid link)."""
+    try:
+        return os.readlink("%s/%d/ns/pid" % (proc_root, pid))
+    except OSError as error:
+        raise _typed(pid, "ns/pid", error) from None
+
+
+def pid_ns_inode(pid: int, proc_root: str = "/proc") -> int:
+    """The inode number of the PID namespace of ``pid`` (one stat of its ns/pid link)."""
+    try:
+        return os.stat("%s/%d/ns/pid" % (proc_root, pid)).st_ino
+    except OSError as error:
+        raise _typed(pid, "ns/pid", error) from None
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def open_statm(pid: int, proc_root: str = "/proc") -> int:
+    """Open /proc/PID/statm and return the fd, for ``rss_bytes`` to re-read with one pread
+    per sample (the caller closes it)."""
+    try:
+        return os.open("%s/%d/statm" % (proc_root, pid), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise _typed(pid, "statm", error) from None
+
+
+def rss_bytes(pid: int, fd: Optional[int] = None, proc_root: str = "/proc") -> int:
+    """Resident set size of ``pid`` in bytes (statm field 2 x page size), from ``fd`` (see
+    ``open_statm``) when given; NoSuchProcess once it has exited."""
+    try:
+        data = os.pread(fd, 128, 0) if fd is not None else \
+            _read_bytes("%s/%d/statm" % (proc_root, pid))
+    except OSError as error:
+        raise _typed(pid, "statm", error) from None
+    fields = data.split()
+    if len(fields) < 2:  # an exited process's statm reads empty
+        raise NoSuchProcess(pid, "statm")
+    return int(fields[1]) * _PAGE_SIZE
+
+
+def uptime_s(proc_root: str = "/proc") -> float:
+    """Seconds since boot (/proc/uptime), to tell a process's age from its start time."""
+    return float(_read_bytes(proc_root + "/uptime").split()[0])
+
+
+def read_sysctl(name: str, proc_root: str = "/proc") -> str:
+    """The value of a sysctl (``user.max_user_namespaces`` reads /proc/sys/user/...)."""
+    if not re.match(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$", name):
+        raise ValueError("invalid sysctl name %r" % (name,))
+    return _read_bytes(proc_root + "/sys/" + name.replace(".", "/")).decode().strip()
 
 
 def process_starttime(pid: int, proc_root: str = "/proc") -> Optional[int]:
@@ -155,13 +333,17 @@ def process_starttime(pid: int, proc_root: str = "/proc") -> Optional[int]:
     return int(fields[19])
 
 
-def process_state(pid: int, proc_root: str = "/proc") -> Optional[str]:
-    """Return the one-letter state of ``pid`` (R, S, D, Z, T, t, I, X) or None if it is gone."""
+def process_state(pid: int, proc_root: str = "/proc",
+                  starttime: Optional[int] = None) -> Optional[str]:
+    """Return the one-letter state of ``pid`` (R, S, D, Z, T, t, I, X) or None if it is gone
+    (or, with ``starttime``, if the PID now belongs to another process): one read."""
     try:
         data = _read_bytes("%s/%d/stat" % (proc_root, pid))
     except (FileNotFoundError, ProcessLookupError):
         return None
     _, fields = _parse_stat(data)
+    if starttime is not None and int(fields[19]) != starttime:
+        return None
     return fields[0].decode()
 
 
@@ -266,6 +448,8 @@ _TCP_STATES = ("?", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAI
 
 
 def _address(family: int, raw: bytes) -> str:
+    import socket
+
     if family == socket.AF_INET:
         return socket.inet_ntop(socket.AF_INET, raw[:4])
     text = socket.inet_ntop(socket.AF_INET6, raw)
@@ -310,6 +494,7 @@ def tcp_sockets() -> Dict[int, Dict[str, Any]]:
     ms since data was last sent or received). These are the kernel's own counters of what
     crossed each connection: a rank whose peer connections move no bytes makes no progress.
     Raises OSError when netlink is refused (then nothing about sockets can be said)."""
+    import socket
     import struct
 
     result = {}  # type: Dict[int, Dict[str, Any]]
@@ -434,23 +619,15 @@ def _pick_cgroup(data: bytes) -> Tuple[Optional[str], Optional[str], Optional[st
 
 
 def _status_fields(data: bytes) -> Tuple[Optional[int], Optional[List[int]]]:
-    uid = None
-    nspid = None
-    start = data.find(b"\nUid:")
-    if start >= 0:
-        end = data.find(b"\n", start + 1)
-        uid = int(data[start + 5:end].split()[0])
-    start = data.find(b"\nNSpid:")
-    if start >= 0:
-        end = data.find(b"\n", start + 1)
-        nspid = [int(x) for x in data[start + 7:end].split()]
-    return uid, nspid
+    uids = _status_line(data, b"Uid:")
+    return (uids[0] if uids else None), _status_line(data, b"NSpid:")
 
 
 def _read_env(data: bytes) -> Dict[str, str]:
     env = {}  # type: Dict[str, str]
-    if not any(hint in data for hint in _ENV_HINTS):
-        return env
+    if not (b"RANK=" in data or b"MASTER_" in data or b"CHAOSGPU_" in data
+            or b"TORCH" in data):
+        return env  # no job or tag key: the common case, decided by C scans alone
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep and (key in _ENV_KEYS_B or key.startswith(b"CHAOSGPU_")):
@@ -470,8 +647,47 @@ def _nvidia_fds(fd_dir: str) -> List[str]:
     return sorted(set(found))
 
 
-def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool = True,
-                 proc_ns: Optional[str] = None,
+#: ``fds`` value meaning "no NVIDIA device can be open on this kernel" (see ``nvidia_registered``)
+NO_NVIDIA_DEVICE = "no NVIDIA character device is registered with this kernel (/proc/devices)"
+
+
+def nvidia_registered(proc_root: str = "/proc") -> bool:
+    """Whether an NVIDIA driver has registered a character device with this kernel
+    (/proc/devices names ``nvidia*``). When none is, no file any process holds can be an NVIDIA
+    device, so the census skips the fd scan and reports ``nvidia_fds: []`` as a fact. A /proc
+    that cannot tell (unreadable, or a fake proc root in tests) counts as registered."""
+    try:
+        data = _read_bytes(proc_root + "/devices")
+    except OSError:
+        return True
+    return b"nvidia" in data or b"Character devices" not in data
+
+
+_STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag", "cgroup",
+                  "container", "_freezer_v1", "_cgroup_v2")
+_CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
+#: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
+_CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
+
+
+def _stat_record(pid: int, stat: bytes) -> Dict[str, Any]:
+    right = stat.rindex(b")")
+    comm = stat[stat.index(b"(") + 1:right].decode("utf-8", "replace")
+    fields = stat[right + 2:].split(None, 20)  # up to starttime: half the objects of a full split
+    state = fields[0].decode()
+    return {
+        "pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
+        "state": state, "zombie": state == "Z",
+        "kthread": bool(int(fields[6]) & _PF_KTHREAD), "uid": None, "comm": comm,
+        "cmdline": None, "starttime": int(fields[19]), "nspid": None, "pid_ns": None,
+        "ns_init": False, "orphan": False, "orphan_reason": None, "container": None,
+        "cgroup": None, "nvidia_fds": None, "env": None, "tag": None,
+        "unreadable": [], "errors": {},
+    }
+
+
+def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
+                 fds: Union[bool, str] = True, proc_ns: Optional[str] = None,
                  cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]] = None,
                  cache_before: Optional[int] = None,
                  details: bool = True, status: bool = True) -> Optional[Dict[str, Any]]:
@@ -486,9 +702,11 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     ``orphan``/``orphan_reason`` are filled by ``census`` (they need the parent's record).
     ``proc_ns``, when given, is the PID namespace of the /proc mount, used instead of reading
     the ns/pid link of processes whose NSpid has a single field (same namespace).
-    ``cache``, when given, maps (proc_root, pid, starttime) to the fields that do not change
-    during a process's life (uid as first seen, nspid, pid_ns, cmdline, env): a process seen
-    before is then read with stat, cgroup and fd scan only, and a zombie keeps the cmdline and
+    ``fds`` is True (scan), False (not asked: None) or ``NO_NVIDIA_DEVICE`` (no scan needed:
+    ``[]``, see ``nvidia_registered``).
+    ``cache``, when given, maps (proc_root, pid, starttime) to what is kept for a process's life
+    (uid as first seen, nspid, pid_ns, cmdline, env, cgroup and container): a process seen
+    before is then read with stat (and the fd scan) only, and a zombie keeps the cmdline and
     env it had while alive. Only processes started before ``cache_before`` (clock ticks since
     boot) are stored: right after fork the child still shows its parent's cmdline and env,
     and right after exec the kernel shows an empty env for a moment. ``details=False`` reads
@@ -497,52 +715,56 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
     ``status=False`` too reads stat alone (uid, nspid, pid_ns, ns_init also in ``not_read``)."""
     base = "%s/%d" % (proc_root, pid)
     try:
-        stat = _read_bytes(base + "/stat")
+        record = _stat_record(pid, _read_bytes(base + "/stat"))
     except (FileNotFoundError, ProcessLookupError):
         return None
-    comm, fields = _parse_stat(stat)
-    state = fields[0].decode()
-    record = {
-        "pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
-        "state": state, "zombie": state == "Z",
-        "kthread": bool(int(fields[6]) & _PF_KTHREAD), "uid": None, "comm": comm,
-        "cmdline": None, "starttime": int(fields[19]), "nspid": None, "pid_ns": None,
-        "ns_init": False, "orphan": False, "orphan_reason": None, "container": None,
-        "cgroup": None, "nvidia_fds": None, "env": None, "tag": None,
-        "unreadable": [], "errors": {},
-    }  # type: Dict[str, Any]
-    unreadable = record["unreadable"]
-    errors = record["errors"]
-    key = (proc_root, pid, record["starttime"])
-    cached = cache.get(key) if cache is not None else None
+    cached = cache.get((proc_root, pid, record["starttime"])) if cache is not None else None
     if cached is not None and (env or "env" not in cached) and not record["kthread"]:
         record.update(cached)
         if not details:
-            record["not_read"] = ["cgroup", "nvidia_fds"]
+            record["not_read"] = ["nvidia_fds"]
             return record
-        _read_volatile(record, base, state, fds)
+        _read_fds(record, base, fds)
         return None if _vanished(record, base) else record
-
     if not status and not details:
         record["not_read"] = ["uid", "nspid", "pid_ns", "ns_init", "cmdline", "cgroup", "env",
                               "nvidia_fds"]
         return record
+    _read_identity(record, base, proc_ns)
+    if record["kthread"]:
+        return record
+    if not details:
+        record["not_read"] = ["cmdline", "cgroup", "env", "nvidia_fds"]
+        return record
+    _read_details(record, base, env)
+    if cache is not None and not record["zombie"] and not record["unreadable"] \
+            and cache_before is not None and record["starttime"] < cache_before:
+        cache[(proc_root, pid, record["starttime"])] = {
+            name: record[name] for name in _STABLE_FIELDS if name in record
+            and (env or name not in ("env", "tag"))}
+    _read_fds(record, base, fds)
+    return None if _vanished(record, base) else record
 
-    def failed(field: str, error: BaseException) -> None:
-        _note_failure(record, field, error)
 
+def _read_identity(record: Dict[str, Any], base: str, proc_ns: Optional[str]) -> None:
+    """uid, nspid (and the own-namespace session and group the orphan rule needs), pid_ns."""
     try:
-        uid, nspid = _status_fields(_read_bytes(base + "/status"))
-        record["uid"] = uid
-        record["nspid"] = nspid
+        data = _read_bytes(base + "/status")
+        uids = _status_line(data, b"Uid:")
+        record["uid"] = uids[0] if uids else None
+        nspid = record["nspid"] = _status_line(data, b"NSpid:")
         if nspid:
             record["ns_init"] = nspid[-1] == 1
+            if len(nspid) > 1:
+                nssid, nspgid = _status_line(data, b"NSsid:"), _status_line(data, b"NSpgid:")
+                record["_nssid"] = nssid[-1] if nssid else None
+                record["_nspgid"] = nspgid[-1] if nspgid else None
         else:
-            unreadable.append("nspid")
-            errors["nspid"] = "no NSpid line (kernel older than 4.1?)"
+            record["unreadable"].append("nspid")
+            record["errors"]["nspid"] = "no NSpid line (kernel older than 4.1?)"
     except (OSError, ValueError) as error:
-        failed("uid", error)
-        failed("nspid", error)
+        _note_failure(record, "uid", error)
+        _note_failure(record, "nspid", error)
     nspid = record["nspid"]
     if proc_ns is not None and nspid is not None and len(nspid) == 1:
         record["pid_ns"] = proc_ns
@@ -550,36 +772,45 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True, fds: bool
         try:
             record["pid_ns"] = os.readlink(base + "/ns/pid")
         except OSError as error:
-            failed("pid_ns", error)
-    if record["kthread"]:
-        return record
-    if not details:
-        record["not_read"] = ["cmdline", "cgroup", "env", "nvidia_fds"]
-        return record
-    zombie = state in ("Z", "X")
-    if zombie:  # its memory is gone: cmdline and environ read empty, which would be a lie
+            _note_failure(record, "pid_ns", error)
+
+
+def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
+    """cmdline, env (job and tag keys) and cgroup (with the container it names)."""
+    if record["state"] in ("Z", "X"):  # memory gone: cmdline and environ read empty, a lie
         for field in ("cmdline", "env"):
-            unreadable.append(field)
-            errors[field] = "zombie: memory already released"
+            record["unreadable"].append(field)
+            record["errors"][field] = "zombie: memory already released"
     else:
         try:
-            raw = _read_bytes(base + "/cmdline")
-            record["cmdline"] = [a.decode("utf-8", "replace")
-                                 for a in raw.rstrip(b"\0").split(b"\0")] if raw else []
+            record["cmdline"] = _split_cmdline(_read_bytes(base + "/cmdline"))
         except OSError as error:
-            failed("cmdline", error)
-    if env and not zombie:
-        try:
-            record["env"] = _read_env(_read_bytes(base + "/environ"))
-            record["tag"] = record["env"].get("CHAOSGPU_TAG")
-        except OSError as error:
-            failed("env", error)
-    if cache is not None and not zombie and not unreadable and cache_before is not None \
-            and record["starttime"] < cache_before:
-        cache[key] = {name: record[name] for name in _STABLE_FIELDS if name in record
-                      and (env or name not in ("env", "tag"))}
-    _read_volatile(record, base, state, fds)
-    return None if _vanished(record, base) else record
+            _note_failure(record, "cmdline", error)
+        if env:
+            try:
+                found = record["env"] = _read_env(_read_bytes(base + "/environ"))
+                record["tag"] = found.get("CHAOSGPU_TAG")
+            except OSError as error:
+                _note_failure(record, "env", error)
+    try:
+        data = _read_bytes(base + "/cgroup")
+        parsed = _CGROUPS.get(data)
+        if parsed is None:  # most processes share a few cgroup files: parse each one once
+            if len(_CGROUPS) > 4096:
+                _CGROUPS.clear()
+            parsed = _CGROUPS[data] = _pick_cgroup(data) + (parse_container(_pick_cgroup(data)[0]),)
+        main_path, freezer, v2, container = parsed
+        record["cgroup"] = main_path
+        record["container"] = dict(container) if container else None
+        if freezer is not None:
+            record["_freezer_v1"] = freezer
+        if v2 is not None:
+            record["_cgroup_v2"] = v2
+    except OSError as error:
+        _note_failure(record, "cgroup", error)
+    sandbox = (record.get("env") or {}).get("CHAOSGPU_SANDBOX")
+    if sandbox and record["container"] is None:
+        record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
 
 
 def _vanished(record: Dict[str, Any], base: str) -> bool:
@@ -588,10 +819,6 @@ def _vanished(record: Dict[str, Any], base: str) -> bool:
     if "vanished" not in record["errors"].values():
         return False
     return not os.path.exists(base + "/stat")
-
-
-_CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
-_STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag")
 
 
 def _note_failure(record: Dict[str, Any], field: str, error: BaseException) -> None:
@@ -604,24 +831,10 @@ def _note_failure(record: Dict[str, Any], field: str, error: BaseException) -> N
         record["errors"][field] = "%s: %s" % (type(error).__name__, error)
 
 
-def _read_volatile(record: Dict[str, Any], base: str, state: str, fds: bool) -> None:
-    """Fill the fields that can change during a process's life: cgroup (a process can be
-    moved), container, open /dev/nvidia* fds."""
-    try:
-        main_path, freezer, v2 = _pick_cgroup(_read_bytes(base + "/cgroup"))
-        record["cgroup"] = main_path
-        record["container"] = parse_container(main_path)
-        if freezer is not None:
-            record["_freezer_v1"] = freezer
-        if v2 is not None:
-            record["_cgroup_v2"] = v2
-    except OSError as error:
-        _note_failure(record, "cgroup", error)
-    sandbox = (record.get("env") or {}).get("CHAOSGPU_SANDBOX")
-    if sandbox and record["container"] is None:
-        record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
-    if state in ("Z", "X"):
-        record["nvidia_fds"] = []  # the kernel closed its files when it exited
+def _read_fds(record: Dict[str, Any], base: str, fds: Union[bool, str]) -> None:
+    """The open /dev/nvidia* fds: what can change during a process's life (read every time)."""
+    if record["state"] in ("Z", "X") or fds == NO_NVIDIA_DEVICE:
+        record["nvidia_fds"] = []  # exited: the kernel closed its files; or no such device
     elif fds:
         try:
             record["nvidia_fds"] = _nvidia_fds(base + "/fd")
@@ -661,6 +874,22 @@ def _nvml() -> Tuple[Any, Optional[str]]:
 def _nvml_init() -> None:
     _NVML["tried"] = True
     _NVML["attempts"] += 1
+    if "pynvml" not in sys.modules and not nvidia_registered():
+        # no driver registered yet: NVML cannot work; say why without importing pynvml (10 ms a
+        # snapshot), and try again after the backoff (a DaemonSet may start before the driver)
+        import importlib.util
+
+        try:
+            installed = importlib.util.find_spec("pynvml") is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
+            _NVML.update(reason="pynvml (nvidia-ml-py) not installed", retry_at=None)
+            return
+        backoff = min(NVML_RETRY_MAX_S, max(NVML_RETRY_FIRST_S, 2.0 * _NVML["backoff_s"]))
+        _NVML.update(reason="NVML unavailable: " + NO_NVIDIA_DEVICE, handles=None,
+                     backoff_s=backoff, retry_at=time.monotonic() + backoff)
+        return
     try:
         import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except Exception as error:  # ImportError, or a broken install: no retry
@@ -828,7 +1057,7 @@ def nvml_gpu_processes() -> List[Dict[str, Any]]:
 
 def _observer(proc_root: str) -> Dict[str, Any]:
     observer = {"pid": os.getpid(), "uid": os.getuid(), "pid_ns": None, "nspid": None,
-                "root": os.geteuid() == 0, "hostname": socket.gethostname(),
+                "root": os.geteuid() == 0, "hostname": os.uname().nodename,
                 "proc_root": proc_root}  # type: Dict[str, Any]
     try:
         observer["pid_ns"] = os.readlink("/proc/self/ns/pid")
@@ -1091,35 +1320,75 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     return sorted(jobs.values(), key=lambda j: j["id"])
 
 
-def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool) -> None:
-    def host_init(parent: Dict[str, Any]) -> bool:
-        return host_view and parent["pid"] == 1 and len(parent.get("nspid") or [1]) == 1
+def _own_view(proc: Dict[str, Any], proc_root: str) -> Tuple[int, Optional[int], Optional[int]]:
+    """(pid, sid, pgid) of ``proc`` as seen from its own PID namespace: 0 for a session or
+    group whose leader is outside that namespace. A record of a nested process that lacks them
+    (cached, lite) gets them from one read of its status."""
+    nspid = proc.get("nspid")
+    if not nspid or len(nspid) == 1:
+        return proc["pid"], proc["sid"], proc["pgid"]
+    if "_nssid" not in proc:
+        try:
+            status = read_status(proc["pid"], proc_root)
+            proc["_nssid"] = (status["nssid"] or [None])[-1]
+            proc["_nspgid"] = (status["nspgid"] or [None])[-1]
+        except ProcError:
+            proc["_nssid"] = proc["_nspgid"] = None
+    return nspid[-1], proc.get("_nssid"), proc.get("_nspgid")
 
+
+def _same_namespace(proc: Dict[str, Any], parent: Dict[str, Any]) -> bool:
+    if proc.get("pid_ns") is not None and parent.get("pid_ns") is not None:
+        return bool(proc["pid_ns"] == parent["pid_ns"])
+    return len(proc.get("nspid") or [0]) == len(parent.get("nspid") or [0])
+
+
+def orphan_reason(proc: Dict[str, Any], parent: Optional[Dict[str, Any]], initial_ns: bool,
+                  proc_root: str = "/proc") -> Optional[str]:
+    """The orphan rule (docs/census.md), judged from the process's own PID namespace so that
+    the host and a view from inside that namespace agree: why ``proc`` is an orphan, or None.
+    ``parent`` is the record of its parent (None when it is not visible); ``initial_ns`` says
+    the process is in the host's (initial) PID namespace, where session 0 is the kernel's own.
+    An orphan: its parent, in its own namespace, is that namespace's init or a known
+    subreaper, and it is neither a session leader, nor in its parent's session, nor (when its
+    session's leader is outside the namespace, as unshare and nsenter leave it, so that the
+    session says nothing there) the leader of its own process group."""
+    if proc["kthread"] or proc["ns_init"] or proc["pid"] == 1 or parent is None:
+        return None
+    if not _same_namespace(proc, parent):
+        return None  # seen from its namespace its parent is outside it (PPID 0): not judged
+    if parent["ns_init"] or parent["pid"] == 1:
+        kind = "init of its PID namespace"
+    elif parent["comm"] in KNOWN_SUBREAPERS:
+        kind = "subreaper"
+    else:
+        return None
+    own, sid, pgid = _own_view(proc, proc_root)
+    if sid is None or sid == own:
+        return None  # cannot tell (status unreadable), or a session leader: started on purpose
+    _, parent_sid, _ = _own_view(parent, proc_root)
+    if sid != 0 or initial_ns:
+        if sid == parent_sid:
+            return None  # in its parent's own session: started by that parent
+        return "parent is %s (pid %d, %s); session %d is not its own nor its parent's" % (
+            kind, parent["pid"], parent["comm"], sid)
+    if pgid == own:
+        return None  # its own process group (isolated on purpose, as tini does for its child)
+    return ("parent is %s (pid %d, %s); its session's leader is outside its namespace and it "
+            "leads no process group of its own" % (kind, parent["pid"], parent["comm"]))
+
+
+def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool,
+                  proc_root: str = "/proc") -> None:
     for proc in processes.values():
-        if proc["kthread"] or proc["ns_init"] or proc["pid"] == 1:
-            continue
-        parent = processes.get(proc["ppid"])
-        if parent is None:
-            continue
-        if parent["ns_init"] or parent["pid"] == 1:
-            kind = "init of its PID namespace" if parent.get("pid_ns") == proc.get("pid_ns") \
-                else "init of an outer PID namespace"
-        elif parent["comm"] in KNOWN_SUBREAPERS:
-            kind = "subreaper"
-        else:
-            continue
-        sid = proc["sid"]
-        if sid == proc["pid"]:
-            continue  # a session leader: started on purpose (setsid by its starter)
-        if sid == parent["sid"] and (sid != 0 or host_init(parent)):
-            continue  # in its parent's own session: started by that parent
-        # sid 0 reads "session outside this namespace", except for the host init's session 0
-        proc["orphan"] = True
-        proc["orphan_reason"] = "parent is %s (pid %d, %s); session %s is not its own" % (
-            kind, parent["pid"], parent["comm"], sid if sid else "outside this namespace")
+        initial = host_view and len(proc.get("nspid") or [1]) == 1
+        reason = orphan_reason(proc, processes.get(proc["ppid"]), initial, proc_root)
+        if reason is not None:
+            proc["orphan"] = True
+            proc["orphan_reason"] = reason
 
 
-def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: bool,
+def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
                  proc_ns: Optional[str], level: str,
                  cache: Optional[Dict[Tuple[str, int, int], Dict[str, Any]]],
                  cache_before: Optional[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
@@ -1138,33 +1407,29 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: bool,
     return processes, errors
 
 
-def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
-                   proc_ns: Optional[str], level: str,
-                   workers: int) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
-    """Read ``wanted`` in ``workers`` forked children (marshal over pipes); a child that fails
-    is redone serially here, so the result never depends on the fork succeeding."""
+def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
+                   proc_ns: Optional[str], level: str, workers: int,
+                   forked: Any = None) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    """Read ``wanted`` over ``workers`` readers: ``workers - 1`` forked children (marshal over
+    pipes) and this process, which reads its own share meanwhile. A child that fails is redone
+    serially here, so the result never depends on the fork succeeding."""
     import marshal
 
     chunks = [wanted[i::workers] for i in range(workers)]
     children = []  # type: List[Tuple[int, int, List[int]]]
-    processes = {}  # type: Dict[int, Dict[str, Any]]
-    errors = []  # type: List[str]
-    for chunk in chunks:
+    for chunk in chunks[1:]:
         try:
             read_fd, write_fd = os.pipe()
             child = os.fork()
         except OSError:
-            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
-            processes.update(more)
-            errors.extend(errs)
+            chunks[0].extend(chunk)
             continue
         if child == 0:  # pragma: no cover - runs in the forked reader
             status = 0
             try:
                 os.close(read_fd)
                 result = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
-                data = marshal.dumps(result)
-                view = memoryview(data)
+                view = memoryview(marshal.dumps(result))
                 while view:
                     view = view[os.write(write_fd, view):]
             except BaseException:
@@ -1172,6 +1437,9 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
             os._exit(status)
         os.close(write_fd)
         children.append((child, read_fd, chunk))
+    if forked is not None:
+        forked()  # every reader is forked: threads may start now
+    processes, errors = _read_serial(chunks[0], proc_root, env, fds, proc_ns, level, None, None)
     for child, read_fd, chunk in children:
         parts = []
         while True:
@@ -1190,6 +1458,26 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: bool,
         processes.update(more)
         errors.extend(errs)
     return processes, errors
+
+
+#: processes per forked reader below which forking does not pay (measured: bench/census_bench.py)
+PROCESSES_PER_READER = 1000
+
+
+def auto_workers(count: int) -> int:
+    """How many readers pay for ``count`` processes: one per PROCESSES_PER_READER processes, at
+    most one per idle CPU this process may run on (1 + CPUs - load average) and at most 8: the
+    reads are syscall-bound and scale with free cores; on busy cores a forked reader only adds
+    its fork and the marshalled records."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    try:  # CPUs others keep busy do not read for us: count the idle ones (and this one)
+        cpus = min(cpus, 1 + max(0, int(cpus - os.getloadavg()[0])))
+    except OSError:
+        pass
+    return max(1, min(cpus, 8, count // PROCESSES_PER_READER))
 
 
 _WORKER_NAMES = re.compile(r"^(python|pt_|torchrun|ray::)")
@@ -1258,65 +1546,60 @@ def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
     return result
 
 
-def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bool = True,
-           gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
-           cgroup_root: str = "/sys/fs/cgroup", cache: bool = False,
-           detail: str = "full", workers: int = 1) -> Dict[str, Any]:
-    """Take the whole census (schema ``chaosgpu.census/1``, docs/census.md): the observer, the
-    GPU section (NVML, or ``gpu_snapshot`` when given: a recorded ``gpu`` section, which is how
-    tests feed real recordings to the attribution), every process of ``proc_root`` (or only
-    ``pids``), GPU processes attributed to observer PID / namespace PID / container / job /
-    rank ("not visible here" when NVML's host PID is not in this /proc), zombies, orphans (see
-    the module docstring for the exact rule) and distributed-training jobs with rank states
-    (alive, stopped, frozen, zombie, missing) as this one reading shows them. Never raises
-    for an odd node: problems go to ``errors``. ``cache=True`` keeps, across calls in this
-    process, the fields that do not change during a process's life (see ``read_process``):
-    repeated censuses (an agent, a sampler) then cost about half, and zombies keep the tag
-    and rank they had while alive.
-    ``detail="lite"`` reads the stat of every process, the status of every parent (to know
-    namespace inits) and the rest only for candidates: NVML's PIDs, zombies, children of
-    namespace inits and known subreapers, and processes named like training workers
-    (python*, pt_*, torchrun); the others carry ``not_read``. A job whose ranks are none of
-    these is missed in lite mode.
-    ``workers=N`` (N > 1, without cache, from 1,000 processes) splits the reading over N forked
-    readers: the /proc reads are syscall-bound and scale with cores."""
-    if detail not in ("full", "lite"):
-        raise ValueError("detail must be 'full' or 'lite', got %r" % (detail,))
-    started = time.monotonic()
-    taken_at = time.time()
-    errors = []  # type: List[str]
-    observer = _observer(proc_root)
-    proc_ns = _proc_ns(proc_root)
-    if gpu_snapshot is not None:
-        gpu_section = gpu_snapshot
-    elif gpu:
-        gpu_section = nvml_snapshot()
-    else:
-        gpu_section = {"available": False, "reason": "not asked (--no-gpu)", "driver": None,
-                       "devices": []}
-    processes = {}  # type: Dict[int, Dict[str, Any]]
-    cache_before = None
-    if cache:
-        try:
-            uptime = float(_read_bytes(proc_root + "/uptime").split()[0])
-            hz = os.sysconf("SC_CLK_TCK")
-            cache_before = int((uptime - 2.0) * hz)  # only processes older than 2 s
-        except (OSError, ValueError, IndexError):
-            cache_before = None
+def _cache_before(proc_root: str) -> Optional[int]:
+    """Clock ticks since boot before which a process is old enough to be cached (2 s ago)."""
     try:
-        wanted = list(pids) if pids is not None else list_pids(proc_root)
-    except OSError as error:
-        wanted = []
-        errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
-    lite = detail == "lite"
+        return int((uptime_s(proc_root) - 2.0) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _GpuReading:
+    """The GPU section, read by NVML on a thread while /proc is read (NVML's init and its
+    process lists wait on the driver, with the GIL released: on the H200 the init alone costs
+    more than reading 1,000 processes). Started only after any reader is forked."""
+
+    def __init__(self, gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> None:
+        self.section = gpu_snapshot if gpu_snapshot is not None else None
+        self.gpu = gpu
+        self.thread = None  # type: Any
+
+    def start(self) -> None:
+        if self.section is not None or self.thread is not None or not self.gpu:
+            return
+        import threading
+
+        def read() -> None:
+            self.section = nvml_snapshot()
+
+        self.thread = threading.Thread(target=read, name="census-nvml", daemon=True)
+        self.thread.start()
+
+    def result(self) -> Dict[str, Any]:
+        self.start()
+        if self.thread is not None:
+            self.thread.join()
+        if self.section is None:
+            self.section = _gpu_section(self.gpu, None)
+        return self.section
+
+
+def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
+              proc_ns: Optional[str], lite: bool, cache: bool, workers: int,
+              gpu: _GpuReading) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     use_cache = _CACHE if cache else None
+    cache_before = _cache_before(proc_root) if cache else None
     level = "stat" if lite else "full"
+    if workers == 0:
+        workers = auto_workers(len(wanted))
     if workers > 1 and not cache and len(wanted) >= 1000:
-        processes, more = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers)
+        processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
+                                           gpu.start)
     else:
-        processes, more = _read_serial(wanted, proc_root, env, fds, proc_ns, level, use_cache,
-                                       cache_before)
-    errors.extend(more)
+        gpu.start()
+        processes, errors = _read_serial(wanted, proc_root, env, fds, proc_ns, level, use_cache,
+                                         cache_before)
+    gpu_section = gpu.result()
     if lite:
         # parents (to know which are namespace inits), then the candidates, in full
         parents = sorted({p["ppid"] for p in processes.values() if p["ppid"] in processes})
@@ -1331,16 +1614,18 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
                     processes[pid] = more_records[pid]
                 else:
                     processes.pop(pid, None)
-    if cache and pids is None:
-        for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
-            del _CACHE[key]
-    _mark_orphans(processes, bool(observer.get("host_view")))
-    gpu_processes = _attribute(gpu_section, processes, observer, {})
-    gpu_by_pid = {}  # type: Dict[int, float]
-    for item in gpu_processes:
-        if item["visible"] and item["used_mib"] is not None:
-            gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
-    jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"])
+    return processes, errors
+
+
+def _gpu_section(gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    if gpu_snapshot is not None:
+        return gpu_snapshot
+    if gpu:
+        return nvml_snapshot()
+    return {"available": False, "reason": "not asked (--no-gpu)", "driver": None, "devices": []}
+
+
+def _join_jobs(gpu_processes: List[Dict[str, Any]], jobs: List[Dict[str, Any]]) -> None:
     job_of = {}  # type: Dict[int, Tuple[str, Optional[int]]]
     for job in jobs:
         for rank in job["ranks"]:
@@ -1349,10 +1634,90 @@ def census(proc_root: str = "/proc", env: bool = True, fds: bool = True, gpu: bo
     for item in gpu_processes:
         if item["pid"] in job_of:
             item["job"], item["rank"] = job_of[item["pid"]]
+
+
+def census(proc_root: str = "/proc", env: bool = True, fds: Union[bool, str] = True,
+           gpu: bool = True,
+           gpu_snapshot: Optional[Dict[str, Any]] = None, pids: Optional[Iterable[int]] = None,
+           cgroup_root: str = "/sys/fs/cgroup", cache: bool = False,
+           detail: str = "full", workers: int = 1) -> Dict[str, Any]:
+    """Take the whole census (schema ``chaosgpu.census/1``, docs/census.md): the observer, the
+    GPU section (NVML, or ``gpu_snapshot`` when given: a recorded ``gpu`` section, which is how
+    tests feed real recordings to the attribution), every process of ``proc_root`` (or only
+    ``pids``), GPU processes attributed to observer PID / namespace PID / container / job /
+    rank ("not visible here" when NVML's host PID is not in this /proc), zombies, orphans (see
+    ``orphan_reason``) and distributed-training jobs with rank states (alive, stopped, frozen,
+    zombie, missing) as this one reading shows them. Never raises for an odd node: problems go
+    to ``errors``. ``fds`` scans every process's fds for /dev/nvidia* when an NVIDIA driver is
+    registered (``nvidia_registered``; otherwise ``nvidia_fds`` is ``[]`` without a scan);
+    ``fds="always"`` scans anyway (to measure what a GPU node pays).
+    ``cache=True`` keeps, across calls in this process, what does not change during a
+    process's life (see ``read_process``): a repeated census (the job observer, an agent, a
+    sampler) then reads each known process's stat (and fds) alone, and zombies keep the tag and
+    rank they had while alive.
+    ``detail="lite"`` reads the stat of every process, the status of every parent (to know
+    namespace inits) and the rest only for candidates: NVML's PIDs, zombies, children of
+    namespace inits and known subreapers, and processes named like training workers
+    (python*, pt_*, torchrun); the others carry ``not_read``. A job whose ranks are none of
+    these is missed in lite mode.
+    ``workers=N`` (N > 1, without cache, from 1,000 processes) splits the reading over N
+    readers (N - 1 forked); ``workers=0`` picks N by ``auto_workers``."""
+    if detail not in ("full", "lite"):
+        raise ValueError("detail must be 'full' or 'lite', got %r" % (detail,))
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of acyclic dicts: the cyclic collector only costs time
+    try:
+        return _census(proc_root, env, fds, gpu, gpu_snapshot, pids, cgroup_root, cache, detail,
+                       workers)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
+            gpu_snapshot: Optional[Dict[str, Any]], pids: Optional[Iterable[int]],
+            cgroup_root: str, cache: bool, detail: str, workers: int) -> Dict[str, Any]:
+    started = time.monotonic()
+    taken_at = time.time()
+    errors = []  # type: List[str]
+    observer = _observer(proc_root)
+    proc_ns = _proc_ns(proc_root)
+    gpu_reading = _GpuReading(gpu, gpu_snapshot)
+    if fds == "always":  # scan even where no NVIDIA device is registered (what a GPU node pays)
+        fd_mode = True  # type: Union[bool, str]
+    else:
+        fd_mode = fds if not fds or nvidia_registered(proc_root) else NO_NVIDIA_DEVICE
+    observer["nvidia_fd_scan"] = ("skipped: " + NO_NVIDIA_DEVICE if fd_mode == NO_NVIDIA_DEVICE
+                                  else bool(fds))
+    try:
+        wanted = list(pids) if pids is not None else list_pids(proc_root)
+    except OSError as error:
+        wanted = []
+        errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
+    processes, more = _read_all(wanted, proc_root, env, fd_mode, proc_ns, detail == "lite",
+                                cache, workers, gpu_reading)
+    gpu_section = gpu_reading.result()
+    errors.extend(more)
+    if cache and pids is None:
+        for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
+            del _CACHE[key]
+    _mark_orphans(processes, bool(observer.get("host_view")), proc_root)
+    gpu_processes = _attribute(gpu_section, processes, observer, {})
+    gpu_by_pid = {}  # type: Dict[int, float]
+    for item in gpu_processes:
+        if item["visible"] and item["used_mib"] is not None:
+            gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
+    jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"])
+    _join_jobs(gpu_processes, jobs)
+    private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")
     for record in processes.values():
-        record.setdefault("not_read", [])
-        record.pop("_freezer_v1", None)
-        record.pop("_cgroup_v2", None)
+        if "not_read" not in record:
+            record["not_read"] = []
+        if len(record) > 26:  # holds private keys (cgroup paths, own-namespace session)
+            for name in private:
+                record.pop(name, None)
     ordered = [processes[pid] for pid in sorted(processes)]
     return {
         "schema": SCHEMA,
@@ -1378,73 +1743,93 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Parse ``argv`` (``--no-env --no-fds --no-gpu --pid N --proc-root DIR --gpu-snapshot FILE
-    --indent N --workers N``), print one census JSON document and return 0; bad arguments print
-    ``{"error": ...}`` and return 2. ``--tcp-sockets`` prints ``{"sockets": {inode: ...}}``
-    (``tcp_sockets``) instead: the view of this program's network namespace."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    options = {"env": True, "fds": True, "gpu": True, "workers": 1}  # type: Dict[str, Any]
-    proc_root = "/proc"
-    pids = None  # type: Optional[List[int]]
-    snapshot = None
-    indent = None  # type: Optional[int]
+class _UsageError(Exception):
+    pass
+
+
+def _load_snapshot(value: str) -> Dict[str, Any]:
+    try:
+        if value == "-":
+            snapshot = json.load(sys.stdin)
+        else:
+            with open(value) as handle:
+                snapshot = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise _UsageError("--gpu-snapshot %r: %s" % (value, error)) from None
+    if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
+        snapshot = snapshot["held"]
+    if not isinstance(snapshot, dict):
+        raise _UsageError("--gpu-snapshot %r is not a JSON object" % value)
+    return snapshot
+
+
+def _option_value(options: Dict[str, Any], arg: str, value: str) -> None:
+    """Store the value of an option that takes one (raise _UsageError when it is bad)."""
+    if arg == "--pid":
+        if not value.isdigit() or int(value) <= 0:
+            raise _UsageError("--pid needs a positive integer, got %r" % value)
+        options["pids"] = (options["pids"] or []) + [int(value)]
+    elif arg == "--proc-root":
+        if not os.path.isdir(value):
+            raise _UsageError("--proc-root %r is not a directory" % value)
+        options["proc_root"] = value.rstrip("/") or "/"
+    elif arg in ("--indent", "--workers"):
+        if not value.isdigit():
+            raise _UsageError("%s needs an integer >= 0, got %r" % (arg, value))
+        options[arg[2:]] = int(value)
+    else:
+        options["gpu_snapshot"] = _load_snapshot(value)
+
+
+def _parse(args: List[str]) -> Dict[str, Any]:
+    options = {"env": True, "fds": True, "gpu": True, "workers": 1, "proc_root": "/proc",
+               "pids": None, "gpu_snapshot": None, "indent": None,
+               "action": "census"}  # type: Dict[str, Any]
     index = 0
     while index < len(args):
         arg = args[index]
         if arg in ("--no-env", "--no-fds", "--no-gpu"):
             options[arg[5:]] = False
+        elif arg == "--scan-fds":
+            options["fds"] = "always"
         elif arg in ("--pid", "--proc-root", "--gpu-snapshot", "--indent", "--workers"):
             if index + 1 >= len(args):
-                return _usage_error("%s needs a value" % arg)
-            value = args[index + 1]
+                raise _UsageError("%s needs a value" % arg)
             index += 1
-            if arg == "--pid":
-                if not value.isdigit() or int(value) <= 0:
-                    return _usage_error("--pid needs a positive integer, got %r" % value)
-                pids = (pids or []) + [int(value)]
-            elif arg == "--proc-root":
-                if not os.path.isdir(value):
-                    return _usage_error("--proc-root %r is not a directory" % value)
-                proc_root = value.rstrip("/") or "/"
-            elif arg == "--indent":
-                if not value.isdigit():
-                    return _usage_error("--indent needs an integer, got %r" % value)
-                indent = int(value)
-            elif arg == "--workers":
-                if not value.isdigit() or int(value) < 1:
-                    return _usage_error("--workers needs a positive integer, got %r" % value)
-                options["workers"] = int(value)
-            else:
-                try:
-                    if value == "-":
-                        snapshot = json.load(sys.stdin)
-                    else:
-                        with open(value) as handle:
-                            snapshot = json.load(handle)
-                except (OSError, ValueError) as error:
-                    return _usage_error("--gpu-snapshot %r: %s" % (value, error))
-                if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
-                    snapshot = snapshot["held"]
-                if not isinstance(snapshot, dict):
-                    return _usage_error("--gpu-snapshot %r is not a JSON object" % value)
-        elif arg in ("-h", "--help"):
-            print(__doc__)
-            return 0
-        elif arg == "--tcp-sockets":
-            try:
-                print(json.dumps({"schema": SCHEMA, "sockets": tcp_sockets()}))
-            except OSError as error:
-                print(json.dumps({"schema": SCHEMA, "error": "netlink: %s" % error}))
-                return 2
-            return 0
+            _option_value(options, arg, args[index])
+        elif arg in ("-h", "--help", "--tcp-sockets"):
+            options["action"] = arg.lstrip("-")
+            return options
         else:
-            return _usage_error("unknown argument %r" % arg)
+            raise _UsageError("unknown argument %r" % arg)
         index += 1
-    document = census(proc_root=proc_root, env=options["env"], fds=options["fds"],
-                      gpu=options["gpu"], gpu_snapshot=snapshot, pids=pids,
-                      workers=options["workers"])
-    print(json.dumps(document, indent=indent, sort_keys=False))
+    return options
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` (``--no-env --no-fds --scan-fds --no-gpu --pid N --proc-root DIR
+    --gpu-snapshot FILE --indent N --workers N``), print one census JSON document and return 0;
+    bad arguments print ``{"error": ...}`` and return 2. ``--tcp-sockets`` prints
+    ``{"sockets": {inode: ...}}`` (``tcp_sockets``) instead: the view of this program's
+    network namespace."""
+    try:
+        options = _parse(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as error:
+        return _usage_error(str(error))
+    if options["action"] in ("h", "help"):
+        print(__doc__)
+        return 0
+    if options["action"] == "tcp-sockets":
+        try:
+            print(json.dumps({"schema": SCHEMA, "sockets": tcp_sockets()}))
+        except OSError as error:
+            print(json.dumps({"schema": SCHEMA, "error": "netlink: %s" % error}))
+            return 2
+        return 0
+    document = census(proc_root=options["proc_root"], env=options["env"], fds=options["fds"],
+                      gpu=options["gpu"], gpu_snapshot=options["gpu_snapshot"],
+                      pids=options["pids"], workers=options["workers"])
+    print(json.dumps(document, indent=options["indent"], sort_keys=False))
     return 0
 
 

@@ -24,7 +24,8 @@ def test_own_record_matches_the_kernel() -> None:
     assert record["ppid"] == os.getppid()
     assert record["uid"] == os.getuid()
     assert record["state"] in ("R", "S")
-    assert record["cmdline"][0] == sys.argv[0] or record["cmdline"]
+    # the interpreter's own argv is what the kernel holds in /proc/self/cmdline
+    assert record["cmdline"] == sys.orig_argv
     assert record["nspid"][-1] == os.getpid()
     assert record["pid_ns"] == os.readlink("/proc/self/ns/pid")
     assert record["unreadable"] == [] and record["errors"] == {}
@@ -327,3 +328,94 @@ def test_program_is_self_contained_without_site_packages() -> None:
     assert document["gpu"]["available"] is False
     assert "pynvml (nvidia-ml-py) not installed" in document["gpu"]["reason"]
     assert document["processes"][0]["pid"] == os.getpid()
+
+
+# ---------------------------------------------------------------- the low-level /proc readers
+
+
+def test_readers_give_typed_errors_with_one_read_per_check() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env=dict(os.environ, CHAOSGPU_TAG="readers", RANK="3"))
+    try:
+        # right after exec the kernel shows an empty argv for a moment
+        wait_for(lambda: node.read_cmdline(child.pid), what="the child's argv")
+        stat = node.read_stat(child.pid)
+        assert stat["ppid"] == os.getpid() and stat["state"] in ("R", "S")
+        assert stat["starttime"] == node.process_starttime(child.pid)
+        # the start time identifies the process: another one raises NoSuchProcess
+        with pytest.raises(node.NoSuchProcess):
+            node.read_stat(child.pid, starttime=stat["starttime"] + 1)
+        assert node.process_state(child.pid, starttime=stat["starttime"] + 1) is None
+        assert node.read_cmdline(child.pid)[:2] == [sys.executable, "-c"]
+        assert node.read_environ(child.pid, keys=("CHAOSGPU_TAG", "RANK")) == {
+            "CHAOSGPU_TAG": "readers", "RANK": "3"}
+        assert child.pid in node.read_children(os.getpid())
+        status = node.read_status(child.pid)
+        assert status["uid"] == os.getuid() and status["nspid"] == [child.pid]
+        assert node.read_pid_ns(child.pid) == os.readlink("/proc/self/ns/pid")
+        assert node.pid_ns_inode(child.pid) == os.stat("/proc/self/ns/pid").st_ino
+        fd = node.open_statm(child.pid)
+        try:
+            assert node.rss_bytes(child.pid, fd) > 0 and node.rss_bytes(child.pid) > 0
+        finally:
+            os.close(fd)
+    finally:
+        child.kill()
+        child.wait()
+    for reader in (node.read_stat, node.read_status, node.read_cmdline, node.read_environ,
+                   node.read_children, node.read_pid_ns, node.pid_ns_inode, node.rss_bytes):
+        with pytest.raises(node.NoSuchProcess) as caught:
+            reader(child.pid)
+        assert caught.value.pid == child.pid
+    assert node.process_state(child.pid) is None and node.process_starttime(child.pid) is None
+    assert node.uptime_s() > 0 and int(node.read_sysctl("kernel.pid_max")) > 0
+    with pytest.raises(ValueError, match="invalid sysctl name"):
+        node.read_sysctl("../../etc/passwd")
+
+
+def test_reader_access_denied_is_typed() -> None:
+    """Another user's environ is closed to a non-root reader: AccessDenied, not 'gone'."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to read as nobody")
+    code = (f"import sys; sys.path.insert(0, {str(PROGRAM.parent)!r}); import node_census as n\n"
+            f"try:\n    n.read_environ({os.getpid()})\nexcept n.AccessDenied as e:\n"
+            "    print('denied', e.pid, e.what)\n")
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.stdout.split() == ["denied", str(os.getpid()), "environ"], result.stderr
+
+
+def test_package_reads_proc_only_through_the_census_readers() -> None:
+    """No string naming a path under /proc is left in the modules converted to the readers (their
+    docstrings and comments may still name what they read)."""
+    import ast
+
+    for relative in ("chaosgpu/sandbox/runtime.py", "chaosgpu/timeline/sampler.py",
+                     "chaosgpu/sandbox/probes.py", "chaosgpu/node/__init__.py"):
+        tree = ast.parse((REPO / relative).read_text())
+        docstrings = {id(node_.body[0].value) for node_ in ast.walk(tree)
+                      if isinstance(node_, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                      and node_.body and isinstance(node_.body[0], ast.Expr)}
+        for item in ast.walk(tree):
+            if isinstance(item, ast.Constant) and isinstance(item.value, str) \
+                    and id(item) not in docstrings:
+                assert "/proc/" not in item.value, (relative, item.value)
+
+
+def test_snapshot_json_is_compact_off_a_terminal_and_fd_scan_is_said(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--json", "--no-gpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one line: the C encoder, one write
+    census = json.loads(out)
+    scan = census["observer"]["nvidia_fd_scan"]
+    if node.nvidia_registered():
+        assert scan is True
+    else:  # no NVIDIA driver here: no fd can be a GPU device, so none is read, and it is said
+        assert scan.startswith("skipped: ") and all(p["nvidia_fds"] == [] for p in
+                                                     census["processes"] if not p["kthread"])
+    assert cli.main(["--json", "--no-gpu", "--no-env", "--indent", "2"]) == 0
+    assert capsys.readouterr().out.startswith('{\n  "schema"')
+    assert cli.main(["--json", "--indent", "-1"]) == 2
+    assert "--indent must be >= 0" in capsys.readouterr().err

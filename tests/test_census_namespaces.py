@@ -5,8 +5,10 @@ GPU attribution of a recorded NVML snapshot (host PIDs), and a non-root observer
 import copy
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,10 +129,14 @@ def test_non_root_observer_marks_what_it_cannot_read() -> None:
         worker = procs[orphan]  # root-owned, inside a pod: still listed, never "absent"
         assert worker["uid"] == 0 and worker["state"] == "S"
         assert worker["nspid"][0] == orphan  # status is world-readable
-        for field in ("env", "nvidia_fds", "pid_ns"):
+        scanned = node.census_module().nvidia_registered()
+        for field in ("env", "nvidia_fds", "pid_ns") if scanned else ("env", "pid_ns"):
             assert field in worker["unreadable"], field
             assert worker["errors"][field] == "EACCES"
             assert worker[field] is None
+        if not scanned:  # no NVIDIA driver on this kernel: no fd can be a GPU device, a fact
+            assert worker["nvidia_fds"] == [] and "nvidia_fds" not in worker["unreadable"]
+            assert census["observer"]["nvidia_fd_scan"].startswith("skipped: ")
         assert worker["orphan"]  # the orphan rule needs only stat + status
         me = procs[next(p for p in procs if procs[p]["uid"] == 65534
                         and "node_census.py" in " ".join(procs[p]["cmdline"] or []))]
@@ -198,3 +204,112 @@ def test_lite_census_reads_details_only_for_candidates() -> None:
         finally:
             plain.kill()
             plain.wait()
+
+
+# ---------------------------------------------------------------- one orphan rule, two views
+
+
+def _pod_members(pid1: int) -> list[int]:
+    inode = node.pid_ns_inode(pid1)
+    found = []
+    for pid in node.list_pids():
+        try:
+            if node.pid_ns_inode(pid) == inode:
+                found.append(pid)
+        except node.ProcError:
+            continue
+    return found
+
+
+def _views(pid1: int) -> tuple[dict[int, bool], dict[int, bool]]:
+    """{namespace PID: orphan} of the pod's processes as the host's census and as a census run
+    inside the pod see them (the inside observer and its nsenter left out)."""
+    host = node.take_census(gpu=False, fds=False, pids=_pod_members(pid1))
+    from_host = {p["nspid"][-1]: p["orphan"] for p in host["processes"]}
+    result = exec_in_pod(pid1, "python3", str(PROGRAM), "--no-gpu")
+    assert result.returncode == 0, result.stderr
+    inside = json.loads(result.stdout)
+    observer = inside["observer"]["pid"]
+    from_inside = {p["pid"]: p["orphan"] for p in inside["processes"] if p["pid"] != observer}
+    return from_host, {pid: flag for pid, flag in from_inside.items() if pid in from_host}
+
+
+def _ns_pid(host_pid: int) -> int:
+    return int(node.read_status(host_pid)["nspid"][-1])
+
+
+def test_orphan_rule_agrees_from_host_and_from_inside_a_pod() -> None:
+    with pod() as pid1:
+        # the field report: an exec'd shell backgrounds the worker and exits (session outside)
+        reported = _orphan_in(pid1)
+        before = set(children(pid1))
+        # job control: the worker leads its own process group (set up on purpose, like tini)
+        assert exec_in_pod(pid1, "bash", "-c", "set -m; sleep 1001 </dev/null >/dev/null 2>&1 &"
+                           " exit").returncode == 0
+        grouped = wait_for(lambda: [p for p in children(pid1) if p not in before], what="grouped")
+        # setsid: the worker leads its own session
+        before = set(children(pid1))
+        assert exec_in_pod(pid1, "sh", "-c", "setsid sleep 1002 </dev/null >/dev/null 2>&1 &"
+                           " exit").returncode == 0
+        leader = wait_for(lambda: [p for p in children(pid1) if p not in before], what="leader")
+        # exec'd from outside, its parent (nsenter, outside the namespace) alive: not judged
+        entered = subprocess.Popen(["nsenter", "-t", str(pid1), "-p", "-m", "sleep", "1003"],
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            inner = wait_for(lambda: children(entered.pid), what="the nsenter'd sleep")[0]
+            from_host, from_inside = _views(pid1)
+            assert from_host == from_inside  # the one rule, both views
+            assert from_host[_ns_pid(reported)] is True
+            assert from_host[_ns_pid(grouped[0])] is False
+            assert from_host[_ns_pid(leader[0])] is False
+            assert from_host[_ns_pid(inner)] is False
+            assert from_host[1] is False
+        finally:
+            entered.kill()
+            entered.wait()
+    wait_for(lambda: node.process_state(reported) is None, what="the pod to be gone")
+
+
+def test_orphan_rule_agrees_under_an_init_that_starts_a_session() -> None:
+    dumb_init = shutil.which("dumb-init") or str(Path(sys.executable).parent / "dumb-init")
+    if not os.access(dumb_init, os.X_OK):
+        pytest.skip("dumb-init is not installed (pip install dumb-init)")
+    inner = "sleep 1000 </dev/null >/dev/null 2>&1 & sleep 1001 </dev/null >/dev/null 2>&1 & wait"
+    with pod((dumb_init, "sh", "-c", f"sh -c '{inner}' & sleep 1002")) as pid1:
+        main = wait_for(lambda: children(pid1), what="dumb-init's child")[0]
+        shell = wait_for(lambda: children(main), what="the inner shell")[0]
+        sleeps = wait_for(lambda: len(children(shell)) == 2 and children(shell), what="sleeps")
+        from_host, from_inside = _views(pid1)
+        assert from_host == from_inside
+        assert not any(from_host.values())  # dumb-init's child leads a session; its children
+        os.kill(shell, signal.SIGKILL)  # their parent dies: the sleeps go to the pod's PID 1
+        wait_for(lambda: all(p in children(pid1) for p in sleeps), what="the reparenting")
+        from_host, from_inside = _views(pid1)
+        assert from_host == from_inside
+        assert all(from_host[_ns_pid(p)] for p in sleeps)  # another session than PID 1's
+        assert from_host[1] is False and from_host[_ns_pid(main)] is False
+
+
+def test_sandbox_supervisor_and_its_pod_init_are_not_orphans() -> None:
+    from chaosgpu.sandbox import probes as sandbox_probes
+    from chaosgpu.sandbox import runtime
+
+    name = f"census-orphans-{os.getpid()}"
+    record = runtime.create(name, grace_s=1)
+    try:
+        census = node.take_census(gpu=False, fds=False)
+        procs = _by_pid(census)
+        supervisor = procs[record["supervisor_pid"]]
+        assert not supervisor["orphan"], supervisor["orphan_reason"]
+        assert record["pid1"] not in census["orphans"]
+        worker = runtime.exec_in(name, ["sleep", "1000"], detached=True)
+        orphans = sandbox_probes.sandbox_orphans(name)
+        assert orphans == [worker["host_pid"]]
+        census = node.take_census(gpu=False, fds=False)
+        assert set(orphans) == {p for p in census["orphans"] if p in runtime.host_pids(name)}
+    finally:
+        runtime.remove(name)
+    for pid, start in ((record["pid1"], record["pid1_starttime"]),
+                       (record["supervisor_pid"], record["supervisor_starttime"])):
+        wait_for(lambda: node.process_state(pid, starttime=start) is None,  # noqa: B023
+                 what=f"PID {pid} to be reaped")

@@ -183,3 +183,53 @@ def test_gpu_release_after_kill_on_a_real_gpu(sampler_cleanup: list[Sampler]) ->
         assert probes.residual_gpu_memory(tolerance_mib=64, timeout_s=5) <= 64
     finally:
         stop_workload(tag, grace_s=0)
+
+
+def test_exits_come_from_pidfds_not_per_tick_proc_reads(monkeypatch: pytest.MonkeyPatch,
+                                                        sampler_cleanup: list[Sampler]) -> None:
+    """30 real tagged processes, SIGKILLed while sampling at 100 Hz: every exit is recorded,
+    and the tracked processes' stat is read at the (cost-spaced) sweeps and on exit only, not
+    at every tick."""
+    nvml = ScriptedNvml()
+    monkeypatch.setattr(node, "nvml_device_memory", nvml.device_memory)
+    monkeypatch.setattr(node, "nvml_gpu_processes", nvml.gpu_processes)
+    reads = []
+    real_state = node.process_state
+
+    def counted(pid: int, proc_root: str = "/proc", starttime: int | None = None) -> str | None:
+        reads.append(pid)
+        return real_state(pid, proc_root, starttime=starttime)
+
+    monkeypatch.setattr(node, "process_state", counted)
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    switch = sys.getswitchinterval()
+    procs = [_start(tag, "import time; time.sleep(60)") for _ in range(30)]
+    try:
+        sampler = Sampler(rate_hz=100, process_every=20, scope={"tag": tag}, rescan_s=0.2)
+        sampler_cleanup.append(sampler)
+        deadline = time.monotonic() + 20
+        sampler.start()
+        while len(sampler._tracked) < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(sampler._tracked) == 30
+        time.sleep(0.5)
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+        wait = time.monotonic() + 10
+        while time.monotonic() < wait and any(
+                e["states"][-1][1] != "gone" for e in sampler.processes.values()):
+            time.sleep(0.05)
+        sampler.stop()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    ticks = len(sampler.t)
+    assert all(e["states"][-1][1] == "gone" for e in sampler.processes.values())
+    assert len(sampler.processes) == 30
+    # every tick reading every tracked process would be ticks * 30 reads
+    assert ticks > 50 and len(reads) < ticks * 30 / 5, (len(reads), ticks)
+    assert sys.getswitchinterval() == switch  # given back at stop()

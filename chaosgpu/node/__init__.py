@@ -3,7 +3,10 @@
 This package owns the typed face of the census for the rest of chaosgpu (job, process, timeline,
 agent, sandbox ...). It loads the in-target program with `chaosgpu.intarget.load` and delegates
 every reading to it: it must never read /proc or NVML itself (one reading for the whole project).
-The census schema (`chaosgpu.census/1`) is documented in docs/census.md.
+The low-level /proc readers (one read per call, typed errors as psutil has them: NoSuchProcess,
+AccessDenied) are the in-target program's own public functions, re-exported here; the rest of
+chaosgpu reads /proc through them and nothing else. The census schema (`chaosgpu.census/1`) is
+documented in docs/census.md.
 """
 
 from types import ModuleType
@@ -11,7 +14,46 @@ from typing import Any
 
 from chaosgpu.intarget import load
 
+try:
+    from chaosgpu.intarget.probes import node_census as _program
+except ModuleNotFoundError:  # a source tree on sys.path, not installed: probes/ is not mapped
+    _program = load("probes", "node_census")  # type: ignore[assignment]
+
+# the low-level readers: the in-target program's own public functions and errors
+AccessDenied = _program.AccessDenied
+NoSuchProcess = _program.NoSuchProcess
+ProcError = _program.ProcError
+nvidia_registered = _program.nvidia_registered
+open_statm = _program.open_statm
+pid_ns_inode = _program.pid_ns_inode
+read_children = _program.read_children
+read_cmdline = _program.read_cmdline
+read_environ = _program.read_environ
+read_pid_ns = _program.read_pid_ns
+read_proc_file = _program.read_proc_file
+read_stat = _program.read_stat
+read_status = _program.read_status
+read_sysctl = _program.read_sysctl
+rss_bytes = _program.rss_bytes
+uptime_s = _program.uptime_s
+
 __all__ = [
+    "AccessDenied",
+    "NoSuchProcess",
+    "ProcError",
+    "nvidia_registered",
+    "open_statm",
+    "pid_ns_inode",
+    "read_children",
+    "read_cmdline",
+    "read_environ",
+    "read_pid_ns",
+    "read_proc_file",
+    "read_stat",
+    "read_status",
+    "read_sysctl",
+    "rss_bytes",
+    "uptime_s",
     "SCHEMA",
     "census_module",
     "take_census",
@@ -38,7 +80,7 @@ def census_module() -> ModuleType:
 def take_census(
     proc_root: str = "/proc",
     env: bool = True,
-    fds: bool = True,
+    fds: bool | str = True,
     gpu: bool = True,
     gpu_snapshot: dict[str, Any] | None = None,
     pids: list[int] | None = None,
@@ -53,7 +95,8 @@ def take_census(
     change during a process's life across calls (faster repeated censuses; zombies keep the
     tag and rank they had while alive); `detail="lite"` reads cmdline, cgroup, env and fds only
     for candidate processes (GPU holders, zombies, orphan candidates, workers by name);
-    `workers` > 1 splits the reading over forked readers (large nodes, many cores)."""
+    `workers` > 1 splits the reading over readers (N - 1 forked), 0 picks as many as pay; `fds`
+    scans for /dev/nvidia* where an NVIDIA device is registered (`"always"`: everywhere)."""
     result: dict[str, Any] = census_module().census(
         proc_root=proc_root, env=env, fds=fds, gpu=gpu, gpu_snapshot=gpu_snapshot, pids=pids,
         cgroup_root=cgroup_root, cache=cache, detail=detail, workers=workers)
@@ -73,9 +116,10 @@ def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
     return result
 
 
-def process_state(pid: int, proc_root: str = "/proc") -> str | None:
-    """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone."""
-    result: str | None = census_module().process_state(pid, proc_root)
+def process_state(pid: int, proc_root: str = "/proc", starttime: int | None = None) -> str | None:
+    """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone (or,
+    with `starttime`, when the PID is another process's now): one read of its stat."""
+    result: str | None = census_module().process_state(pid, proc_root, starttime=starttime)
     return result
 
 

@@ -150,10 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-env", action="store_true",
                         help="do not read environments (no jobs, no tags)")
     parser.add_argument("--no-fds", action="store_true", help="do not scan fds for /dev/nvidia*")
+    parser.add_argument("--scan-fds", action="store_true",
+                        help="scan fds even where no NVIDIA device is registered (measures what "
+                             "a GPU node pays)")
     parser.add_argument("--device", type=int, default=None, metavar="N",
                         help="show only GPU N (error if it does not exist)")
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="read /proc with N forked readers (big nodes)")
+    parser.add_argument("--workers", type=int, default=0, metavar="N",
+                        help="read /proc with N readers (N - 1 forked); 0 (default): as many as "
+                             "pay for this node's process count and CPUs")
+    parser.add_argument("--indent", type=int, default=None, metavar="N",
+                        help="indent the JSON by N (default: 1 on a terminal, compact otherwise)")
     parser.add_argument("--gpu-snapshot", default=None, metavar="FILE",
                         help="use a recorded NVML snapshot (JSON) instead of NVML")
     try:
@@ -175,13 +181,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaosgpu snapshot: --gpu-snapshot {args.gpu_snapshot} is not a JSON object",
                   file=sys.stderr)
             return 2
-    if args.workers < 1:
-        print(f"chaosgpu snapshot: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+    if args.workers < 0:
+        print(f"chaosgpu snapshot: --workers must be >= 0, got {args.workers}", file=sys.stderr)
+        return 2
+    if args.indent is not None and args.indent < 0:
+        print(f"chaosgpu snapshot: --indent must be >= 0, got {args.indent}", file=sys.stderr)
         return 2
     if args.device is not None and args.device < 0:
         print(f"chaosgpu snapshot: --device must be >= 0, got {args.device}", file=sys.stderr)
         return 2
-    census = take_census(env=not args.no_env, fds=not args.no_fds,
+    census = take_census(env=not args.no_env,
+                         fds="always" if args.scan_fds else not args.no_fds,
                          gpu=not args.no_gpu or snapshot is not None, gpu_snapshot=snapshot,
                          workers=args.workers)
     if args.device is not None:
@@ -190,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chaosgpu snapshot: {problem}", file=sys.stderr)
             return 2
     if args.json:
-        json.dump(census, sys.stdout, indent=1)
-        sys.stdout.write("\n")
+        # one C-encoded string, one write: the pure-Python indenting encoder costs as much as
+        # reading 3,000 processes, so indentation is for terminals (or --indent)
+        indent = args.indent if args.indent is not None else (1 if sys.stdout.isatty() else None)
+        sys.stdout.write(json.dumps(census, indent=indent) + "\n")
     else:
         print(render(census))
     return 0

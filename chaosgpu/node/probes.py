@@ -17,7 +17,7 @@ __all__ = ["node_snapshot", "zombies", "orphans", "jobs", "hung_jobs"]
 def _select(flag: str, scope: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The census processes with `flag` set, within `scope` when one is given (resolved by
     chaosgpu.scope, the one scope resolver: tag, sandbox, job, pids)."""
-    census = take_census(gpu=False, fds=False)
+    census = take_census(gpu=False, fds=False, cache=True)  # a polled census: stat per known PID
     if scope is None:
         processes = census["processes"]
     else:
@@ -69,7 +69,7 @@ def jobs(configuration: Optional[Dict[str, Any]] = None,
     CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT) in one reading, each with world size, launcher,
     restart count, ranks and their states now (alive, stopped, frozen, zombie, missing). No
     verdict: whether a job runs or hangs is observed over time (chaosgpu.job.probes)."""
-    census = take_census(gpu=True, fds=False)
+    census = take_census(gpu=True, fds=False, cache=True)
     result: list[dict[str, Any]] = census["jobs"]
     return result
 

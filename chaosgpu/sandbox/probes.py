@@ -1,6 +1,7 @@
 """Chaos Toolkit probes on local pods (sandboxes): existence, processes, zombies, orphans.
 
-This module owns only the probe signatures; the readings come from chaosgpu.sandbox.runtime.
+This module owns only the probe signatures; the readings come from chaosgpu.sandbox.runtime and,
+for orphans, from the census (chaosgpu.node: the one orphan rule).
 A missing sandbox reads as absent (False, empty lists, 0), never as an error, so steady-state
 hypotheses can use it before and after an experiment.
 """
@@ -8,6 +9,7 @@ hypotheses can use it before and after an experiment.
 from typing import Any, Dict, List, Optional
 
 from chaosgpu.arguments import TEXT, checked
+from chaosgpu.node import take_census
 from chaosgpu.sandbox import runtime
 
 __all__ = [
@@ -73,19 +75,16 @@ def sandbox_orphans(
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> List[int]:
-    """Host PIDs of live processes in sandbox `name` whose parent is the pod's PID 1 (PPID 1
-    inside the namespace) but which PID 1 did not start: the field report's orphaned workers."""
-    listed = _processes(name)
-    init_children = {p["pid"] for p in listed if p["ns_ppid"] == 1 and not p["zombie"]}
-    record = runtime.get_record(name) or {}
-    if record.get("init") in ("tini", "dumb-init"):
-        # The init's own child (the container's main process) is not an orphan.
-        oldest = sorted(
-            (p for p in listed if p["pid"] in init_children), key=lambda p: p["starttime"]
-        )
-        if oldest:
-            init_children.discard(oldest[0]["pid"])
-    return sorted(init_children)
+    """Host PIDs of live processes in sandbox `name` that are orphans by the census's one rule
+    (docs/census.md): reparented to the pod's PID 1 or a subreaper and not started by it (the
+    field report's orphaned workers); the same answer the census gives from inside the pod."""
+    if runtime.get_record(name) is None:
+        return []
+    pids = runtime.host_pids(name)
+    if not pids:
+        return []
+    census = take_census(pids=pids, gpu=False, env=False, fds=False)
+    return sorted(p["pid"] for p in census["processes"] if p["orphan"] and not p["zombie"])
 
 
 def sandboxes(

@@ -66,9 +66,8 @@ class SandboxError(RuntimeError):
 
 
 # ------------------------------------------------------------------ process facts and pidfds
-# Process facts come from the census (chaosgpu.node, the one reading of /proc). Two small
-# readings it does not offer are kept here: a process's direct children (/proc/PID/task/*/children)
-# and its pid-namespace inode (a stat of /proc/PID/ns/pid, cheap enough to scan every PID).
+# Process facts come from the census's readers (chaosgpu.node, the one reading of /proc): one
+# read each, typed errors (NoSuchProcess, AccessDenied) turned into "gone"/None here.
 
 
 def process_starttime(pid: int) -> int | None:
@@ -78,10 +77,7 @@ def process_starttime(pid: int) -> int | None:
 
 def process_state(pid: int, starttime: int | None = None) -> str | None:
     """Return the state letter of `pid` (R, S, Z, ...), or None when gone or a reused PID."""
-    letter = node.process_state(pid)
-    if letter is None or (starttime is not None and node.process_starttime(pid) != starttime):
-        return None
-    return letter
+    return node.process_state(pid, starttime=starttime)
 
 
 def _alive(pid: int, starttime: int | None) -> bool:
@@ -91,35 +87,32 @@ def _alive(pid: int, starttime: int | None) -> bool:
 
 def read_cmdline(pid: int) -> list[str] | None:
     """Return the argv of `pid`, or None when unreadable."""
-    record = node.read_process(pid, env=False, fds=False)
-    return record.get("cmdline") if record else None
+    try:
+        return node.read_cmdline(pid)
+    except node.ProcError:
+        return None
 
 
 def children_of(pid: int) -> list[int]:
     """Return the direct children of `pid` (from /proc/PID/task/*/children)."""
-    kids: list[int] = []
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as handle:
-                kids.extend(int(part) for part in handle.read().split())
-        except OSError:
-            continue
-    return kids
+        return node.read_children(pid)
+    except node.ProcError:
+        return []
 
 
 def _nspid(pid: int) -> list[int] | None:
-    record = node.read_process(pid, env=False, fds=False)
-    return record.get("nspid") if record else None
+    try:
+        nspid: list[int] | None = node.read_status(pid)["nspid"]
+        return nspid
+    except node.ProcError:
+        return None
 
 
 def _pid_ns_inode(pid: int) -> int | None:
     try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
+        return node.pid_ns_inode(pid)
+    except node.ProcError:
         return None
 
 
@@ -230,7 +223,7 @@ def _require(tool: str) -> str:
 def user_namespaces_available() -> tuple[bool, str | None]:
     """Return whether this (non-root) user can create a user namespace, and why not."""
     try:
-        limit = int(Path("/proc/sys/user/max_user_namespaces").read_text().strip())
+        limit = int(node.read_sysctl("user.max_user_namespaces"))
         if limit == 0:
             return False, "user namespaces are disabled (user.max_user_namespaces = 0)"
     except (OSError, ValueError):
@@ -541,17 +534,18 @@ def _host_pid_of(record: dict[str, Any], ns_pid: int, marker: str) -> int | None
         if nspid and nspid[-1] == ns_pid:
             return pid
     # Not (yet) a child of PID 1: look for the marker among the namespace's processes.
-    needle = f"CHAOSGPU_EXEC_ID={marker}".encode()
     for pid in host_pids(str(record["name"])):
         nspid = _nspid(pid)
         if not nspid or nspid[-1] != ns_pid:
             continue
         try:
-            with open(f"/proc/{pid}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    return pid
-        except OSError:
-            return pid
+            if node.read_environ(pid, keys=("CHAOSGPU_EXEC_ID",)).get("CHAOSGPU_EXEC_ID") \
+                    == marker:
+                return pid
+        except node.NoSuchProcess:
+            continue
+        except node.ProcError:
+            return pid  # its environ is closed to us: the namespace PID matched, take it
     return None
 
 
@@ -566,11 +560,7 @@ def host_pids(name: str) -> list[int]:
     inode = record.get("pid_ns_inode")
     if not inode or not _is_alive(record):
         return []
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _pid_ns_inode(int(entry)) == inode:
-            found.append(int(entry))
-    return sorted(found)
+    return sorted(pid for pid in node.list_pids() if _pid_ns_inode(pid) == inode)
 
 
 def processes(name: str) -> list[dict[str, Any]]:

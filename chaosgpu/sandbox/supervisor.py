@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if os.fork() != 0:
         os._exit(0)  # the caller reaps this parent at once; the child lives on, detached
+    os.setsid()  # a daemon leads its own session: started on purpose, never counted an orphan
     status = os.fdopen(args.status_fd, "w")
     target: dict[str, int] = {}
 

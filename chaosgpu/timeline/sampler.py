@@ -2,17 +2,22 @@
 
 This module owns the sampling loop, its in-memory series, the events marked on it, and the
 computations over those series (baseline, residual, release time, integral in GiB x s). It
-reads the node only through chaosgpu.node's fast paths (NVML device memory, NVML process list,
-process state/start time, the census's per-process record for new PIDs) plus one reading the
-census lacks: resident memory from /proc/PID/statm (`_rss_mib`, the "host-rss" source). It must
-not signal anything, and it must never let an exception escape the thread silently: errors are
-logged loudly and counted.
+reads the node only through chaosgpu.node: NVML device memory and process list, the census's
+/proc readers (state, start time, resident memory from /proc/PID/statm for the "host-rss"
+source, uptime) and its per-process record for new PIDs. It must not signal anything, and it
+must never let an exception escape the thread silently: errors are logged loudly and counted.
 
-Sources: "nvml" (GPU memory per device every tick, the NVML compute-process list every
-`process_every` ticks: FACTS.md measures ~3.3 ms for that list with 100 processes) or, when
+Sources: "nvml" (GPU memory per device every tick: one NVML memory query per device) or, when
 NVML is unavailable, "host-rss" (the resident memory of the tracked processes, every tick). In
 both, `total` is one number per tick: the sum of the devices' used memory, or of the tracked
 processes' RSS. Units: MiB (2**20 bytes); integrals in GiB x s where GiB = 1024 MiB.
+
+Per tick the cost does not grow with the process count: exits are seen through one poll() over
+the tracked processes' pidfds (a pidfd turns readable when its process exits; no /proc scan),
+and only the processes that exited are read. The NVML compute-process list (FACTS.md: ~3.3 ms
+with 100 processes) and the tracked processes' states (one stat read each) are swept every
+`process_every` ticks at most, and no more often than keeps each sweep's measured cost under
+PROCESS_BUDGET of a core.
 
 Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's
 MASTER_ADDR:MASTER_PORT, PIDs), or every chaosgpu-tagged process when no scope is given. New
@@ -24,6 +29,7 @@ import logging
 import os
 import select
 import statistics
+import sys
 import threading
 import time
 from typing import Any
@@ -35,7 +41,6 @@ __all__ = ["Sampler", "current", "install", "uninstall", "MIB", "GIB_PER_MIB"]
 logger = logging.getLogger("chaostoolkit")
 
 MIB = 1024 * 1024
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 REEXAMINE_S = 2.0
 _current: "Sampler | None" = None
 _lock = threading.Lock()
@@ -62,34 +67,30 @@ def uninstall(sampler: "Sampler") -> None:
 
 
 def _rss_mib(pid: int, fds: dict[int, int] | None = None) -> float | None:
-    """Resident set size of `pid` in MiB from /proc/PID/statm (a reading the census lacks), None
-    when it is gone. With `fds`, the file stays open and is re-read with pread (half the cost
-    of an open per sample)."""
+    """Resident set size of `pid` in MiB (the census's statm reader), None when it is gone.
+    With `fds`, the file stays open and is re-read with one pread (half the cost of an open
+    per sample)."""
+    node = _node()
     try:
         if fds is None:
-            with open(f"/proc/{pid}/statm", "rb") as handle:
-                data = handle.read()
-        else:
-            fd = fds.get(pid)
-            if fd is None:
-                fd = fds[pid] = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
-            data = os.pread(fd, 128, 0)
-    except OSError:
+            return float(node.rss_bytes(pid)) / MIB
+        fd = fds.get(pid)
+        if fd is None:
+            fd = fds[pid] = node.open_statm(pid)
+        return float(node.rss_bytes(pid, fd)) / MIB
+    except node.ProcError:
         return None
-    fields = data.split()
-    if len(fields) < 2:
-        return None
-    return int(fields[1]) * _PAGE / MIB
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+#: the share of one core the process-list and state sweeps may take (their cost is measured)
+PROCESS_BUDGET = 0.003
 
 
 def _uptime_ticks() -> float | None:
     """Seconds since boot in clock ticks (to tell a process's age from its start time)."""
     try:
-        with open("/proc/uptime", "rb") as handle:
-            return float(handle.read().split()[0]) * _TICKS
+        return float(_node().uptime_s()) * _TICKS
     except (OSError, ValueError, IndexError):
         return None
 
@@ -139,6 +140,8 @@ class Sampler:
         self._pid_of_fd: dict[int, int] = {}
         self._exited: set[int] = set()  # tracked PIDs seen exited (zombies until reaped)
         self._poller = select.poll()
+        self._next_sweep = 0  # first tick a process-list/state sweep may run (cost-spaced)
+        self._last_sweep = 0
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
@@ -148,6 +151,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._data_lock = threading.Lock()
         self._node = _node()
+        self._switch: float | None = None  # the GIL switch interval before start()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -158,14 +162,23 @@ class Sampler:
             raise RuntimeError("source 'nvml' requested but NVML is not available here")
         self._resolve_scope_keys()
         self._rescan()
+        # Every syscall of a tick (a /proc read, an NVML call, the sleep) gives the GIL away; a
+        # busy main thread (a `chaos run` driving Kubernetes) then keeps it for the switch
+        # interval, 5 ms by default: measured, 100 Hz fell to 66 Hz. A tenth of the period
+        # bounds that wait; the old interval comes back at stop().
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(max(0.0005, min(self._switch, 0.1 / self.rate_hz)))
         self._thread = threading.Thread(target=self._run, name="chaosgpu-timeline", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
-        """Stop the thread (waits at most `timeout_s`)."""
+        """Stop the thread (waits at most `timeout_s`) and give back the GIL switch interval."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._switch is not None:
+            sys.setswitchinterval(self._switch)
+            self._switch = None
 
     @property
     def running(self) -> bool:
@@ -267,11 +280,16 @@ class Sampler:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now < next_at:
+                    # one sleep per tick: each wake-up must take the GIL again, which a busy
+                    # main thread holds for up to the switch interval (5 ms): re-checking in a
+                    # loop would pay that more than once a tick
                     time.sleep(min(next_at - now, 0.05))
-                    continue
+                    now = time.monotonic()
+                    if self._stop.is_set() or now < next_at - 0.0005:
+                        continue  # a long period (or a stop): sleep on in 50 ms steps
                 next_at += period
-                if next_at < now - period:  # fell behind (a stall): do not burst to catch up
-                    next_at = now + period
+                if next_at < now - 3 * period:  # a stall: do not burst to catch up on it
+                    next_at = now + period  # (a tick late by less, a GIL wait, is made up)
                 try:
                     self._sample(tick)
                     if self._rescan_now.is_set() or now - last_rescan >= self.rescan_s:
@@ -300,52 +318,27 @@ class Sampler:
             self._poller = select.poll()
             self._tracked.clear()
 
+    def _sweep_due(self, tick: int) -> bool:
+        """Whether this tick sweeps the process list and states: every `process_every` ticks,
+        spaced further when the last sweep's cost would exceed PROCESS_BUDGET of a core."""
+        if tick < self._next_sweep:
+            return False
+        return tick % self.process_every == 0 or tick - self._last_sweep >= self.process_every
+
     def _sample(self, tick: int) -> None:
-        node = self._node
         t = time.monotonic() - self._m0
-        with_processes = tick % self.process_every == 0
+        sweep = self._sweep_due(tick)
+        started = time.thread_time() if sweep else 0.0
         if self.source == "nvml":
-            devices = node.nvml_device_memory()
-            total = 0.0
-            with self._data_lock:
-                for device in devices:
-                    self.devices.setdefault(device["index"], []).append(device["used_mib"])
-                    total += device["used_mib"]
-                self.t.append(t)
-                self.total.append(total)
-            if with_processes:
-                per_pid: dict[int, float] = {}
-                for entry in node.nvml_gpu_processes():
-                    if entry["pid"] in self._tracked or self.scope is None:
-                        per_pid[entry["pid"]] = per_pid.get(entry["pid"], 0.0) + (
-                            entry["used_mib"] or 0.0)
-                with self._data_lock:
-                    for pid, mib in per_pid.items():
-                        entry = self.processes.setdefault(
-                            pid, {"t": [], "mib": [], "tag": None, "rank": None,
-                                  "comm": None, "starttime": None, "states": []})
-                        entry["t"].append(t)
-                        entry["mib"].append(mib)
-        else:
-            total = 0.0
-            readings = []
-            for pid in list(self._tracked):
-                rss = _rss_mib(pid, self._fds)
-                if rss is not None:
-                    total += rss
-                    readings.append((pid, rss))
-                elif pid in self._fds:
-                    os.close(self._fds.pop(pid))
-            with self._data_lock:
-                self.t.append(t)
-                self.total.append(total)
-                if with_processes:
-                    for pid, mib in readings:
-                        entry = self.processes[pid]
-                        entry["t"].append(t)
-                        entry["mib"].append(mib)
-        if with_processes:
+            self._sample_nvml(t, sweep)
+        else:  # the RSS of each process is read every tick anyway: kept every process_every
+            self._sample_rss(t, tick % self.process_every == 0)
+        if sweep:
             self._sample_states(t)
+            cost = time.thread_time() - started
+            self._last_sweep = tick
+            self._next_sweep = tick + max(self.process_every,
+                                          int(cost * self.rate_hz / PROCESS_BUDGET))
         elif self._pidfds:
             # Exits are seen at every sample: one poll() over every tracked pidfd.
             ready = self._poller.poll(0)
@@ -354,6 +347,50 @@ class Sampler:
                          if self._pid_of_fd.get(fd) not in self._exited]
                 if fresh:
                     self._sample_states(t, fresh)
+
+    def _sample_nvml(self, t: float, with_processes: bool) -> None:
+        node = self._node
+        devices = node.nvml_device_memory()
+        total = 0.0
+        with self._data_lock:
+            for device in devices:
+                self.devices.setdefault(device["index"], []).append(device["used_mib"])
+                total += device["used_mib"]
+            self.t.append(t)
+            self.total.append(total)
+        if not with_processes:
+            return
+        per_pid: dict[int, float] = {}
+        for entry in node.nvml_gpu_processes():
+            if entry["pid"] in self._tracked or self.scope is None:
+                per_pid[entry["pid"]] = per_pid.get(entry["pid"], 0.0) + (
+                    entry["used_mib"] or 0.0)
+        with self._data_lock:
+            for pid, mib in per_pid.items():
+                entry = self.processes.setdefault(
+                    pid, {"t": [], "mib": [], "tag": None, "rank": None,
+                          "comm": None, "starttime": None, "states": []})
+                entry["t"].append(t)
+                entry["mib"].append(mib)
+
+    def _sample_rss(self, t: float, with_processes: bool) -> None:
+        total = 0.0
+        readings = []
+        for pid in list(self._tracked):
+            rss = _rss_mib(pid, self._fds)
+            if rss is not None:
+                total += rss
+                readings.append((pid, rss))
+            elif pid in self._fds:
+                os.close(self._fds.pop(pid))
+        with self._data_lock:
+            self.t.append(t)
+            self.total.append(total)
+            if with_processes:
+                for pid, mib in readings:
+                    entry = self.processes[pid]
+                    entry["t"].append(t)
+                    entry["mib"].append(mib)
 
     def _forget_pidfd(self, pid: int) -> None:
         pidfd = self._pidfds.pop(pid)
@@ -387,7 +424,7 @@ class Sampler:
                 self._exited.add(pid)
             # Not exited: the PID is still this process's, its state is safe to read.
             # Exited: zombie until reaped, then gone (its PID may already be someone else's).
-            state = node.process_state(pid)
+            state = node.process_state(pid, starttime=self._tracked.get(pid))
             if pidfd in exited and state not in ("Z", "X"):
                 state = None
             label = state or "gone"

@@ -77,6 +77,22 @@ class ExecHandler:
     async def _route(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         return await self.handle(request, request.match_info["ns"], request.match_info["name"])
 
+    @staticmethod
+    async def _feed(ws: aiohttp.web.WebSocketResponse, proc: Any) -> None:
+        """Channel 0 of the client's messages to the command's stdin (v5: 255 0 closes it)."""
+        async for message in ws:
+            if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                continue
+            data = message.data if isinstance(message.data, bytes) else message.data.encode()
+            if data[:2] == b"\xff\x00" and proc.stdin is not None:  # v5: close stdin
+                proc.stdin.close()
+            elif data[:1] == b"\x00" and proc.stdin is not None:
+                try:
+                    proc.stdin.write(data[1:])
+                    await proc.stdin.drain()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the command is gone or closed its stdin: drop the input
+
     async def handle(self, request: Any, ns: str, name: str) -> aiohttp.web.StreamResponse:
         """Serve one exec request for pod ns/name (request: an aiohttp request)."""
         query = request.query
@@ -115,22 +131,8 @@ class ExecHandler:
             await asyncio.gather(pump(proc.stdout, 1), pump(proc.stderr, 2))
             return await proc.wait()
 
-        async def feed() -> None:
-            async for message in ws:
-                if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
-                    continue
-                data = message.data if isinstance(message.data, bytes) else message.data.encode()
-                if data[:2] == b"\xff\x00" and proc.stdin is not None:  # v5: close stdin
-                    proc.stdin.close()
-                elif data[:1] == b"\x00" and proc.stdin is not None:
-                    try:
-                        proc.stdin.write(data[1:])
-                        await proc.stdin.drain()
-                    except (BrokenPipeError, ConnectionResetError):
-                        pass  # the command is gone or closed its stdin: drop the input
-
         finisher = asyncio.ensure_future(finish())
-        feeder = asyncio.ensure_future(feed())
+        feeder = asyncio.ensure_future(self._feed(ws, proc))
         await asyncio.wait({finisher, feeder}, return_when=asyncio.FIRST_COMPLETED)
         if not finisher.done():  # the client went away first: kill what it started
             entry["killed"] = True
