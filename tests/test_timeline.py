@@ -233,3 +233,19 @@ def test_exits_come_from_pidfds_not_per_tick_proc_reads(monkeypatch: pytest.Monk
     # every tick reading every tracked process would be ticks * 30 reads
     assert ticks > 50 and len(reads) < ticks * 30 / 5, (len(reads), ticks)
     assert sys.getswitchinterval() == switch  # given back at stop()
+
+
+def test_a_process_without_a_start_time_is_not_tracked() -> None:
+    """Fail closed: no start time, no pidfd (a PID alone may be a reused one)."""
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        sampler = Sampler(rate_hz=10, source="host-rss")
+        assert sampler._open_pidfd(proc.pid, None) is None
+        wrong = sampler._node.process_starttime(proc.pid) + 1
+        assert sampler._open_pidfd(proc.pid, wrong) is None
+        fd = sampler._open_pidfd(proc.pid, sampler._node.process_starttime(proc.pid))
+        assert fd is not None
+        os.close(fd)
+    finally:
+        proc.kill()
+        proc.wait()

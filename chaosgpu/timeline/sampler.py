@@ -401,12 +401,15 @@ class Sampler:
 
     def _open_pidfd(self, pid: int, starttime: int | None) -> int | None:
         """A pidfd for a tracked process, opened then checked against its start time: it then
-        tells the process's exit without any PID-reuse doubt."""
+        tells the process's exit without any PID-reuse doubt. No start time, no pidfd (fail
+        closed: a process whose identity cannot be checked is not tracked)."""
+        if starttime is None:
+            return None
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
             return None
-        if starttime is not None and self._node.process_starttime(pid) != starttime:
+        if self._node.process_starttime(pid) != starttime:
             os.close(pidfd)
             return None
         return pidfd
