@@ -283,6 +283,14 @@ def pid_ns_inode(pid: int, proc_root: str = "/proc") -> int:
         raise _typed(pid, "ns/pid", error) from None
 
 
+def net_ns_inode(pid: int, proc_root: str = "/proc") -> int:
+    """The inode number of the network namespace of ``pid`` (one stat of its ns/net link)."""
+    try:
+        return os.stat("%s/%d/ns/net" % (proc_root, pid)).st_ino
+    except OSError as error:
+        raise _typed(pid, "ns/net", error) from None
+
+
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 

@@ -234,12 +234,12 @@ def tagged_events(tag: str, folder: Path | None = None) -> dict[str, list[dict[s
 def sweep(folder: Path, max_age_s: float = 86400.0) -> int:
     """Remove the trigger folder's files of processes that are gone (same PID namespace as
     ours: PID + start time checked; others: older than `max_age_s`); return how many."""
-    from chaosgpu.node import process_starttime
+    from chaosgpu.node import ProcError, pid_ns_inode, process_starttime
 
     try:
-        own = "".join(ch for ch in os.readlink("/proc/self/ns/pid") if ch.isdigit())
+        own = str(pid_ns_inode(os.getpid()))
         entries = list(folder.iterdir())
-    except OSError:
+    except (OSError, ProcError):
         return 0
     removed = 0
     now = time.time()

@@ -48,9 +48,12 @@ def nft_path() -> str:
 
 
 def _netns_of(pid: int) -> str | None:
+    """The network namespace of `pid` as `net:[inode]` (the census's reader), or None."""
+    from chaosgpu.node import ProcError, net_ns_inode
+
     try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
+        return f"net:[{net_ns_inode(pid)}]"
+    except ProcError:
         return None
 
 

@@ -26,6 +26,7 @@ ProcError = _program.ProcError
 nvidia_registered = _program.nvidia_registered
 open_statm = _program.open_statm
 pid_ns_inode = _program.pid_ns_inode
+net_ns_inode = _program.net_ns_inode
 read_children = _program.read_children
 read_cmdline = _program.read_cmdline
 read_environ = _program.read_environ
@@ -44,6 +45,7 @@ __all__ = [
     "nvidia_registered",
     "open_statm",
     "pid_ns_inode",
+    "net_ns_inode",
     "read_children",
     "read_cmdline",
     "read_environ",
