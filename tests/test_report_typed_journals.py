@@ -106,7 +106,25 @@ def test_the_rendered_report_says_host_memory_and_node_loss(tmp_path: Path) -> N
     assert "good: the survivors ended by themselves (the remedy worked)" in md
 
 
-KEPT = sorted((RESULTS.parent).glob("**/*.journal.json"))
+ALL_KEPT = sorted((RESULTS.parent).glob("**/*.journal.json"))
+# Journals of runs that declared chaosgpu's timeline control (the Kubernetes catalog does not:
+# its figures come from the deletion and census outputs; see the test below)
+KEPT = [p for p in ALL_KEPT if json.loads(p.read_text()).get("chaosgpu")]
+WITHOUT_TIMELINE = [p for p in ALL_KEPT if p not in KEPT]
+
+
+@pytest.mark.parametrize("path", WITHOUT_TIMELINE,
+                         ids=lambda p: str(p.relative_to(RESULTS.parent)))
+def test_a_kept_journal_without_the_timeline_control_loads_and_says_so(path: Path) -> None:
+    """A run without chaosgpu's timeline control still loads; the report says it has no
+    timeline (tables only) and nothing else is wrong."""
+    from chaosgpu.report.loading import load_journal
+
+    run, problems = load_journal(str(path))
+    assert run is not None
+    assert [p.message for p in problems] == [
+        "no timeline in this journal (declare the control chaosgpu.timeline.control): tables "
+        "only, no plot"]
 
 
 @pytest.mark.parametrize("path", KEPT, ids=lambda p: str(p.relative_to(RESULTS.parent)))

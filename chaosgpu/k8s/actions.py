@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import yaml
 from kubernetes.client.exceptions import ApiException
@@ -36,7 +36,7 @@ def _positive(name: str, value: Any) -> float:
 def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
                    grace_period: int = -1, image: Optional[str] = None,
-                   spec_overrides: Optional[Any] = None,
+                   spec_overrides: Optional[Union[Dict[str, Any], str]] = None,
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Create the pod described by the YAML or JSON manifest at spec_path (one Pod; a relative
