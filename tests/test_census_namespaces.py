@@ -313,3 +313,27 @@ def test_sandbox_supervisor_and_its_pod_init_are_not_orphans() -> None:
                        (record["supervisor_pid"], record["supervisor_starttime"])):
         wait_for(lambda: node.process_state(pid, starttime=start) is None,  # noqa: B023
                  what=f"PID {pid} to be reaped")
+
+
+def test_children_forked_by_a_sandbox_init_are_not_orphans_in_either_view() -> None:
+    """chaosgpu's sandbox makes its PID 1 a session leader inside the namespace (as container
+    runtimes do): what that init forks was started on purpose, from the host and from inside."""
+    import uuid
+
+    from chaosgpu.sandbox import runtime
+
+    name = f"orph-{uuid.uuid4().hex[:6]}"
+    record = runtime.create(name, init="none", grace_s=1,
+                            argv=["sh", "-c", "sleep 1004 & sleep 1005 & wait"])
+    pid1 = record["pid1"]
+    try:
+        assert int(node.read_status(pid1)["nspid"][-1]) == 1
+        forked = wait_for(lambda: children(pid1) if len(children(pid1)) == 2 else [],
+                          what="the init's two children")
+        from_host, from_inside = _views(pid1)
+        assert from_host == from_inside
+        assert all(from_host[_ns_pid(child)] is False for child in forked), from_host
+    finally:
+        runtime.terminate(name)
+        runtime.remove(name)
+    wait_for(lambda: node.process_state(pid1) is None, what="the sandbox to be gone")

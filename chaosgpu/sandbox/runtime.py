@@ -324,6 +324,11 @@ def _sandbox_command(init: str, argv: list[str] | None, uid: int | None, gid: in
     if root and uid is not None:
         assert gid is not None
         prefix += _setpriv(uid, gid)
+    # PID 1 leads its own session inside the namespace, as container runtimes make a
+    # container's init: the children it forks are then seen, from inside and from the host, as
+    # started on purpose (not orphans). It is not a process-group leader here (the supervisor
+    # is), so setsid(1) calls setsid() and execs without forking: PID 1 stays the init.
+    prefix += [_require("setsid")]
     return prefix + payload, payload, userns
 
 
