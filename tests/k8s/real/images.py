@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def _node_rootfs(root: Path, busybox: Path) -> None:
             _copy(Path("/usr/bin") / tool, root, f"/usr/bin/{tool}")
             for library in _ldd(Path("/usr/bin") / tool):
                 _copy(library, root, str(library))
+    # py-spy (statically linked; installed with the test extras) lets the agent read the ranks'
+    # stacks, which its job verdicts need
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if os.access(py_spy, os.X_OK):
+        _copy(Path(py_spy), root, "/usr/bin/py-spy")
     _copy(Path(PYTHON), root, PYTHON)
     os.symlink("python3.11", root / "usr/bin/python3")
     stdlib = Path("/usr/lib/python3.11")
