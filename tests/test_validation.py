@@ -143,6 +143,18 @@ def _typo_experiment(tmp_path: Path, pid: int, control: str = "chaosgpu.validati
     return path
 
 
+def _assert_run_refused(tmp_path: Path, path: Path, target: subprocess.Popen) -> None:
+    """`chaos run` of the typo'd experiment is interrupted before its method: nothing ran, and
+    the target the method would have SIGKILLed is alive."""
+    journal = tmp_path / "journal.json"
+    run = _chaos(tmp_path, "run", "--journal-path", str(journal), str(path))
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert "requier_match" in (tmp_path / "log").read_text()
+    data = json.loads(journal.read_text())
+    assert data["status"] == "interrupted" and data["run"] == [], data
+    assert target.poll() is None  # the SIGKILL was never sent
+
+
 def test_chaosgpu_validate_and_chaos_run_refuse_a_typo_d_variable(tmp_path: Path) -> None:
     target = subprocess.Popen(["sleep", "60"])
     try:
@@ -157,14 +169,7 @@ def test_chaosgpu_validate_and_chaos_run_refuse_a_typo_d_variable(tmp_path: Path
                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
 
-        journal = tmp_path / "journal.json"
-        run = _chaos(tmp_path, "run", "--journal-path", str(journal), str(path))
-        log = (tmp_path / "log").read_text()
-        assert run.returncode != 0, run.stdout + run.stderr
-        assert "requier_match" in log
-        data = json.loads(journal.read_text())
-        assert data["status"] == "interrupted" and data["run"] == [], data
-        assert target.poll() is None  # the SIGKILL was never sent
+        _assert_run_refused(tmp_path, path, target)
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
@@ -175,13 +180,7 @@ def test_the_timeline_control_refuses_a_typo_d_variable_too(tmp_path: Path) -> N
     target = subprocess.Popen(["sleep", "60"])
     try:
         path = _typo_experiment(tmp_path, target.pid, control="chaosgpu.timeline.control")
-        journal = tmp_path / "journal.json"
-        run = _chaos(tmp_path, "run", "--journal-path", str(journal), str(path))
-        assert run.returncode != 0, run.stdout + run.stderr
-        assert "requier_match" in (tmp_path / "log").read_text()
-        data = json.loads(journal.read_text())
-        assert data["status"] == "interrupted" and data["run"] == [], data
-        assert target.poll() is None  # the SIGKILL was never sent
+        _assert_run_refused(tmp_path, path, target)
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
