@@ -26,12 +26,6 @@ __all__ = ["create_gpu_pod", "delete_gpu_pods", "exec_in_pod", "kill_rank_in_pod
 logger = logging.getLogger("chaostoolkit")
 
 
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
-    return float(value)
-
-
 @checked(spec_path=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
 def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
@@ -48,8 +42,6 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
     its JSON text) is merged into spec as a JSON merge patch (RFC 7386; null removes a key),
     e.g. {"nodeName": "gpu-7", "hostNetwork": true}."""
     selection.check_namespace(ns)
-    timeout = _positive("timeout", timeout)
-    poll_interval = _positive("poll_interval", poll_interval)
     if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
         raise ValueError(f"grace_period must be an integer >= 0, or -1 for the manifest's, "
                          f"not {grace_period!r}")
@@ -157,8 +149,6 @@ def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional
     if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
         raise ValueError(f"grace_period must be an integer >= 0, or -1 for the pod's own, "
                          f"not {grace_period!r}")
-    timeout = _positive("timeout", timeout)
-    poll_interval = _positive("poll_interval", poll_interval)
     selection.validate(ns, label_selector, name_pattern)
     core = core_api(secrets)
     pods = selection.select_pods(core, ns, label_selector, name_pattern, gpu_only=gpu_only)
@@ -197,6 +187,7 @@ def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional
     }
 
 
+@checked(name=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS)
 def exec_in_pod(name: str, command: List[str], ns: str = "default",
                 container: Optional[str] = None, timeout: float = 60.0,
                 expect_exit_code: Optional[int] = 0,
@@ -209,7 +200,6 @@ def exec_in_pod(name: str, command: List[str], ns: str = "default",
     ["sh", "-c", "nohup python3 /w.py >/dev/null 2>&1 & exit 0"]."""
     selection.check_namespace(ns)
     selection.check_pod_name(name)
-    timeout = _positive("timeout", timeout)
     if not isinstance(command, list) or not command or not all(
             isinstance(part, str) for part in command):
         raise ValueError(f"command must be a non-empty list of strings, not {command!r}")
@@ -227,7 +217,6 @@ def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,
                  python: str, secrets: dict[str, Any] | None) -> dict[str, Any]:
     selection.check_namespace(ns)
     selection.check_pod_name(name)
-    timeout = _positive("timeout", timeout)
     core = core_api(secrets)
     result = inpod.signal_rank(core, name, ns, rank, signal, job=job, container=container,
                                timeout=timeout, allow_other_users=allow_other_users,
