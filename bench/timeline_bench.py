@@ -139,7 +139,7 @@ def _run(rate: float, seconds: float, tag: str, process_every: int, busy: bool,
             spinner.start()
         if during is not None:
             time.sleep(min(1.0, seconds / 4))
-            during()
+            during(sampler)
             time.sleep(max(0.0, seconds - min(1.0, seconds / 4)))
         else:
             time.sleep(seconds)
@@ -152,7 +152,41 @@ def _run(rate: float, seconds: float, tag: str, process_every: int, busy: bool,
     summary["calls"] = _calls_line()
     summary["exits_seen"] = sum(1 for entry in sampler.processes.values()
                                 if entry["states"] and entry["states"][-1][1] in ("gone", "Z"))
+    latencies = []
+    for pid, at in KILLED_AT.items():
+        entry = sampler.processes.get(pid)
+        seen = [t for t, label in (entry or {}).get("states", []) if label in ("Z", "gone")]
+        if seen:
+            latencies.append(seen[0] - at)
+    KILLED_AT.clear()
+    if latencies:
+        latencies.sort()
+        summary["calls"] += (f"\n  exit stamped after its SIGKILL: median "
+                             f"{latencies[len(latencies) // 2] * 1000:.1f} ms, max "
+                             f"{latencies[-1] * 1000:.1f} ms ({len(latencies)} exits)")
     return summary
+
+
+KILLED_AT: dict[int, float] = {}  # pid -> when it was SIGKILLed (sampler time)
+
+
+def _settle(count: int, limit_s: float = 180.0) -> str:
+    """Wait until NVML's memory query is fast again after `count` contexts started (10 calls in
+    a row under 1 ms); say how long that took and what the query cost meanwhile."""
+    from chaosgpu.node import nvml_device_memory
+
+    started, costs, fast = time.monotonic(), [], 0
+    while fast < 10 and time.monotonic() - started < limit_s:
+        before = time.perf_counter()
+        nvml_device_memory()
+        cost = time.perf_counter() - before
+        costs.append(cost)
+        fast = fast + 1 if cost < 1e-3 else 0
+        time.sleep(0.02)
+    costs.sort()
+    return (f"NVML memory query while the {count} contexts settled: median "
+            f"{costs[len(costs) // 2] * 1000:.3f} ms, max {costs[-1] * 1000:.1f} ms; "
+            f"{'fast' if fast >= 10 else 'still slow'} after {time.monotonic() - started:.1f} s")
 
 
 def _line(label: str, rate: float, summary: dict[str, Any]) -> str:
@@ -210,9 +244,11 @@ def main() -> int:
              f"{'busy' if args.busy_main else 'idle'}", ""]
     ok = True
 
-    def kill_all() -> None:
+    def kill_all(sampler: Any = None) -> None:
         for proc in procs:
             proc.kill()
+            if sampler is not None:
+                KILLED_AT[proc.pid] = sampler.now()
         for proc in procs:
             proc.wait()
             live.discard(proc.pid)
@@ -224,7 +260,9 @@ def main() -> int:
         while len(nvml_gpu_processes()) < count and time.monotonic() < deadline:
             time.sleep(0.5)
         lines.append(f"GPU processes listed by NVML: {len(nvml_gpu_processes())}")
-        print(lines[-1], flush=True)
+        if gpu:
+            lines.append(_settle(count))
+        print("\n".join(lines[-2:]), flush=True)
         _time_nvml_calls()
         for rate in args.rates:
             summary = _run(rate, args.seconds, tag, args.process_every, args.busy_main)

@@ -82,9 +82,10 @@ def test_host_rss_timeline_tracks_memory_release_and_states(
 class ScriptedNvml:
     """NVML replaced by a script: 615 MiB idle, +2048 MiB between two instants."""
 
-    def __init__(self) -> None:
+    def __init__(self, query_s: float = 0.0) -> None:
         self.held_from: float | None = None
         self.held_until: float | None = None
+        self.query_s = query_s  # each query blocks this long (the H200 with 100 contexts)
 
     def used(self) -> float:
         now = time.monotonic()
@@ -94,9 +95,11 @@ class ScriptedNvml:
         return 615.0
 
     def device_memory(self) -> list[dict[str, Any]]:
+        time.sleep(self.query_s)
         return [{"index": 0, "used_mib": self.used(), "total_mib": 143771.0}]
 
     def gpu_processes(self) -> list[dict[str, Any]]:
+        time.sleep(self.query_s)
         return [{"gpu_index": 0, "pid": 4242, "used_mib": self.used() - 615.0}]
 
 
@@ -249,3 +252,53 @@ def test_a_process_without_a_start_time_is_not_tracked() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.MonkeyPatch,
+                                                      sampler_cleanup: list[Sampler]) -> None:
+    """NVML's queries block 400 ms each (on the H200 they took 180-230 ms while 100 contexts
+    started, over a second while they were torn down): real tagged processes' exits are still
+    stamped when they happen (the exit thread waits in poll(), not behind NVML), and a zombie
+    left unreaped for a second does not make that thread spin."""
+    nvml = ScriptedNvml(query_s=0.4)
+    monkeypatch.setattr(node, "nvml_device_memory", nvml.device_memory)
+    monkeypatch.setattr(node, "nvml_gpu_processes", nvml.gpu_processes)
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    procs = [_start(tag, "import time; time.sleep(60)") for _ in range(3)]
+    try:
+        sampler = Sampler(rate_hz=100, process_every=5, scope={"tag": tag}, rescan_s=0.2)
+        sampler_cleanup.append(sampler)
+        sampler.start()
+        deadline = time.monotonic() + 20
+        while len(sampler._tracked) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(sampler._tracked) == 3
+        time.sleep(0.5)
+        killed_at = {}
+        for proc in procs:
+            proc.kill()  # not reaped yet: a zombie for a second
+            killed_at[proc.pid] = sampler.now()
+            time.sleep(0.13)
+        cpu_before, wall_before = time.process_time(), time.monotonic()
+        time.sleep(1.0)
+        spent = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
+        for proc in procs:
+            proc.wait()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(
+                e["states"][-1][1] != "gone" for e in sampler.processes.values()):
+            time.sleep(0.05)
+        sampler.stop()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    summary = sampler.summary()
+    assert summary["rate_hz"] is not None and summary["rate_hz"] < 5  # memory: behind NVML
+    for pid, at in killed_at.items():
+        states = sampler.processes[pid]["states"]
+        seen = next(t for t, label in states if label in ("Z", "gone"))
+        assert 0 <= seen - at < 0.1, (pid, at, states)  # not 400 ms behind a query
+        assert states[-1][1] == "gone"
+    assert spent < 0.3, spent  # no spinning on a readable pidfd while the zombie waits

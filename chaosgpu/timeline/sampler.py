@@ -12,12 +12,17 @@ NVML is unavailable, "host-rss" (the resident memory of the tracked processes, e
 both, `total` is one number per tick: the sum of the devices' used memory, or of the tracked
 processes' RSS. Units: MiB (2**20 bytes); integrals in GiB x s where GiB = 1024 MiB.
 
-Per tick the cost does not grow with the process count: exits are seen through one poll() over
-the tracked processes' pidfds (a pidfd turns readable when its process exits; no /proc scan),
-and only the processes that exited are read. The NVML compute-process list (FACTS.md: ~3.3 ms
-with 100 processes) and the tracked processes' states (one stat read each) are swept every
-`process_every` ticks at most, and no more often than keeps each sweep's measured cost under
-PROCESS_BUDGET of a core.
+Three threads, each owning one stream, so that a slow reading never delays another (NVML's
+queries take 0.01 ms on an idle H200 but 180-230 ms while 100 CUDA contexts start and over a
+second while they are torn down: bench/results/nvml-calls-*):
+
+* memory (`rate_hz`): one NVML memory query per device, or the tracked processes' RSS;
+* GPU processes (NVML source only): the compute-process list every `process_every` periods,
+  spaced further when its measured cost would exceed PROCESS_BUDGET of a core;
+* exits: blocked in one poll() over the tracked processes' pidfds (a pidfd turns readable when
+  its process exits; no /proc scan), so an exit is stamped when it happens, whatever the other
+  threads wait on; between exits it reads the tracked processes' states (one stat read each)
+  every `process_every` periods (cost-spaced the same way) and examines new PIDs.
 
 Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's
 MASTER_ADDR:MASTER_PORT, PIDs), or every chaosgpu-tagged process when no scope is given. New
@@ -140,15 +145,17 @@ class Sampler:
         self._pid_of_fd: dict[int, int] = {}
         self._exited: set[int] = set()  # tracked PIDs seen exited (zombies until reaped)
         self._poller = select.poll()
-        self._next_sweep = 0  # first tick a process-list/state sweep may run (cost-spaced)
-        self._last_sweep = 0
+        self._ticks = 0  # memory samples taken (the memory thread's own count)
+        self._gpu_period = process_every / self.rate_hz  # the GPU-process list (cost-spaced)
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
         self._sandbox_ns: str | None = None
         self._stop = threading.Event()
         self._rescan_now = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._m_wall0 = self._m0
+        self._wake_r, self._wake_w = -1, -1  # wakes the exit thread out of poll()
         self._data_lock = threading.Lock()
         self._node = _node()
         self._switch: float | None = None  # the GIL switch interval before start()
@@ -168,29 +175,51 @@ class Sampler:
         # bounds that wait; the old interval comes back at stop().
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(max(0.0005, min(self._switch, 0.1 / self.rate_hz)))
-        self._thread = threading.Thread(target=self._run, name="chaosgpu-timeline", daemon=True)
-        self._thread.start()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._poller.register(self._wake_r, select.POLLIN)
+        bodies = [("chaosgpu-timeline", lambda: self._paced(
+                      lambda: 1.0 / self.rate_hz, self._memory_step)),
+                  ("chaosgpu-timeline-exits", self._run_exits)]
+        if self.source == "nvml":
+            bodies.append(("chaosgpu-timeline-gpu-processes", lambda: self._paced(
+                lambda: self._gpu_period, self._gpu_processes_step)))
+        self._m_wall0 = time.monotonic()
+        self._threads = [threading.Thread(target=self._run_thread, args=(body,), name=name,
+                                          daemon=True) for name, body in bodies]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread (waits at most `timeout_s`) and give back the GIL switch interval."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        self._wake()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._threads and not self.running:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
         if self._switch is not None:
             sys.setswitchinterval(self._switch)
             self._switch = None
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return any(thread.is_alive() for thread in self._threads)
 
     def now(self) -> float:
         """Seconds since the sampler's t0 (monotonic)."""
         return time.monotonic() - self._m0
 
     def request_rescan(self) -> None:
-        """Ask the thread to look for new processes at its next tick (after an activity)."""
+        """Ask the sampler to look for new processes now (after an activity)."""
         self._rescan_now.set()
+        self._wake()
 
     def mark(self, name: str, phase: str = "point", **extra: Any) -> dict[str, Any]:
         """Record an event on the timeline and return it."""
@@ -269,99 +298,81 @@ class Sampler:
         for pid in [p for p in self._known if p not in alive]:
             del self._known[pid]
 
-    # -- the loop --------------------------------------------------------------------------
-    def _run(self) -> None:
-        cpu0, wall0 = time.thread_time(), time.monotonic()
-        period = 1.0 / self.rate_hz
-        tick = 0
-        next_at = time.monotonic()
-        last_rescan = next_at
+    # -- the threads -----------------------------------------------------------------------
+    # Three threads, each owning one stream, so that a slow reading never delays another: the
+    # memory thread (device memory or RSS, at rate_hz), the GPU-process thread (NVML's process
+    # list, every process_every periods: measured on the H200, both NVML queries take 0.01 ms
+    # idle but 180-230 ms while 100 contexts start, and over a second while they are torn
+    # down), and the exit thread (blocked in poll() over the tracked pidfds: an exit is seen
+    # when it happens, whatever NVML is doing; it also reads the states and examines new PIDs).
+    def _run_thread(self, body: Any) -> None:
+        cpu0 = time.thread_time()
         try:
-            while not self._stop.is_set():
-                now = time.monotonic()
-                if now < next_at:
-                    # one sleep per tick: each wake-up must take the GIL again, which a busy
-                    # main thread holds for up to the switch interval (5 ms): re-checking in a
-                    # loop would pay that more than once a tick
-                    time.sleep(min(next_at - now, 0.05))
-                    now = time.monotonic()
-                    if self._stop.is_set() or now < next_at - 0.0005:
-                        continue  # a long period (or a stop): sleep on in 50 ms steps
-                next_at += period
-                if next_at < now - 3 * period:  # a stall: do not burst to catch up on it
-                    next_at = now + period  # (a tick late by less, a GIL wait, is made up)
-                try:
-                    self._sample(tick)
-                    if self._rescan_now.is_set() or now - last_rescan >= self.rescan_s:
-                        self._rescan_now.clear()
-                        last_rescan = now
-                        self._rescan()
-                except Exception as error:  # keep sampling; say so loudly, once per kind
-                    message = f"{type(error).__name__}: {error}"
-                    if message not in self.errors:
-                        self.errors.append(message)
-                        logger.error("chaosgpu timeline: sampling error: %s", message,
-                                     exc_info=True)
-                tick += 1
-                if len(self.t) >= self.max_samples:
-                    logger.error("chaosgpu timeline: %d samples reached, sampling stops",
-                                 self.max_samples)
-                    break
+            body()
+        except Exception as error:  # a thread must never die silently: say so, stop them all
+            self._record_error(error)
         finally:
-            self.cpu_s = time.thread_time() - cpu0
-            self.wall_s = time.monotonic() - wall0
-            for fd in [*self._fds.values(), *self._pidfds.values()]:
-                os.close(fd)
-            self._fds.clear()
-            self._pidfds.clear()
-            self._pid_of_fd.clear()
-            self._poller = select.poll()
-            self._tracked.clear()
+            with self._data_lock:
+                self.cpu_s += time.thread_time() - cpu0
+                self.wall_s = max(self.wall_s, time.monotonic() - self._m_wall0)
+            self._stop.set()
+            self._wake()
 
-    def _sweep_due(self, tick: int) -> bool:
-        """Whether this tick sweeps the process list and states: every `process_every` ticks,
-        spaced further when the last sweep's cost would exceed PROCESS_BUDGET of a core."""
-        if tick < self._next_sweep:
-            return False
-        return tick % self.process_every == 0 or tick - self._last_sweep >= self.process_every
+    def _record_error(self, error: Exception) -> None:
+        message = f"{type(error).__name__}: {error}"
+        if message not in self.errors:
+            self.errors.append(message)
+            logger.error("chaosgpu timeline: sampling error: %s", message, exc_info=True)
 
-    def _sample(self, tick: int) -> None:
+    def _paced(self, period_of: Any, step: Any) -> None:
+        """Call `step()` every `period_of()` seconds until stopped; a late tick is made up, a stall
+        (more than three periods) is not burst through. Errors are recorded, never fatal."""
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            period = period_of()
+            if now < next_at:
+                # one sleep per tick: each wake-up must take the GIL again, which a busy main
+                # thread holds for up to the switch interval: re-checking in a loop pays that
+                # more than once a tick
+                if self._stop.wait(min(next_at - now, 0.05)):
+                    return
+                if time.monotonic() < next_at - 0.0005:
+                    continue  # a long period: wait on in 50 ms steps
+            next_at += period
+            if next_at < time.monotonic() - 3 * period:
+                next_at = time.monotonic() + period
+            try:
+                if step() is False:
+                    return
+            except Exception as error:  # keep sampling; say so loudly, once per kind
+                self._record_error(error)
+
+    def _memory_step(self) -> bool:
         t = time.monotonic() - self._m0
-        sweep = self._sweep_due(tick)
-        started = time.thread_time() if sweep else 0.0
         if self.source == "nvml":
-            self._sample_nvml(t, sweep)
+            total = 0.0
+            devices = self._node.nvml_device_memory()
+            with self._data_lock:
+                for device in devices:
+                    self.devices.setdefault(device["index"], []).append(device["used_mib"])
+                    total += device["used_mib"]
+                self.t.append(t)
+                self.total.append(total)
         else:  # the RSS of each process is read every tick anyway: kept every process_every
-            self._sample_rss(t, tick % self.process_every == 0)
-        if sweep:
-            self._sample_states(t)
-            cost = time.thread_time() - started
-            self._last_sweep = tick
-            self._next_sweep = tick + max(self.process_every,
-                                          int(cost * self.rate_hz / PROCESS_BUDGET))
-        elif self._pidfds:
-            # Exits are seen at every sample: one poll() over every tracked pidfd.
-            ready = self._poller.poll(0)
-            if ready:
-                fresh = [self._pid_of_fd[fd] for fd, _ in ready
-                         if self._pid_of_fd.get(fd) not in self._exited]
-                if fresh:
-                    self._sample_states(t, fresh)
+            self._sample_rss(t, self._ticks % self.process_every == 0)
+        self._ticks += 1
+        if len(self.t) >= self.max_samples:
+            logger.error("chaosgpu timeline: %d samples reached, sampling stops",
+                         self.max_samples)
+            return False
+        return True
 
-    def _sample_nvml(self, t: float, with_processes: bool) -> None:
-        node = self._node
-        devices = node.nvml_device_memory()
-        total = 0.0
-        with self._data_lock:
-            for device in devices:
-                self.devices.setdefault(device["index"], []).append(device["used_mib"])
-                total += device["used_mib"]
-            self.t.append(t)
-            self.total.append(total)
-        if not with_processes:
-            return
+    def _gpu_processes_step(self) -> None:
+        started = time.thread_time()
+        t = time.monotonic() - self._m0
         per_pid: dict[int, float] = {}
-        for entry in node.nvml_gpu_processes():
+        for entry in self._node.nvml_gpu_processes():
             if entry["pid"] in self._tracked or self.scope is None:
                 per_pid[entry["pid"]] = per_pid.get(entry["pid"], 0.0) + (
                     entry["used_mib"] or 0.0)
@@ -372,31 +383,88 @@ class Sampler:
                           "comm": None, "starttime": None, "states": []})
                 entry["t"].append(t)
                 entry["mib"].append(mib)
+        cost = time.thread_time() - started
+        self._gpu_period = max(self.process_every / self.rate_hz, cost / PROCESS_BUDGET)
+
+    def _run_exits(self) -> None:
+        """Wait in poll() for tracked processes to exit; between exits, read every tracked
+        process's state each sweep period (cost-spaced: PROCESS_BUDGET of a core at most) and
+        examine new PIDs each `rescan_s` (or when asked)."""
+        period = self.process_every / self.rate_hz
+        next_sweep = next_rescan = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                ready = self._poller.poll(max(0.0, min(next_sweep, next_rescan) - now) * 1000)
+                if self._stop.is_set():
+                    return
+                t = time.monotonic() - self._m0
+                exited = [self._pid_of_fd[fd] for fd, _ in ready if fd in self._pid_of_fd
+                          and self._pid_of_fd[fd] not in self._exited]
+                try:
+                    if any(fd == self._wake_r for fd, _ in ready):
+                        os.read(self._wake_r, 4096)
+                    if exited:
+                        self._sample_states(t, exited)
+                    now = time.monotonic()
+                    if now >= next_sweep:
+                        started = time.thread_time()
+                        self._sample_states(t)
+                        cost = time.thread_time() - started
+                        next_sweep = now + max(period, cost / PROCESS_BUDGET)
+                    if self._rescan_now.is_set() or now >= next_rescan:
+                        self._rescan_now.clear()
+                        next_rescan = now + self.rescan_s
+                        self._rescan()
+                except Exception as error:  # keep watching; say so loudly, once per kind
+                    self._record_error(error)
+                    next_sweep = max(next_sweep, time.monotonic() + period)
+        finally:
+            for fd in self._pidfds.values():
+                os.close(fd)
+            self._pidfds.clear()
+            self._pid_of_fd.clear()
+            self._poller = select.poll()
+            self._tracked.clear()
+
+    def _wake(self) -> None:
+        """Wake the exit thread out of poll() (a stop, a rescan request)."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # closed (stopped) or full (already woken)
+            pass
 
     def _sample_rss(self, t: float, with_processes: bool) -> None:
         total = 0.0
         readings = []
         for pid in list(self._tracked):
+            if pid in self._exited:
+                continue
             rss = _rss_mib(pid, self._fds)
             if rss is not None:
                 total += rss
                 readings.append((pid, rss))
             elif pid in self._fds:
                 os.close(self._fds.pop(pid))
+        for pid in [pid for pid in self._fds if pid not in self._tracked]:
+            os.close(self._fds.pop(pid))  # gone: the exit thread stopped tracking it
         with self._data_lock:
             self.t.append(t)
             self.total.append(total)
             if with_processes:
                 for pid, mib in readings:
-                    entry = self.processes[pid]
-                    entry["t"].append(t)
-                    entry["mib"].append(mib)
+                    entry = self.processes.get(pid)
+                    if entry is not None:
+                        entry["t"].append(t)
+                        entry["mib"].append(mib)
 
     def _forget_pidfd(self, pid: int) -> None:
         pidfd = self._pidfds.pop(pid)
-        self._poller.unregister(pidfd)
+        if pid in self._exited:
+            self._exited.discard(pid)  # out of the poll set since its exit was seen
+        else:
+            self._poller.unregister(pidfd)
         self._pid_of_fd.pop(pidfd, None)
-        self._exited.discard(pid)
         os.close(pidfd)
 
     def _open_pidfd(self, pid: int, starttime: int | None) -> int | None:
@@ -418,17 +486,20 @@ class Sampler:
         node = self._node
         if not self._tracked:
             return
-        exited = {fd for fd, _ in self._poller.poll(0)}
+        ready = {fd for fd, _ in self._poller.poll(0)}
         for pid in list(self._tracked) if pids is None else pids:
             pidfd = self._pidfds.get(pid)
             if pidfd is None:
                 continue
-            if pidfd in exited:
+            if pidfd in ready and pid not in self._exited:
+                # an exited process's pidfd stays readable: out of the poll set, or the exit
+                # thread would spin while the zombie waits to be reaped
                 self._exited.add(pid)
+                self._poller.unregister(pidfd)
             # Not exited: the PID is still this process's, its state is safe to read.
             # Exited: zombie until reaped, then gone (its PID may already be someone else's).
             state = node.process_state(pid, starttime=self._tracked.get(pid))
-            if pidfd in exited and state not in ("Z", "X"):
+            if pid in self._exited and state not in ("Z", "X"):
                 state = None
             label = state or "gone"
             entry = self.processes.get(pid)
@@ -441,8 +512,6 @@ class Sampler:
             if label == "gone":
                 del self._tracked[pid]
                 self._forget_pidfd(pid)
-                if pid in self._fds:
-                    os.close(self._fds.pop(pid))
 
     # -- queries ---------------------------------------------------------------------------
     def snapshot(self) -> tuple[list[float], list[float]]:
