@@ -2,27 +2,34 @@
 node comes back clean.
 
 This module owns the extension's identity (its version, read from the installed package's
-metadata, the one place it is defined being pyproject.toml) and `discover()`, which
+metadata when first asked, the one place it is defined being pyproject.toml) and `discover()`, which
 `chaos discover` calls to list every activity. It must not import heavy dependencies (torch,
 kubernetes) at import time: activity modules are imported lazily by discovery only.
 """
 
 import importlib.util
-import logging
 import types
 import typing
-from importlib import metadata
 from typing import Any
 
 __all__ = ["__version__", "discover", "portable_type", "ACTIVITY_MODULES", "DISTRIBUTION"]
 
 DISTRIBUTION = "chaostoolkit-gpu"
-try:
-    __version__ = metadata.version(DISTRIBUTION)
-except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
 
-logger = logging.getLogger("chaostoolkit")
+
+def __getattr__(name: str) -> Any:
+    """`__version__`, read from the package metadata when first asked: importlib.metadata
+    costs 15 ms, more than the rest of `chaosgpu snapshot`'s imports, and few commands need it."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import metadata
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:  # imported from a source tree never installed
+        version = "0+unknown"
+    globals()["__version__"] = version
+    return version
 
 # Every module whose public functions are Chaos Toolkit activities. Actions first, then probes.
 ACTIVITY_MODULES = (
@@ -47,14 +54,16 @@ ACTIVITY_MODULES = (
 
 def discover(discover_system: bool = True) -> dict[str, Any]:
     """Describe chaosgpu's activities and, when asked, this system (GPUs seen through NVML)."""
+    import logging
+
     from chaoslib.discovery.discover import (
         discover_actions,
         discover_probes,
         initialize_discovery_result,
     )
 
-    logger.info("Discovering capabilities from chaostoolkit-gpu")
-    discovery = initialize_discovery_result(DISTRIBUTION, __version__, "gpu")
+    logging.getLogger("chaostoolkit").info("Discovering capabilities from chaostoolkit-gpu")
+    discovery = initialize_discovery_result(DISTRIBUTION, __getattr__("__version__"), "gpu")
     for module in ACTIVITY_MODULES:
         if importlib.util.find_spec(module) is None:
             continue

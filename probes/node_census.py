@@ -678,6 +678,107 @@ _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
 
 
+#: (proc root, pid) -> (fd, record template): /proc/PID/stat kept open for the processes the
+#: cache knows, re-read with one pread per census instead of open, read and close. An fd opened
+#: on a process reads that process or fails (ESRCH once it is reaped), never a later owner of
+#: its PID. The fds are moved to numbers from HELD_FD_FLOOR up, so that the low numbers stay
+#: free for code that still uses select() (FD_SETSIZE 1024) in the same process; they are
+#: held only where the soft RLIMIT_NOFILE leaves room above that floor (at most half of it).
+HELD_FD_FLOOR = 4096
+_STAT_FDS = {}  # type: Dict[Tuple[str, int], Tuple[int, Dict[str, Any]]]
+_STAT_FDS_LOCK = threading.Lock()
+_STAT_FDS_MAX = [None]  # type: List[Optional[int]]
+
+
+def _held_fd_budget() -> int:
+    if _STAT_FDS_MAX[0] is None:
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            if soft == resource.RLIM_INFINITY:
+                soft = 1 << 20
+        except (ImportError, OSError, ValueError):
+            soft = 1024
+        _STAT_FDS_MAX[0] = max(0, min((soft - HELD_FD_FLOOR) // 2, 1 << 16))
+    return _STAT_FDS_MAX[0] or 0
+
+
+def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, Dict[str, Any]]]:
+    """This process's stat through its held fd, with the record template kept with it (None
+    when none is held or the process is gone)."""
+    key = (proc_root, pid)
+    with _STAT_FDS_LOCK:
+        held = _STAT_FDS.get(key)
+        if held is None:
+            return None
+        try:
+            data = os.pread(held[0], 4096, 0)
+        except OSError:
+            data = b""
+        if not data:  # reaped: its PID may be someone else's now; read it afresh
+            os.close(held[0])
+            del _STAT_FDS[key]
+            return None
+        return data, held[1]
+
+
+#: the fields of a record read again at every census (the template keeps the others)
+_LIVE_FIELDS = ("state", "zombie", "ppid", "pgid", "sid", "comm", "nvidia_fds", "orphan",
+                "orphan_reason", "unreadable", "errors", "not_read")
+
+
+def _hold_stat(proc_root: str, pid: int, record: Dict[str, Any]) -> None:
+    """Open and keep /proc/PID/stat of a process the cache knows, within the fd budget, with
+    its record as a template; the first read through it confirms the start time (else it is
+    closed: another process owns the PID now)."""
+    key = (proc_root, pid)
+    with _STAT_FDS_LOCK:
+        if key in _STAT_FDS or len(_STAT_FDS) >= _held_fd_budget():
+            return
+        try:
+            import fcntl
+
+            opened = os.open("%s/%d/stat" % key, os.O_RDONLY | os.O_CLOEXEC)
+            try:  # above the floor: the low numbers stay free for select() users
+                fd = fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, HELD_FD_FLOOR)
+            finally:
+                os.close(opened)
+        except (ImportError, OSError):
+            return
+        try:
+            _, fields = _parse_stat(os.pread(fd, 4096, 0))
+            if int(fields[19]) == record["starttime"]:
+                template = {name: value for name, value in record.items()
+                            if name not in _LIVE_FIELDS}
+                _STAT_FDS[key] = (fd, template)
+                return
+        except (OSError, ValueError, IndexError):
+            pass
+        os.close(fd)
+
+
+def _live_record(pid: int, stat: bytes, template: Dict[str, Any]) -> Dict[str, Any]:
+    """A known process's record: its template and what stat says now (one split, no start
+    time to parse: the held fd is this very process)."""
+    right = stat.rindex(b")")
+    fields = stat[right + 2:].split(None, 4)
+    state = fields[0].decode()
+    record = dict(template)
+    record.update(pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]),
+                  state=state, zombie=state == "Z", orphan=False, orphan_reason=None,
+                  comm=stat[stat.index(b"(") + 1:right].decode("utf-8", "replace"),
+                  nvidia_fds=None, unreadable=[], errors={})
+    return record
+
+
+def _drop_held_stats(proc_root: str, alive: Any) -> None:
+    """Close the held stat fds of processes no longer listed under ``proc_root``."""
+    with _STAT_FDS_LOCK:
+        for key in [k for k in _STAT_FDS if k[0] == proc_root and k[1] not in alive]:
+            os.close(_STAT_FDS.pop(key)[0])
+
+
 def _stat_record(pid: int, stat: bytes) -> Dict[str, Any]:
     right = stat.rindex(b")")
     comm = stat[stat.index(b"(") + 1:right].decode("utf-8", "replace")
@@ -722,13 +823,24 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     cmdline, cgroup, env and nvidia_fds in ``not_read`` (skipped on purpose, not unreadable);
     ``status=False`` too reads stat alone (uid, nspid, pid_ns, ns_init also in ``not_read``)."""
     base = "%s/%d" % (proc_root, pid)
+    held = _read_held_stat(proc_root, pid) if cache is not None else None
+    if held is not None and cache is not None and (env or "env" not in held[1]) \
+            and (proc_root, pid, held[1]["starttime"]) in cache:
+        record = _live_record(pid, held[0], held[1])
+        if not details:
+            record["not_read"] = ["nvidia_fds"]
+            return record
+        _read_fds(record, base, fds)
+        return None if _vanished(record, base) else record
     try:
-        record = _stat_record(pid, _read_bytes(base + "/stat"))
+        record = _stat_record(pid, held[0] if held is not None else _read_bytes(base + "/stat"))
     except (FileNotFoundError, ProcessLookupError):
         return None
     cached = cache.get((proc_root, pid, record["starttime"])) if cache is not None else None
     if cached is not None and (env or "env" not in cached) and not record["kthread"]:
         record.update(cached)
+        if held is None and not record["zombie"]:
+            _hold_stat(proc_root, pid, record)
         if not details:
             record["not_read"] = ["nvidia_fds"]
             return record
@@ -1468,23 +1580,32 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
     return processes, errors
 
 
-#: processes per forked reader below which forking does not pay (measured: bench/census_bench.py)
-PROCESSES_PER_READER = 1000
+#: processes per forked reader below which forking does not pay (measured on 2 cores with
+#: 1,000 processes: 2 readers 22.5 ms, 1 reader 32.7 ms; bench/census_bench.py)
+PROCESSES_PER_READER = 500
+
+
+def _runnable_now(proc_root: str = "/proc") -> Optional[int]:
+    """Tasks runnable at this instant, this one included (``/proc/loadavg``'s fourth field):
+    unlike the load averages, which trail by a minute, it tells which CPUs are free now."""
+    try:
+        return int(_read_bytes(proc_root + "/loadavg").split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def auto_workers(count: int) -> int:
     """How many readers pay for ``count`` processes: one per PROCESSES_PER_READER processes, at
-    most one per idle CPU this process may run on (1 + CPUs - load average) and at most 8: the
-    reads are syscall-bound and scale with free cores; on busy cores a forked reader only adds
-    its fork and the marshalled records."""
+    most one per CPU this process may run on that no other task keeps busy now (``/proc/loadavg``'s
+    runnable count) and at most 8: the reads are syscall-bound and scale with free cores; on busy
+    cores a forked reader only adds its fork and the marshalled records."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    try:  # CPUs others keep busy do not read for us: count the idle ones (and this one)
-        cpus = min(cpus, 1 + max(0, int(cpus - os.getloadavg()[0])))
-    except OSError:
-        pass
+    runnable = _runnable_now()
+    if runnable is not None:  # CPUs others keep busy do not read for us (this one does)
+        cpus = min(cpus, max(1, cpus - max(0, runnable - 1)))
     return max(1, min(cpus, 8, count // PROCESSES_PER_READER))
 
 
@@ -1711,6 +1832,7 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     if cache and pids is None:
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
             del _CACHE[key]
+        _drop_held_stats(proc_root, processes)
     _mark_orphans(processes, bool(observer.get("host_view")), proc_root)
     gpu_processes = _attribute(gpu_section, processes, observer, {})
     gpu_by_pid = {}  # type: Dict[int, float]

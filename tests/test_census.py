@@ -419,3 +419,47 @@ def test_snapshot_json_is_compact_off_a_terminal_and_fd_scan_is_said(
     assert capsys.readouterr().out.startswith('{\n  "schema"')
     assert cli.main(["--json", "--indent", "-1"]) == 2
     assert "--indent must be >= 0" in capsys.readouterr().err
+
+
+def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> None:
+    """A process the cache knows is re-read through its kept /proc/PID/stat fd: a stop, a
+    continue and its death show through it, its record equals a fresh full reading, and once
+    it is reaped the fd is closed (none leaks, none reads a later owner of the PID)."""
+    census_module._CACHE.clear()
+    fds_before = set(os.listdir("/proc/self/fd"))
+    child = subprocess.Popen(["sleep", "30"], env=dict(os.environ, CHAOSGPU_TAG="held-fd"))
+    key = ("/proc", child.pid)
+    try:
+        wait_for(lambda: (node.read_process(child.pid) or {}).get("tag"), what="exec")
+        time.sleep(2.2)  # cached from 2 s of age
+        node.take_census(gpu=False, cache=True)  # cached
+        node.take_census(gpu=False, cache=True)  # known: its stat fd is kept
+        assert key in census_module._STAT_FDS
+
+        def polled() -> dict:
+            census = node.take_census(gpu=False, cache=True)
+            return next(p for p in census["processes"] if p["pid"] == child.pid)
+
+        fresh = node.read_process(child.pid, fds=False)
+        kept = polled()
+        kept.pop("not_read", None)
+        assert kept == dict(fresh, nvidia_fds=kept["nvidia_fds"])
+        child.send_signal(19)  # SIGSTOP
+        wait_for(lambda: polled()["state"] == "T", what="stopped, seen through the held fd")
+        child.send_signal(18)  # SIGCONT
+        wait_for(lambda: polled()["state"] == "S", what="running again")
+        child.kill()
+        wait_for(lambda: polled()["state"] == "Z", what="zombie")
+        assert polled()["tag"] == "held-fd" and polled()["zombie"]
+    finally:
+        child.kill()
+        child.wait()
+    census = node.take_census(gpu=False, cache=True)
+    assert child.pid not in {p["pid"] for p in census["processes"]}
+    assert key not in census_module._STAT_FDS
+    assert not any(k[1] == child.pid for k in census_module._CACHE)
+    leaked = set(os.listdir("/proc/self/fd")) - fds_before - {
+        str(fd) for fd, _ in census_module._STAT_FDS.values()}
+    assert not [os.readlink(f"/proc/self/fd/{fd}") for fd in leaked
+                if os.path.exists(f"/proc/self/fd/{fd}")
+                and os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{child.pid}/stat")]

@@ -3,12 +3,13 @@
     python3 bench/gpu/nvml_call_costs.py [--steps 0 25 50 100] [--mib 256] [--calls 40]
 
 It starts torch workers (each holds `--mib` MiB on GPU 0 and sleeps) in steps; at each step,
-once NVML lists them all, it times `--calls` calls of every NVML query a sampler could use for
-device memory or the process list (the memory info v1 and v2, the compute, MPS and graphics
-process lists, the utilisation rates), one memory query from two threads at once (does the
-driver serialise them?), and nvidia-smi's own queries (the reference, a new process each).
-It prints median / p90 / max wall time per call and writes bench/results/nvml-calls-<date>.txt.
-Every worker is killed and reaped before it exits; the last line proves it.
+once NVML lists them all and again `--settle-s` later, it times `--calls` calls of every NVML
+query a sampler could use for device memory or the process list (the memory info v1 and v2,
+the compute, MPS and graphics process lists, the utilisation rates), one memory query from two
+threads at once (does the driver serialise them?), and nvidia-smi's own queries (the
+reference, a new process each). It prints median / p90 / max wall time per call and writes
+bench/results/nvml-calls-<date>.txt. Every worker is killed and reaped before it exits; the
+last line proves it.
 """
 
 import argparse
@@ -105,6 +106,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=[0, 25, 50, 100])
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--settle-s", type=float, default=10.0,
+                        help="each step is timed again this long after the first timing")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     import pynvml
@@ -129,10 +132,14 @@ def main() -> int:
                 time.sleep(0.5)
                 listed = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
             lines.append(f"== {step} workers started, {listed} compute processes listed by NVML")
-            for name, call in queries.items():
-                samples, error = _time(call, args.calls)
-                lines.append(f"  {name:44s} " + (_stats(samples) if samples else "")
-                             + (f"  ({error})" if error else ""))
+            for phase in ("as soon as listed", f"{args.settle_s:.0f} s later"):
+                if phase != "as soon as listed":
+                    time.sleep(args.settle_s)
+                lines.append(f"  -- {phase}")
+                for name, call in queries.items():
+                    samples, error = _time(call, args.calls)
+                    lines.append(f"  {name:44s} " + (_stats(samples) if samples else "")
+                                 + (f"  ({error})" if error else ""))
             lines.append("  " + _two_threads(queries["nvmlDeviceGetMemoryInfo (v1)"],
                                              args.calls))
             lines.append("  reference nvidia-smi --query-gpu=memory.used       "
@@ -140,7 +147,7 @@ def main() -> int:
             lines.append("  reference nvidia-smi --query-compute-apps=pid,used_memory "
                          + _smi(["--query-compute-apps=pid,used_memory",
                                  "--format=csv,noheader"], 5))
-            print("\n".join(lines[-(len(queries) + 4):]), flush=True)
+            print("\n".join(lines[-(2 * len(queries) + 6):]), flush=True)
     finally:
         for proc in procs:
             try:
