@@ -152,22 +152,29 @@ def _run(rate: float, seconds: float, tag: str, process_every: int, busy: bool,
     summary["calls"] = _calls_line()
     summary["exits_seen"] = sum(1 for entry in sampler.processes.values()
                                 if entry["states"] and entry["states"][-1][1] in ("gone", "Z"))
-    latencies = []
+    latencies, reaps, lags = [], [], []
     for pid, at in KILLED_AT.items():
         entry = sampler.processes.get(pid)
         seen = [t for t, label in (entry or {}).get("states", []) if label in ("Z", "gone")]
         if seen:
             latencies.append(seen[0] - at)
+            if pid in REAPED_AT:
+                reaps.append(REAPED_AT[pid] - at)
+                lags.append(seen[0] - REAPED_AT[pid])
     KILLED_AT.clear()
-    if latencies:
-        latencies.sort()
-        summary["calls"] += (f"\n  exit stamped after its SIGKILL: median "
-                             f"{latencies[len(latencies) // 2] * 1000:.1f} ms, max "
-                             f"{latencies[-1] * 1000:.1f} ms ({len(latencies)} exits)")
+    REAPED_AT.clear()
+    for label, values in (("exit stamped by the sampler after its SIGKILL", latencies),
+                          ("reaped by the bench (waitpid(-1)) after its SIGKILL", reaps),
+                          ("sampler's stamp minus the reap (< 0: seen first)", lags)):
+        if values:
+            values.sort()
+            summary["calls"] += (f"\n  {label}: median {values[len(values) // 2] * 1000:.1f} "
+                                 f"ms, max {values[-1] * 1000:.1f} ms ({len(values)} exits)")
     return summary
 
 
 KILLED_AT: dict[int, float] = {}  # pid -> when it was SIGKILLed (sampler time)
+REAPED_AT: dict[int, float] = {}  # pid -> when the bench reaped it (sampler time)
 
 
 def _settle(count: int, limit_s: float = 180.0) -> str:
@@ -195,6 +202,30 @@ def _line(label: str, rate: float, summary: dict[str, Any]) -> str:
             f"CPU {summary['overhead_cpu_pct']} % of one core, {summary['samples']} samples, "
             f"source {summary['source']}, tracked {summary['tracked_processes']}, exits seen "
             f"{summary['exits_seen']}, errors {summary['errors']}")
+
+
+def _kill_all(procs: list[Any], live: set[int], sampler: Any = None) -> None:
+    """SIGKILL every worker and reap each as it dies (the reap times are the reference)."""
+    for proc in procs:
+        proc.kill()
+        if sampler is not None:
+            KILLED_AT[proc.pid] = sampler.now()
+    # reaped in the order they die (os.waitpid(-1) on a thread that does nothing else): the
+    # reference for when each exit really happened, against the sampler's stamp
+    by_pid = {proc.pid: proc for proc in procs if proc.returncode is None}
+    while by_pid:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if sampler is not None:
+            REAPED_AT[pid] = sampler.now()
+        proc = by_pid.pop(pid, None)
+        if proc is not None:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+    for proc in procs:
+        proc.wait()
+        live.discard(proc.pid)
 
 
 def main() -> int:
@@ -245,13 +276,7 @@ def main() -> int:
     ok = True
 
     def kill_all(sampler: Any = None) -> None:
-        for proc in procs:
-            proc.kill()
-            if sampler is not None:
-                KILLED_AT[proc.pid] = sampler.now()
-        for proc in procs:
-            proc.wait()
-            live.discard(proc.pid)
+        _kill_all(procs, live, sampler)
 
     try:
         from chaosgpu.node import nvml_gpu_processes
