@@ -11,7 +11,8 @@ times each:
 * `ps -eo pid,ppid,stat,sess,comm,args` (the reference: stat, status, environ, cmdline of every
   process);
 * `chaosgpu snapshot --json` as a user runs it (a new interpreter; readers picked by
-  `auto_workers`; the fd scan as this node needs it: none without an NVIDIA driver);
+  `auto_workers`, the number one untimed run picked is printed; the fd scan as this node
+  needs it: none without an NVIDIA driver);
 * the same with `--scan-fds` (every process's fds read, what a GPU node pays), once with the
   automatic readers and once with `--workers 1`;
 * the polled census: what the job observer takes every tick (`census(gpu=True, fds=False,
@@ -26,6 +27,7 @@ proves it (no process of the spawner's session is left).
 
 import argparse
 import datetime
+import json
 import os
 import signal
 import statistics
@@ -177,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("the spawner did not start its processes")
             total = len(census.list_pids())
             say(f"== {count} extra processes ({total} in /proc, spawned in "
-                f"{time.monotonic() - started:.1f} s); auto readers: "
-                f"{census.auto_workers(total)}; medians of {args.repeat}, interleaved")
+                f"{time.monotonic() - started:.1f} s); medians of {args.repeat}, interleaved")
+            picked = json.loads(subprocess.run(snapshot, stdout=subprocess.PIPE, env=env,
+                                               check=True).stdout)["observer"].get("readers")
+            say(f"  readers `chaosgpu snapshot` picks here (one untimed run): {picked}")
             census.census(gpu=True, fds=False, cache=True)  # warm the cache (polled census)
             time.sleep(2.1)  # the cache keeps processes older than 2 s
             census.census(gpu=True, fds=False, cache=True)

@@ -1585,13 +1585,21 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
 PROCESSES_PER_READER = 500
 
 
-def _runnable_now(proc_root: str = "/proc") -> Optional[int]:
-    """Tasks runnable at this instant, this one included (``/proc/loadavg``'s fourth field):
-    unlike the load averages, which trail by a minute, it tells which CPUs are free now."""
-    try:
-        return int(_read_bytes(proc_root + "/loadavg").split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
+def _runnable_now(proc_root: str = "/proc", samples: int = 3) -> Optional[int]:
+    """Tasks runnable now, this one included (``/proc/loadavg``'s fourth field; the fewest of
+    ``samples`` readings 0.2 ms apart, so that a task woken for a microsecond, or this
+    census's own NVML thread starting, does not count): unlike the load averages, which trail
+    by a minute, it tells which CPUs are free now."""
+    fewest = None  # type: Optional[int]
+    for index in range(samples):
+        if index:
+            time.sleep(0.0002)
+        try:
+            now = int(_read_bytes(proc_root + "/loadavg").split()[3].split(b"/")[0])
+        except (OSError, ValueError, IndexError):
+            return fewest
+        fewest = now if fewest is None else min(fewest, now)
+    return fewest
 
 
 def auto_workers(count: int) -> int:
@@ -1603,6 +1611,9 @@ def auto_workers(count: int) -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
+    wanted = min(cpus, 8, count // PROCESSES_PER_READER)
+    if wanted <= 1:
+        return 1
     runnable = _runnable_now()
     if runnable is not None:  # CPUs others keep busy do not read for us (this one does)
         cpus = min(cpus, max(1, cpus - max(0, runnable - 1)))
@@ -1715,16 +1726,19 @@ class _GpuReading:
 
 def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
               proc_ns: Optional[str], lite: bool, cache: bool, workers: int,
-              gpu: _GpuReading) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+              gpu: _GpuReading) -> Tuple[Dict[int, Dict[str, Any]], List[str], int]:
+    """Read every wanted process; return the records, the errors and the readers used."""
     use_cache = _CACHE if cache else None
     cache_before = _cache_before(proc_root) if cache else None
     level = "stat" if lite else "full"
     if workers == 0:
         workers = auto_workers(len(wanted))
     if workers > 1 and not cache and len(wanted) >= 1000:
+        readers = workers
         processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
                                            gpu.start)
     else:
+        readers = 1
         gpu.start()
         processes, errors = _read_serial(wanted, proc_root, env, fds, proc_ns, level, use_cache,
                                          cache_before)
@@ -1743,7 +1757,7 @@ def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str
                     processes[pid] = more_records[pid]
                 else:
                     processes.pop(pid, None)
-    return processes, errors
+    return processes, errors, readers
 
 
 def _gpu_section(gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -1825,8 +1839,9 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     except OSError as error:
         wanted = []
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
-    processes, more = _read_all(wanted, proc_root, env, fd_mode, proc_ns, detail == "lite",
-                                cache, workers, gpu_reading)
+    processes, more, observer["readers"] = _read_all(wanted, proc_root, env, fd_mode, proc_ns,
+                                                     detail == "lite", cache, workers,
+                                                     gpu_reading)
     gpu_section = gpu_reading.result()
     errors.extend(more)
     if cache and pids is None:

@@ -7,26 +7,30 @@ finding them (installed wheel or source checkout) and loading them as modules; i
 contain any reading of /proc or NVML itself.
 """
 
-import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["KINDS", "program_path", "source", "load"]
 
 KINDS = ("probes", "actions")
-_HERE = Path(__file__).resolve().parent
 
 
-def program_path(kind: str, name: str) -> Path:
+def program_path(kind: str, name: str) -> "Path":
     """Return the file of in-target program `name` of `kind` ('probes' or 'actions')."""
+    from pathlib import Path  # here, not at import: `chaosgpu snapshot` starts without it
+
     if kind not in KINDS:
         raise ValueError(f"unknown in-target program kind {kind!r}; expected one of {KINDS}")
     if not name.isidentifier():
         raise ValueError(f"invalid in-target program name {name!r}")
+    here = Path(__file__).resolve().parent
     candidates = (
-        _HERE / kind / f"{name}.py",  # installed: package-dir maps probes/ here
-        _HERE.parent.parent / kind / f"{name}.py",  # source checkout
+        here / kind / f"{name}.py",  # installed: package-dir maps probes/ here
+        here.parent.parent / kind / f"{name}.py",  # source checkout
     )
     for candidate in candidates:
         if candidate.is_file():
@@ -46,6 +50,8 @@ def load(kind: str, name: str) -> ModuleType:
     module = sys.modules.get(module_name)
     if module is not None:
         return module
+    import importlib.util
+
     path = program_path(kind, name)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:

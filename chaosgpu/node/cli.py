@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         # one C-encoded string, one write: the pure-Python indenting encoder costs as much as
         # reading 3,000 processes, so indentation is for terminals (or --indent)
         indent = args.indent if args.indent is not None else (1 if sys.stdout.isatty() else None)
-        sys.stdout.write(json.dumps(census, indent=indent) + "\n")
+        # compact separators, no cycle check (the census is a tree): 12 % of the encoding
+        compact = (",", ":") if indent is None else None
+        sys.stdout.write(json.dumps(census, indent=indent, separators=compact,
+                                    check_circular=False) + "\n")
     else:
         print(render(census))
     return 0
