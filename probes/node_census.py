@@ -751,6 +751,7 @@ def _hold_stat(proc_root: str, pid: int, record: Dict[str, Any]) -> None:
             if int(fields[19]) == record["starttime"]:
                 template = {name: value for name, value in record.items()
                             if name not in _LIVE_FIELDS}
+                template.update(orphan=False, orphan_reason=None, nvidia_fds=None)
                 _STAT_FDS[key] = (fd, template)
                 return
         except (OSError, ValueError, IndexError):
@@ -762,13 +763,16 @@ def _live_record(pid: int, stat: bytes, template: Dict[str, Any]) -> Dict[str, A
     """A known process's record: its template and what stat says now (one split, no start
     time to parse: the held fd is this very process)."""
     right = stat.rindex(b")")
-    fields = stat[right + 2:].split(None, 4)
-    state = fields[0].decode()
+    raw_state, ppid, pgid, sid, _ = stat[right + 2:].split(None, 4)
     record = dict(template)
-    record.update(pid=pid, ppid=int(fields[1]), pgid=int(fields[2]), sid=int(fields[3]),
-                  state=state, zombie=state == "Z", orphan=False, orphan_reason=None,
-                  comm=stat[stat.index(b"(") + 1:right].decode("utf-8", "replace"),
-                  nvidia_fds=None, unreadable=[], errors={})
+    record["state"] = state = raw_state.decode()
+    record["zombie"] = state == "Z"
+    record["ppid"] = int(ppid)
+    record["pgid"] = int(pgid)
+    record["sid"] = int(sid)
+    record["comm"] = stat[stat.index(b"(") + 1:right].decode("utf-8", "replace")
+    record["unreadable"] = []
+    record["errors"] = {}
     return record
 
 
@@ -824,14 +828,10 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     ``status=False`` too reads stat alone (uid, nspid, pid_ns, ns_init also in ``not_read``)."""
     base = "%s/%d" % (proc_root, pid)
     held = _read_held_stat(proc_root, pid) if cache is not None else None
-    if held is not None and cache is not None and (env or "env" not in held[1]) \
-            and (proc_root, pid, held[1]["starttime"]) in cache:
-        record = _live_record(pid, held[0], held[1])
-        if not details:
-            record["not_read"] = ["nvidia_fds"]
-            return record
-        _read_fds(record, base, fds)
-        return None if _vanished(record, base) else record
+    if held is not None and cache is not None:
+        known = _known_record(pid, proc_root, held, cache, env, fds, details)
+        if known is not None:
+            return known
     try:
         record = _stat_record(pid, held[0] if held is not None else _read_bytes(base + "/stat"))
     except (FileNotFoundError, ProcessLookupError):
@@ -864,6 +864,24 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
             and (env or name not in ("env", "tag"))}
     _read_fds(record, base, fds)
     return None if _vanished(record, base) else record
+
+
+def _known_record(pid: int, proc_root: str, held: Tuple[bytes, Dict[str, Any]],
+                  cache: Dict[Tuple[str, int, int], Dict[str, Any]], env: bool,
+                  fds: Union[bool, str], details: bool) -> Optional[Dict[str, Any]]:
+    """The record of a process read through its held stat fd, or None when the cache does
+    not know it (any more) or lacks its env: then it is read as a new one."""
+    stat, template = held
+    if not (env or "env" not in template) or (proc_root, pid, template["starttime"]) not in cache:
+        return None
+    record = _live_record(pid, stat, template)
+    if not details:
+        record["not_read"] = ["nvidia_fds"]
+    elif fds:
+        _read_fds(record, "%s/%d" % (proc_root, pid), fds)
+        if record["errors"] and _vanished(record, "%s/%d" % (proc_root, pid)):
+            return None
+    return record
 
 
 def _read_identity(record: Dict[str, Any], base: str, proc_ns: Optional[str]) -> None:
