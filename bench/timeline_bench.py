@@ -199,7 +199,8 @@ def _settle(count: int, limit_s: float = 180.0) -> str:
 def _line(label: str, rate: float, summary: dict[str, Any]) -> str:
     achieved = summary["rate_hz"] or 0.0
     return (f"{label} requested {rate:.0f} Hz: achieved {achieved} Hz ({achieved / rate:.2f}x), "
-            f"CPU {summary['overhead_cpu_pct']} % of one core, {summary['samples']} samples, "
+            f"CPU {summary['overhead_cpu_pct']} % of one core "
+            f"({summary['overhead_cpu_pct_by_thread']}), {summary['samples']} samples, "
             f"source {summary['source']}, tracked {summary['tracked_processes']}, exits seen "
             f"{summary['exits_seen']}, errors {summary['errors']}")
 

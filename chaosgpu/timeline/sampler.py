@@ -139,6 +139,7 @@ class Sampler:
         self.errors: list[str] = []
         self.baseline: dict[str, Any] | None = None
         self.cpu_s = 0.0
+        self.cpu_s_by_thread: dict[str, float] = {}
         self.wall_s = 0.0
         self._fds: dict[int, int] = {}  # pid -> open /proc/PID/statm (host-rss source)
         self._pidfds: dict[int, int] = {}  # pid -> pidfd of a tracked process (identity, exit)
@@ -313,7 +314,9 @@ class Sampler:
             self._record_error(error)
         finally:
             with self._data_lock:
-                self.cpu_s += time.thread_time() - cpu0
+                spent = time.thread_time() - cpu0
+                self.cpu_s += spent
+                self.cpu_s_by_thread[threading.current_thread().name] = spent
                 self.wall_s = max(self.wall_s, time.monotonic() - self._m_wall0)
             self._stop.set()
             self._wake()
@@ -566,6 +569,10 @@ class Sampler:
             "rate_hz_requested": self.rate_hz,
             "rate_hz": round((n - 1) / span, 2) if span > 0 else None,
             "overhead_cpu_pct": round(100.0 * cpu / wall, 3) if cpu is not None and wall else None,
+            "overhead_cpu_pct_by_thread": {
+                name.replace("chaosgpu-timeline", "sampler"): round(100.0 * spent / wall, 3)
+                for name, spent in self.cpu_s_by_thread.items()} if cpu is not None and wall
+            else None,
             "baseline_total_mib": self.baseline["total_mib"] if self.baseline else None,
             "peak_total_mib": max(self.total) if self.total else None,
             "final_total_mib": self.total[-1] if self.total else None,
