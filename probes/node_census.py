@@ -673,6 +673,10 @@ def nvidia_registered(proc_root: str = "/proc") -> bool:
 
 _STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag", "cgroup",
                   "container", "_freezer_v1", "_cgroup_v2")
+#: what a record holds for a stable field that its cache entry lacks (as ``_stat_record``)
+_STABLE_DEFAULTS = {"uid": None, "nspid": None, "pid_ns": None, "ns_init": False,
+                    "cmdline": None, "env": None, "tag": None, "cgroup": None,
+                    "container": None}  # type: Dict[str, Any]
 _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
 #: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
@@ -750,7 +754,8 @@ def _hold_stat(proc_root: str, pid: int, record: Dict[str, Any]) -> None:
             _, fields = _parse_stat(os.pread(fd, 4096, 0))
             if int(fields[19]) == record["starttime"]:
                 template = {name: value for name, value in record.items()
-                            if name not in _LIVE_FIELDS}
+                            if name not in _LIVE_FIELDS and name not in _STABLE_FIELDS}
+                template.update(_STABLE_DEFAULTS)  # the cache entry fills them at each use
                 template.update(orphan=False, orphan_reason=None, nvidia_fds=None)
                 _STAT_FDS[key] = (fd, template)
                 return
@@ -837,10 +842,13 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     except (FileNotFoundError, ProcessLookupError):
         return None
     cached = cache.get((proc_root, pid, record["starttime"])) if cache is not None else None
-    if cached is not None and (env or "env" not in cached) and not record["kthread"]:
+    # a process cached by a census without env is read again when env is asked for now
+    if cached is not None and ("env" in cached or not env or record["kthread"]):
         record.update(cached)
         if held is None and not record["zombie"]:
             _hold_stat(proc_root, pid, record)
+        if record["kthread"]:
+            return record
         if not details:
             record["not_read"] = ["nvidia_fds"]
             return record
@@ -851,14 +859,18 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
                               "nvidia_fds"]
         return record
     _read_identity(record, base, proc_ns)
-    if record["kthread"]:
+    cacheable = cache is not None and not record["zombie"] and cache_before is not None \
+        and record["starttime"] < cache_before
+    if record["kthread"]:  # no memory, no files: its identity is all there is, for its life
+        if cacheable and cache is not None and not record["unreadable"]:
+            cache[(proc_root, pid, record["starttime"])] = {
+                name: record[name] for name in ("uid", "nspid", "pid_ns", "ns_init")}
         return record
     if not details:
         record["not_read"] = ["cmdline", "cgroup", "env", "nvidia_fds"]
         return record
     _read_details(record, base, env)
-    if cache is not None and not record["zombie"] and not record["unreadable"] \
-            and cache_before is not None and record["starttime"] < cache_before:
+    if cacheable and cache is not None and not record["unreadable"]:
         cache[(proc_root, pid, record["starttime"])] = {
             name: record[name] for name in _STABLE_FIELDS if name in record
             and (env or name not in ("env", "tag"))}
@@ -869,12 +881,17 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
 def _known_record(pid: int, proc_root: str, held: Tuple[bytes, Dict[str, Any]],
                   cache: Dict[Tuple[str, int, int], Dict[str, Any]], env: bool,
                   fds: Union[bool, str], details: bool) -> Optional[Dict[str, Any]]:
-    """The record of a process read through its held stat fd, or None when the cache does
-    not know it (any more) or lacks its env: then it is read as a new one."""
+    """The record of a process read through its held stat fd: the template, what stat says
+    now and the cache entry (the one authority on what a process keeps for its life); None when
+    the cache does not know it (any more) or lacks the env asked for: then it is read anew."""
     stat, template = held
-    if not (env or "env" not in template) or (proc_root, pid, template["starttime"]) not in cache:
+    entry = cache.get((proc_root, pid, template["starttime"]))
+    if entry is None or (env and "env" not in entry and not template["kthread"]):
         return None
     record = _live_record(pid, stat, template)
+    record.update(entry)
+    if template["kthread"]:
+        return record
     if not details:
         record["not_read"] = ["nvidia_fds"]
     elif fds:

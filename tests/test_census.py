@@ -463,3 +463,34 @@ def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> 
     assert not [os.readlink(f"/proc/self/fd/{fd}") for fd in leaked
                 if os.path.exists(f"/proc/self/fd/{fd}")
                 and os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{child.pid}/stat")]
+
+
+def test_a_cached_census_reads_env_when_asked_and_equals_a_fresh_one() -> None:
+    """A process cached by a census without env is read again when a later census asks for env
+    (its tag is not lost: a regression, the tag read None); and every record of the polled
+    census (held stat fds, the cache, kernel threads included) equals a fresh reading."""
+    census_module._CACHE.clear()
+    child = subprocess.Popen(["sleep", "30"], env=dict(os.environ, CHAOSGPU_TAG="env-later"))
+    try:
+        wait_for(lambda: (node.read_process(child.pid) or {}).get("tag"), what="exec")
+        time.sleep(2.2)  # cached from 2 s of age
+        for _ in range(2):
+            node.take_census(gpu=False, env=False, cache=True)
+        for _ in range(2):
+            polled = node.take_census(gpu=False, env=True, cache=True)
+            record = next(p for p in polled["processes"] if p["pid"] == child.pid)
+            assert record["tag"] == "env-later" and record["env"]["CHAOSGPU_TAG"] == "env-later"
+        fresh = {p["pid"]: p for p in node.take_census(gpu=False)["processes"]}
+        changing = ("state", "zombie", "nvidia_fds")
+        compared = 0
+        for kept in polled["processes"]:
+            other = fresh.get(kept["pid"])
+            if other is None or other["starttime"] != kept["starttime"]:
+                continue  # came or went between the two censuses
+            assert {k: v for k, v in kept.items() if k not in changing} == \
+                {k: v for k, v in other.items() if k not in changing}, kept["pid"]
+            compared += 1
+        assert compared >= 10
+    finally:
+        child.kill()
+        child.wait()
