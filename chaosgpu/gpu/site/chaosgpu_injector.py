@@ -325,14 +325,19 @@ def _raise(request, detail):
     error = _exception(request.get("exception"))
     set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
     set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
-    count = set_async(ctypes.c_ulong(_state["main"]), error)
-    if count != 1:
-        if count > 1:
-            set_async(ctypes.c_ulong(_state["main"]), None)
-        raise RuntimeError("the main thread could not be reached (%d threads)" % (count,))
+    main = threading.main_thread()
+    if not main.is_alive() or main.ident != _state["main"]:
+        raise RuntimeError("the main thread could not be reached (it has ended)")
     detail.update(exception="%s.%s" % (error.__module__, error.__name__),
                   note="raised at the main thread's next Python bytecode")
-    return None
+
+    # The raise comes after the ack is written: an uncaught exception ends the interpreter,
+    # which cut the ack's write short (seen: the ack left as its temporary file, the fault
+    # reported as not delivered although it was).
+    def fire():
+        set_async(ctypes.c_ulong(_state["main"]), error)
+
+    return fire
 
 
 def _segfault(request, detail):
