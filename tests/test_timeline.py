@@ -302,3 +302,51 @@ def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.Monke
         assert 0 <= seen - at < 0.1, (pid, at, states)  # not 400 ms behind a query
         assert states[-1][1] == "gone"
     assert spent < 0.3, spent  # no spinning on a readable pidfd while the zombie waits
+
+
+LEADER_EXITS = """
+import ctypes, threading, time
+def work():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=work).start()
+time.sleep(0.3)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the other one runs on
+"""
+
+
+def test_a_zombie_leader_with_live_threads_is_exiting_not_dead(
+        sampler_cleanup: list[Sampler]) -> None:
+    """A process whose main thread ended while another thread runs shows state Z in
+    /proc/PID/stat (as a CUDA process does while the driver tears its context down), but its
+    pidfd is not readable: the timeline labels it "exiting" and keeps tracking it; it is dead
+    (Z, then gone) only once its last thread ends."""
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    proc = _start(tag, LEADER_EXITS)
+    try:
+        sampler = Sampler(rate_hz=100, process_every=2, scope={"tag": tag}, rescan_s=0.1,
+                          source="host-rss")
+        sampler_cleanup.append(sampler)
+        sampler.start()
+        install(sampler)
+        deadline = time.monotonic() + 10
+        while proc.pid not in sampler._tracked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.pid in sampler._tracked
+        while node.process_state(proc.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert node.process_state(proc.pid) == "Z"  # the leader only
+        time.sleep(0.3)
+        labels = [label for _, label in sampler.processes[proc.pid]["states"]]
+        assert labels[-1] == "exiting" and "Z" not in labels and "gone" not in labels, labels
+        assert proc.pid in sampler._tracked
+        sampler.mark("kill", "start")
+        proc.kill()  # the last thread ends: now the process is dead
+        proc.wait()
+        timings = probes.termination_timings(after_event="kill", timeout_s=5)
+        assert timings["processes"][str(proc.pid)]["dead_after_s"] is not None
+        assert sampler.processes[proc.pid]["states"][-1][1] == "gone"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -508,6 +508,11 @@ class Sampler:
             state = node.process_state(pid, starttime=self._tracked.get(pid))
             if pid in self._exited and state not in ("Z", "X"):
                 state = None
+            elif pid not in self._exited and state in ("Z", "X"):
+                # the thread-group leader is a zombie, but its pidfd is not readable: other
+                # threads still run or exit (a CUDA process's teardown in the driver takes
+                # seconds: seen on the H200). Not dead yet; it holds what it held.
+                state = "exiting"
             label = state or "gone"
             entry = self.processes.get(pid)
             if entry is None:
