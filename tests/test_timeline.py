@@ -35,6 +35,21 @@ def _start(tag: str, code: str) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def _wait_all_gone(sampler: Sampler, timeout_s: float) -> None:
+    """Wait until every process the sampler saw is labelled gone (or the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+            e["states"][-1][1] != "gone" for e in sampler.processes.values()):
+        time.sleep(0.05)
+
+
+def _kill_and_reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_host_rss_timeline_tracks_memory_release_and_states(
         sampler_cleanup: list[Sampler]) -> None:
     tag = f"tl-{uuid.uuid4().hex[:8]}"
@@ -220,16 +235,10 @@ def test_exits_come_from_pidfds_not_per_tick_proc_reads(monkeypatch: pytest.Monk
             proc.kill()
         for proc in procs:
             proc.wait()
-        wait = time.monotonic() + 10
-        while time.monotonic() < wait and any(
-                e["states"][-1][1] != "gone" for e in sampler.processes.values()):
-            time.sleep(0.05)
+        _wait_all_gone(sampler, 10)
         sampler.stop()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_and_reap(procs)
     ticks = len(sampler.t)
     assert all(e["states"][-1][1] == "gone" for e in sampler.processes.values())
     assert len(sampler.processes) == 30
@@ -284,16 +293,10 @@ def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.Monke
         spent = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
         for proc in procs:
             proc.wait()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(
-                e["states"][-1][1] != "gone" for e in sampler.processes.values()):
-            time.sleep(0.05)
+        _wait_all_gone(sampler, 5)
         sampler.stop()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _kill_and_reap(procs)
     summary = sampler.summary()
     assert summary["rate_hz"] is not None and summary["rate_hz"] < 5  # memory: behind NVML
     for pid, at in killed_at.items():
@@ -345,8 +348,36 @@ def test_a_zombie_leader_with_live_threads_is_exiting_not_dead(
         proc.wait()
         timings = probes.termination_timings(after_event="kill", timeout_s=5)
         assert timings["processes"][str(proc.pid)]["dead_after_s"] is not None
+        _wait_all_gone(sampler, 5)  # dead (Z or X) first, gone at the next sweep
         assert sampler.processes[proc.pid]["states"][-1][1] == "gone"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_costly_process_list_is_spaced_but_still_read_every_second(
+        monkeypatch: pytest.MonkeyPatch, sampler_cleanup: list[Sampler]) -> None:
+    """NVML's process list burning 20 ms of CPU a call (the H200 while CUDA contexts start)
+    is spaced to keep its cost down, but never to more than MAX_SPACING_S: a GPU process's
+    memory is still sampled about once a second, not once in 7 s."""
+    from chaosgpu.timeline import sampler as sampler_module
+
+    nvml = ScriptedNvml()
+
+    def costly() -> list[dict[str, Any]]:
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        return nvml.gpu_processes()
+
+    monkeypatch.setattr(node, "nvml_device_memory", nvml.device_memory)
+    monkeypatch.setattr(node, "nvml_gpu_processes", costly)
+    sampler = Sampler(rate_hz=100, process_every=5)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    time.sleep(3.5)
+    sampler.stop()
+    samples = len(sampler.processes[4242]["t"])
+    assert 3 <= samples <= 6, samples  # every MAX_SPACING_S (1 s); unspaced would be ~70
+    assert sampler_module.MAX_SPACING_S == 1.0

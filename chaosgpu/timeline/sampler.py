@@ -18,7 +18,8 @@ second while they are torn down: bench/results/nvml-calls-*):
 
 * memory (`rate_hz`): one NVML memory query per device, or the tracked processes' RSS;
 * GPU processes (NVML source only): the compute-process list every `process_every` periods,
-  spaced further when its measured cost would exceed PROCESS_BUDGET of a core;
+  spaced further when its measured cost would exceed PROCESS_BUDGET of a core (at most to
+  MAX_SPACING_S);
 * exits: blocked in one poll() over the tracked processes' pidfds (a pidfd turns readable when
   its process exits; no /proc scan), so an exit is stamped when it happens, whatever the other
   threads wait on; between exits it reads the tracked processes' states (one stat read each)
@@ -91,6 +92,16 @@ def _rss_mib(pid: int, fds: dict[int, int] | None = None) -> float | None:
 _TICKS = os.sysconf("SC_CLK_TCK")
 #: the share of one core the process-list and state sweeps may take (their cost is measured)
 PROCESS_BUDGET = 0.003
+#: ... but never spaced further than this: a slow NVML (seen on the H200: 16 ms of CPU per
+#: process-list call while CUDA contexts start) must not leave a new GPU process without its
+#: memory for seconds; the budget is then exceeded while it lasts
+MAX_SPACING_S = 1.0
+
+
+def _spaced(base_s: float, cost_s: float, longest_s: float = MAX_SPACING_S) -> float:
+    """The period of a sweep that cost `cost_s` of CPU: `base_s`, longer to keep its cost
+    under PROCESS_BUDGET of a core, at most `longest_s` (but never under `base_s`)."""
+    return max(base_s, min(cost_s / PROCESS_BUDGET, longest_s))
 
 
 def _uptime_ticks() -> float | None:
@@ -389,7 +400,7 @@ class Sampler:
                 entry["t"].append(t)
                 entry["mib"].append(mib)
         cost = time.thread_time() - started
-        self._gpu_period = max(self.process_every / self.rate_hz, cost / PROCESS_BUDGET)
+        self._gpu_period = _spaced(self.process_every / self.rate_hz, cost)
 
     def _run_exits(self) -> None:
         """Wait in poll() for tracked processes to exit; between exits, read every tracked
@@ -416,13 +427,13 @@ class Sampler:
                         started = time.thread_time()
                         self._sample_states(t)
                         cost = time.thread_time() - started
-                        next_sweep = now + max(period, cost / PROCESS_BUDGET)
+                        next_sweep = now + _spaced(period, cost)
                     if self._rescan_now.is_set() or now >= next_rescan:
                         self._rescan_now.clear()
                         started = time.thread_time()
                         self._rescan()  # O(processes on the node): cost-spaced too
                         cost = time.thread_time() - started
-                        next_rescan = now + max(self.rescan_s, cost / PROCESS_BUDGET)
+                        next_rescan = now + _spaced(self.rescan_s, cost, 2 * MAX_SPACING_S)
                 except Exception as error:  # keep watching; say so loudly, once per kind
                     self._record_error(error)
                     next_sweep = max(next_sweep, time.monotonic() + period)
