@@ -15,7 +15,10 @@ Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [
 
 Definitions (also in docs/census.md):
 
-* zombie: state ``Z`` (exited, not yet reaped by its parent).
+* zombie: state ``Z`` with no thread left (exited, not yet reaped by its parent). A ``Z``
+  whose thread count is above 1 is a thread-group leader that ended while other threads run
+  or exit (a CUDA process's teardown in the driver takes seconds): ``exiting``, not a zombie
+  (nothing to reap yet).
 * orphan (``orphan_reason``): judged from the process's own PID namespace, so that the host and
   a census run inside that namespace agree. Its parent, in its own namespace (a parent outside
   it reads PPID 0 there: not judged), is that namespace's init or a known subreaper
@@ -728,7 +731,7 @@ def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, Dict[str,
 
 
 #: the fields of a record read again at every census (the template keeps the others)
-_LIVE_FIELDS = ("state", "zombie", "ppid", "pgid", "sid", "comm", "nvidia_fds", "orphan",
+_LIVE_FIELDS = ("state", "zombie", "exiting", "ppid", "pgid", "sid", "comm", "nvidia_fds", "orphan",
                 "orphan_reason", "unreadable", "errors", "not_read")
 
 
@@ -768,13 +771,14 @@ def _live_record(pid: int, stat: bytes, template: Dict[str, Any]) -> Dict[str, A
     """A known process's record: its template and what stat says now (one split, no start
     time to parse: the held fd is this very process)."""
     right = stat.rindex(b")")
-    raw_state, ppid, pgid, sid, _ = stat[right + 2:].split(None, 4)
+    fields = stat[right + 2:].split(None, _F_THREADS + 1)
     record = dict(template)
-    record["state"] = state = raw_state.decode()
-    record["zombie"] = state == "Z"
-    record["ppid"] = int(ppid)
-    record["pgid"] = int(pgid)
-    record["sid"] = int(sid)
+    record["state"] = state = fields[0].decode()
+    record["exiting"] = leader_only = state == "Z" and int(fields[_F_THREADS]) > 1
+    record["zombie"] = state == "Z" and not leader_only
+    record["ppid"] = int(fields[1])
+    record["pgid"] = int(fields[2])
+    record["sid"] = int(fields[3])
     record["comm"] = stat[stat.index(b"(") + 1:right].decode("utf-8", "replace")
     record["unreadable"] = []
     record["errors"] = {}
@@ -793,9 +797,10 @@ def _stat_record(pid: int, stat: bytes) -> Dict[str, Any]:
     comm = stat[stat.index(b"(") + 1:right].decode("utf-8", "replace")
     fields = stat[right + 2:].split(None, 20)  # up to starttime: half the objects of a full split
     state = fields[0].decode()
+    leader_only = state == "Z" and int(fields[_F_THREADS]) > 1
     return {
         "pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
-        "state": state, "zombie": state == "Z",
+        "state": state, "zombie": state == "Z" and not leader_only, "exiting": leader_only,
         "kthread": bool(int(fields[6]) & _PF_KTHREAD), "uid": None, "comm": comm,
         "cmdline": None, "starttime": int(fields[19]), "nspid": None, "pid_ns": None,
         "ns_init": False, "orphan": False, "orphan_reason": None, "container": None,
@@ -1399,9 +1404,9 @@ def _finish_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
     job["expected_ranks"] = expected
     missing_ranks = sorted(set(expected or []) - set(present))
     if len(missing_ranks) == 1 and job["launcher_pid"] is not None:
-        # a dead rank's environment is gone with its memory: a lone zombie child of the
-        # launcher is that rank (with more than one, which is which cannot be told)
-        ghosts = [p for p in processes.values() if p["zombie"]
+        # a dead rank's environment is gone with its memory: a lone zombie (or exiting) child
+        # of the launcher is that rank (with more than one, which is which cannot be told)
+        ghosts = [p for p in processes.values() if (p["zombie"] or p.get("exiting"))
                   and p["ppid"] == job["launcher_pid"] and p["env"] is None]
         if len(ghosts) == 1:
             ghost = ghosts[0]
@@ -1434,7 +1439,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     jobs = {}  # type: Dict[str, Dict[str, Any]]
     launchers = {}  # type: Dict[int, Dict[str, Any]]
     for proc in processes.values():
-        if _is_launcher(proc) and not proc["zombie"]:
+        if _is_launcher(proc) and not proc["zombie"] and not proc.get("exiting"):
             launchers[proc["pid"]] = proc
         env = proc.get("env") or {}
         job_id = _job_id(env) if env else None
@@ -1670,7 +1675,8 @@ def _lite_candidates(processes: Dict[int, Dict[str, Any]], gpu: Dict[str, Any]) 
     for pid, proc in processes.items():
         if proc["kthread"]:
             continue
-        if proc["zombie"] or proc["ppid"] in inits or _WORKER_NAMES.match(proc["comm"]):
+        if proc["zombie"] or proc.get("exiting") or proc["ppid"] in inits \
+                or _WORKER_NAMES.match(proc["comm"]):
             wanted.add(pid)
     return sorted(wanted)
 
@@ -1895,9 +1901,9 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     for record in processes.values():
         if "not_read" not in record:
             record["not_read"] = []
-        if len(record) > 26:  # holds private keys (cgroup paths, own-namespace session)
-            for name in private:
-                record.pop(name, None)
+        for name in private:  # cgroup paths, own-namespace session: not in the document
+            if name in record:
+                del record[name]
     ordered = [processes[pid] for pid in sorted(processes)]
     return {
         "schema": SCHEMA,

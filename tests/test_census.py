@@ -443,7 +443,9 @@ def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> 
         fresh = node.read_process(child.pid, fds=False)
         kept = polled()
         kept.pop("not_read", None)
-        assert kept == dict(fresh, nvidia_fds=kept["nvidia_fds"])
+        private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")  # not in the census
+        assert kept == {k: v for k, v in dict(fresh, nvidia_fds=kept["nvidia_fds"]).items()
+                        if k not in private}
         child.send_signal(19)  # SIGSTOP
         wait_for(lambda: polled()["state"] == "T", what="stopped, seen through the held fd")
         child.send_signal(18)  # SIGCONT
@@ -494,3 +496,38 @@ def test_a_cached_census_reads_env_when_asked_and_equals_a_fresh_one() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+LEADER_EXITS = """
+import ctypes, threading, time
+def work():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=work).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the other one runs on
+"""
+
+
+def test_a_leader_that_ended_before_its_threads_is_exiting_not_a_zombie() -> None:
+    """State Z with a live thread (a CUDA process in its driver teardown looks so) is
+    `exiting`, not a zombie, in a fresh and in a cached census; once its last thread ends
+    and it is not reaped, it is a zombie."""
+    census_module._CACHE.clear()
+    proc = subprocess.Popen([sys.executable, "-c", LEADER_EXITS])
+    try:
+        wait_for(lambda: node.process_state(proc.pid) == "Z", what="leader ended")
+        time.sleep(2.2)  # old enough to be cached
+        for cache in (False, True, True, True):
+            record = next(p for p in node.take_census(gpu=False, cache=cache)["processes"]
+                          if p["pid"] == proc.pid)
+            assert record["state"] == "Z" and record["exiting"] and not record["zombie"]
+        assert proc.pid not in node.take_census(gpu=False)["zombies"]
+        proc.kill()  # the last thread ends; nobody reaps it yet
+        wait_for(lambda: next(p for p in node.take_census(gpu=False, cache=True)["processes"]
+                              if p["pid"] == proc.pid)["zombie"], what="a real zombie")
+        record = next(p for p in node.take_census(gpu=False)["processes"] if p["pid"] == proc.pid)
+        assert record["zombie"] and not record["exiting"]
+    finally:
+        proc.kill()
+        proc.wait()

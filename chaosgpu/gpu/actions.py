@@ -213,6 +213,7 @@ def _rank_process(job: str | None, tag: str | None, rank: int | None,
         by_pid = {p["pid"]: p for p in census["processes"]}
         if rank is None:
             tagged = [p for p in census["processes"] if p.get("tag") == tag and not p["zombie"]
+                      and not p.get("exiting")
                       and (p.get("env") or {}).get("CHAOSGPU_INJECT_DIR")]
             if len(tagged) == 1:
                 return dict(tagged[0], job=None, rank=None)

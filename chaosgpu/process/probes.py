@@ -41,7 +41,7 @@ def zombies_in_scope(scope: Dict[str, Any],
     """Count the zombie processes (dead, not reaped by their parent) in a declared scope: a
     steady state of "no zombies" uses tolerance 0. The PIDs are logged."""
     checked, processes = _observed(scope)
-    zombies = [p["pid"] for p in processes if p.get("zombie") or p.get("state") == "Z"]
+    zombies = [p["pid"] for p in processes if p.get("zombie")]
     if zombies:
         logger.info("chaosgpu: zombies in %s: %s", describe_scope(checked), zombies)
     return len(zombies)
