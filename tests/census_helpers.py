@@ -12,6 +12,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PROGRAM = REPO / "probes" / "node_census.py"
 
+#: A program whose main thread ends while another thread runs on: its /proc stat then says Z
+#: with a thread count above 1 (what a CUDA process shows during its driver teardown).
+LEADER_EXITS = """
+import ctypes, threading, time
+def work():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=work).start()
+time.sleep(0.2)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the other one runs on
+"""
+
 
 def children(pid: int) -> list[int]:
     """Direct children of `pid` (from /proc/PID/task/PID/children)."""

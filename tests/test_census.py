@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from census_helpers import PROGRAM, REPO, run_program, wait_for
+from census_helpers import LEADER_EXITS, PROGRAM, REPO, run_program, wait_for
 
 from chaosgpu import node
 from chaosgpu.node import cli
@@ -497,16 +497,6 @@ def test_a_cached_census_reads_env_when_asked_and_equals_a_fresh_one() -> None:
         child.kill()
         child.wait()
 
-
-LEADER_EXITS = """
-import ctypes, threading, time
-def work():
-    while True:
-        time.sleep(0.05)
-threading.Thread(target=work).start()
-time.sleep(0.2)
-ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the other one runs on
-"""
 
 
 def test_a_leader_that_ended_before_its_threads_is_exiting_not_a_zombie() -> None:

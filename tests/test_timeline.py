@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from census_helpers import LEADER_EXITS
 
 import chaosgpu.node as node
 from chaosgpu.timeline import probes
@@ -306,16 +307,6 @@ def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.Monke
         assert states[-1][1] == "gone"
     assert spent < 0.3, spent  # no spinning on a readable pidfd while the zombie waits
 
-
-LEADER_EXITS = """
-import ctypes, threading, time
-def work():
-    while True:
-        time.sleep(0.05)
-threading.Thread(target=work).start()
-time.sleep(0.3)
-ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the other one runs on
-"""
 
 
 def test_a_zombie_leader_with_live_threads_is_exiting_not_dead(
