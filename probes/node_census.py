@@ -839,7 +839,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     base = "%s/%d" % (proc_root, pid)
     held = _read_held_stat(proc_root, pid) if cache is not None else None
     if held is not None and cache is not None:
-        known = _known_record(pid, proc_root, held, cache, env, fds, details)
+        known = _known_record(pid, proc_root, base, held, cache, env, fds, details)
         if known is not None:
             return known
     try:
@@ -852,13 +852,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
         record.update(cached)
         if held is None and not record["zombie"]:
             _hold_stat(proc_root, pid, record)
-        if record["kthread"]:
-            return record
-        if not details:
-            record["not_read"] = ["nvidia_fds"]
-            return record
-        _read_fds(record, base, fds)
-        return None if _vanished(record, base) else record
+        return _finish_known(record, base, fds, details)
     if not status and not details:
         record["not_read"] = ["uid", "nspid", "pid_ns", "ns_init", "cmdline", "cgroup", "env",
                               "nvidia_fds"]
@@ -883,7 +877,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     return None if _vanished(record, base) else record
 
 
-def _known_record(pid: int, proc_root: str, held: Tuple[bytes, Dict[str, Any]],
+def _known_record(pid: int, proc_root: str, base: str, held: Tuple[bytes, Dict[str, Any]],
                   cache: Dict[Tuple[str, int, int], Dict[str, Any]], env: bool,
                   fds: Union[bool, str], details: bool) -> Optional[Dict[str, Any]]:
     """The record of a process read through its held stat fd: the template, what stat says
@@ -895,15 +889,20 @@ def _known_record(pid: int, proc_root: str, held: Tuple[bytes, Dict[str, Any]],
         return None
     record = _live_record(pid, stat, template)
     record.update(entry)
-    if template["kthread"]:
+    return _finish_known(record, base, fds, details)
+
+
+def _finish_known(record: Dict[str, Any], base: str, fds: Union[bool, str],
+                  details: bool) -> Optional[Dict[str, Any]]:
+    """The rest of a known process's reading: its fds (what can change), unless it is a
+    kernel thread or only the basic fields were asked for; None when it vanished meanwhile."""
+    if record["kthread"]:
         return record
     if not details:
         record["not_read"] = ["nvidia_fds"]
-    elif fds:
-        _read_fds(record, "%s/%d" % (proc_root, pid), fds)
-        if record["errors"] and _vanished(record, "%s/%d" % (proc_root, pid)):
-            return None
-    return record
+        return record
+    _read_fds(record, base, fds)
+    return None if _vanished(record, base) else record
 
 
 def _read_identity(record: Dict[str, Any], base: str, proc_ns: Optional[str]) -> None:
