@@ -125,8 +125,37 @@ def test_sigkill_of_a_gloo_rank_is_a_failed_job_not_a_hung_one(workdir: Path,
     assert ranks[1]["exit"]["signal"] == "SIGKILL"
     assert "chaosgpu's fault" in found["reason"]
     assert ranks[0]["exit"]["text"] != "exit status not visible"
-    assert ranks[0]["error"] and "Connection" in ranks[0]["error"]["text"], ranks[0]
+    assert_survivor_failed_on_the_lost_peer(ranks[0])
     assert found["detection"]["after_fault_s"] < 5.0
+
+
+def assert_survivor_failed_on_the_lost_peer(rank: dict[str, Any]) -> None:
+    """The gloo survivor raised on the closed connection (its torchelastic error file says so);
+    only when torchrun's teardown SIGTERMed it before it raised is there no error to read."""
+    if rank["error"] is None:
+        assert rank["exit"]["signal"] == "SIGTERM", rank
+    else:
+        assert "Connection" in rank["error"]["text"], rank
+
+
+def test_a_job_gone_before_the_probe_is_judged_from_the_fault_record(workdir: Path,
+                                                                      jobs: list[Job]) -> None:
+    """The job ends entirely (survivor failed, launcher exited) before the probe's first
+    census: the verdict comes from the fault's record and the pooled pidfds of every rank."""
+    job = start_torchrun(workdir, [])
+    jobs.append(job)
+    job.wait_steps(3)
+    actions.kill_rank(job=job.run_id, rank=1, wait_s=0)
+    assert job.wait_exit(30) == [1], job.logs()  # torchrun itself is gone
+    found = probes.detect_hang(job=job.run_id, timeout_s=10)
+    assert found["verdict"] == "failed" and found["hung"] is False, found["reason"]
+    ranks = {r["rank"]: r for r in found["ranks"]}
+    assert set(ranks) == {0, 1}, found["ranks"]
+    assert ranks[1]["exit"]["signal"] == "SIGKILL"
+    assert ranks[0]["exit"]["source"] == "pidfd", ranks[0]
+    assert_survivor_failed_on_the_lost_peer(ranks[0])
+    assert "gone by" in found["reason"], found["reason"]
+    assert any("fault record" in e["what"] for e in found["evidence"]), found["evidence"]
 
 
 def test_a_stopped_rank_hangs_its_peers_with_evidence(workdir: Path, jobs: list[Job]) -> None:

@@ -79,12 +79,34 @@ def _rank_process(job: str | None, tag: str | None, rank: int, deadline_s: float
         time.sleep(0.05)
 
 
-def _signal_process(found: dict[str, Any], rank: int, proc: dict[str, Any], signal: str,
-                    wait_s: float) -> dict[str, Any]:
-    """Send `signal` to the rank's process; raise unless the kernel accepted it."""
+def watch_peers(census: dict[str, Any], found: dict[str, Any],
+                proc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Keep a pooled pidfd on the faulted rank and on every other live rank of its job, so
+    that how each of them ends stays readable by an observer started later (a gloo survivor
+    of a killed peer fails and is reaped by its launcher within ~0.1 s); return the peers as
+    the fault's record keeps them (rank, pid, start time, restart count, error file)."""
     from chaosgpu.job.exits import keep_watch
 
     keep_watch(proc["pid"], proc["starttime"])
+    by_pid = {p["pid"]: p for p in census.get("processes") or []}
+    peers = []
+    for entry in found.get("ranks") or []:
+        peer = by_pid.get(entry.get("pid"))
+        if peer is None or peer["pid"] == proc["pid"] or peer.get("zombie") \
+                or entry.get("state") in ("zombie", "missing"):
+            continue
+        if keep_watch(peer["pid"], peer["starttime"]):
+            peers.append({"rank": entry.get("rank"), "pid": peer["pid"],
+                          "starttime": peer["starttime"],
+                          "restart_count": entry.get("restart_count"),
+                          "error_file": (peer.get("env") or {}).get("TORCHELASTIC_ERROR_FILE")})
+    return peers
+
+
+def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int,
+                    proc: dict[str, Any], signal: str, wait_s: float) -> dict[str, Any]:
+    """Send `signal` to the rank's process; raise unless the kernel accepted it."""
+    peers = watch_peers(census, found, proc)
     report = send([proc], signal, {"job": found["id"]})
     result = report["results"][0]
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
@@ -93,8 +115,9 @@ def _signal_process(found: dict[str, Any], rank: int, proc: dict[str, Any], sign
     if result["result"] != "sent":
         raise PermissionError(f"{signal} was not sent to rank {rank} (PID {proc['pid']}): "
                               f"{result['result']}: {result.get('reason')}")
-    faultlog.record(signal, job=found["id"], rank=rank, pid=proc["pid"],
-                    starttime=proc["starttime"], restart_count=_restart_count(found, proc))
+    faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
+                    starttime=proc["starttime"], restart_count=_restart_count(found, proc),
+                    peers=peers)
     if wait_s > 0 and signal in ("SIGKILL", "SIGTERM"):
         out["wait"] = wait_gone([{"pid": proc["pid"], "starttime": proc["starttime"]}], wait_s)
     return out
@@ -120,8 +143,8 @@ def kill_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {list(SIGNALS)}, got {signal!r}")
     wait = _check_seconds("wait_s", wait_s)
-    _, found, proc = _rank_process(job, tag, rank, 2.0)
-    return _signal_process(found, rank, proc, signal, wait)
+    census, found, proc = _rank_process(job, tag, rank, 2.0)
+    return _signal_process(census, found, rank, proc, signal, wait)
 
 
 @checked(rank=INDEX)
@@ -135,9 +158,9 @@ def freeze_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
     if method not in FREEZE_METHODS:
         raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
                          f"to choose the cgroup version), got {method!r}")
-    _, found, proc = _rank_process(job, tag, rank, 5.0)
+    census, found, proc = _rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
-        out = _signal_process(found, rank, proc, "SIGSTOP", 0)
+        out = _signal_process(census, found, rank, proc, "SIGSTOP", 0)
     else:
         # The refusal rules hold for the freezer too: checked with the null signal (a SIGCONT
         # would resume a rank stopped on purpose).
@@ -148,8 +171,10 @@ def freeze_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
         version = "auto" if method == "freezer" else method[len("freezer-"):]
         frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0,
                                       version)
-        faultlog.record("freezer", job=found["id"], rank=rank, pid=proc["pid"],
-                        starttime=proc["starttime"], restart_count=_restart_count(found, proc))
+        faultlog.record("freezer", job=found["id"], tag=found.get("tag"), rank=rank,
+                        pid=proc["pid"],
+                        starttime=proc["starttime"], restart_count=_restart_count(found, proc),
+                        peers=watch_peers(census, found, proc))
         out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",
                **frozen}
     out["method"] = method
@@ -213,9 +238,9 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
                     "frozen instead (its peers hang the same way, and it stays alive)")
             logger.warning("chaosgpu: %s", note)
     if chosen == "kill":
-        out = _signal_process(found, rank, proc, "SIGKILL", 2.0)
+        out = _signal_process(census, found, rank, proc, "SIGKILL", 2.0)
     elif chosen == "freeze":
-        out = _signal_process(found, rank, proc, "SIGSTOP", 0)
+        out = _signal_process(census, found, rank, proc, "SIGSTOP", 0)
     else:
         from chaosgpu.network.actions import partition_rank
 

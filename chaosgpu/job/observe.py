@@ -165,6 +165,7 @@ class Observer:
             self._take_census(now)
         sockets = self._sockets()
         faults = faultlog.recent(self.started - 600)
+        self._track_faulted_jobs(faults, now)
         partitions = _partitions()
         for track in self.tracks.values():
             track.update_faults(faults)
@@ -267,31 +268,69 @@ class Observer:
             exit_info = None if alive else self._exits.exit_of(pid, start)
             track.update_launcher(alive, exit_info, now)
 
+    def _track_faulted_jobs(self, faults: list[dict[str, Any]], now: float) -> None:
+        """The job this observer was asked for, not in the census but faulted by this runner,
+        is still judged, from the fault's record and the pooled pidfds of its ranks: a gloo
+        job whose survivors fail within ~0.1 s of a kill and whose launcher then exits is gone
+        before a probe that follows the fault takes its first census."""
+        if self.tracks or (self.job is None and self.tag is None):
+            return
+        for fault in faults:
+            job_id = fault.get("job")
+            if job_id and fault.get("pid") is not None and (
+                    job_id == self.job if self.job is not None else fault.get("tag") == self.tag):
+                if job_id not in self.tracks:
+                    self.tracks[job_id] = JobTrack(job_id, self.window_s, now)
+                    self.tracks[job_id].note(now, "faultlog", "not in the census: judged from "
+                                             "chaosgpu's fault record and its ranks' pidfds")
+
     def _adopt_faulted(self, track: JobTrack, faults: list[dict[str, Any]], now: float) -> None:
         """A rank chaosgpu faulted before this observer saw it (killed, then reaped at once by
-        its launcher) joins the job from the fault's record, so its end is accounted for."""
-        from chaosgpu.node import process_starttime, process_state
-
+        its launcher) joins the job from the fault's record, so its end is accounted for; so do
+        the peers the fault recorded (a gloo survivor fails and is reaped within ~0.1 s), whose
+        ends their pooled pidfds still tell."""
         for fault in faults:
             if fault.get("job") != track.id or fault.get("pid") is None \
                     or fault.get("starttime") is None:
                 continue
-            key = (fault["pid"], fault["starttime"])
-            if key in track.ranks:
-                continue
-            if process_starttime(fault["pid"]) == fault["starttime"] \
-                    and process_state(fault["pid"]) not in ("Z", "X"):
-                continue  # alive: the census will list it
-            rank = RankTrack(fault.get("rank"), fault["pid"], fault["starttime"],
-                             fault.get("restart_count"), fault["t"], state="exited",
-                             last_seen=fault["t"], exited_at=fault["t"])
-            track.ranks[key] = rank
-            mine = [f for f in faults if f.get("pid") == fault["pid"]]
-            exit_info = self._exits.exit_or_fault(fault["pid"], fault["starttime"], mine)
-            track.update_exit(rank, exit_info, None, now)
-            track.note(now, exit_info.source or "faultlog",
-                       f"rank {rank.rank} (PID {rank.pid}, {fault['kind']} by chaosgpu at "
-                       f"{fault['t']:.3f}) {exit_info.describe()}", rank.rank)
+            self._adopt_gone(track, fault, fault, faults, now)
+            for peer in fault.get("peers") or []:
+                self._adopt_gone(track, peer, fault, faults, now)
+
+    def _adopt_gone(self, track: JobTrack, who: dict[str, Any], fault: dict[str, Any],
+                    faults: list[dict[str, Any]], now: float) -> None:
+        from chaosgpu.node import process_starttime, process_state
+
+        key = (who["pid"], who["starttime"])
+        if key in track.ranks:
+            return
+        target = who is fault
+        env = {"TORCHELASTIC_ERROR_FILE": who["error_file"]} if who.get("error_file") else {}
+        if process_starttime(who["pid"]) == who["starttime"] \
+                and process_state(who["pid"]) not in ("Z", "X"):
+            if not target:  # alive, but this census did not list it: watched from here on
+                track.ranks[key] = RankTrack(who.get("rank"), who["pid"], who["starttime"],
+                                             who.get("restart_count"), now, last_seen=now,
+                                             env=env)
+            return
+        seen_at = fault["t"] if target else now
+        rank = RankTrack(who.get("rank"), who["pid"], who["starttime"], who.get("restart_count"),
+                         seen_at, state="exited", last_seen=seen_at, exited_at=seen_at)
+        rank.exit_seen_late = not target
+        track.ranks[key] = rank
+        mine = [f for f in faults if f.get("pid") == who["pid"]]
+        exit_info = self._exits.exit_or_fault(who["pid"], who["starttime"], mine)
+        error = None
+        if env and exit_info.clean is not True:
+            roots = ((f"/proc/{track.launcher['pid']}/root",) if track.launcher else ()) + ("",)
+            error = read_error(who["pid"], env, None, roots)
+        track.update_exit(rank, exit_info, error, now)
+        how = (f"{fault['kind']} by chaosgpu at {fault['t']:.3f}" if target else
+               f"a peer of rank {fault.get('rank')} at chaosgpu's {fault['kind']}; ended before "
+               f"this observer saw it, time is when it was seen gone")
+        track.note(now, exit_info.source or "faultlog",
+                   f"rank {rank.rank} (PID {rank.pid}, {how}) {exit_info.describe()}"
+                   + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
 
     def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:
         exit_info = self._exits.exit_or_fault(rank.pid, rank.starttime, [

@@ -88,6 +88,8 @@ class RankTrack:
     stderr: str | None = None
     gpu_mib: float | None = None
     stack_error: str | None = None
+    #: exited_at is when the end was first seen, not when it happened (an upper bound)
+    exit_seen_late: bool = False
 
     @property
     def live(self) -> bool:
@@ -508,7 +510,8 @@ class JobTrack:
                 who = " (chaosgpu's fault)" if by_us else " (not sent by chaosgpu)"
             after = ""
             if track is not first and first.exited_at and track.exited_at:
-                after = f", {track.exited_at - first.exited_at:.2f} s after rank {first.rank}"
+                after = (f", {'gone by ' if track.exit_seen_late else ''}"
+                         f"{track.exited_at - first.exited_at:.2f} s after rank {first.rank}")
             parts.append(f"rank {track.rank} "
                          f"{track.exit.describe() if track.exit else 'ended'}{who}{after}")
         return "; ".join(parts)
