@@ -60,6 +60,7 @@ __all__ = [
     "list_pids",
     "process_starttime",
     "process_state",
+    "open_stat",
     "process_activity",
     "tcp_sockets",
     "read_process",
@@ -344,13 +345,27 @@ def process_starttime(pid: int, proc_root: str = "/proc") -> Optional[int]:
     return int(fields[19])
 
 
-def process_state(pid: int, proc_root: str = "/proc",
-                  starttime: Optional[int] = None) -> Optional[str]:
-    """Return the one-letter state of ``pid`` (R, S, D, Z, T, t, I, X) or None if it is gone
-    (or, with ``starttime``, if the PID now belongs to another process): one read."""
+def open_stat(pid: int, proc_root: str = "/proc") -> int:
+    """Open /proc/PID/stat and return the fd, for ``process_state`` to re-read with one pread
+    per sample (the caller closes it). The fd reads this very process, or nothing once it is
+    reaped: never a later owner of its PID."""
     try:
-        data = _read_bytes("%s/%d/stat" % (proc_root, pid))
+        return os.open("%s/%d/stat" % (proc_root, pid), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise _typed(pid, "stat", error) from None
+
+
+def process_state(pid: int, proc_root: str = "/proc",
+                  starttime: Optional[int] = None, fd: Optional[int] = None) -> Optional[str]:
+    """Return the one-letter state of ``pid`` (R, S, D, Z, T, t, I, X) or None if it is gone
+    (or, with ``starttime``, if the PID now belongs to another process): one read, a pread of
+    ``fd`` (see ``open_stat``) when given."""
+    try:
+        data = os.pread(fd, 4096, 0) if fd is not None else \
+            _read_bytes("%s/%d/stat" % (proc_root, pid))
     except (FileNotFoundError, ProcessLookupError):
+        return None
+    if not data:  # read through a held fd after the process was reaped
         return None
     _, fields = _parse_stat(data)
     if starttime is not None and int(fields[19]) != starttime:
@@ -1368,10 +1383,85 @@ def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
              "host_pid": proc["nspid"][0] if proc.get("nspid") else None,
              "ns_pid": proc["nspid"][-1] if proc.get("nspid") else None,
              "state": _rank_state(proc, cgroup_root),
-             "gpu_mib": gpu_by_pid.get(pid)}  # type: Dict[str, Any]
+             "gpu_mib": gpu_by_pid.get(pid),
+             "rank_source": "env" if rank is not None else None,
+             "helpers": []}  # type: Dict[str, Any]
     if bad_rank is not None:
         entry["invalid_rank"] = bad_rank
     job["ranks"].append(entry)
+
+
+def _spawned_child(proc: Dict[str, Any]) -> bool:
+    """A process Python's multiprocessing started with the spawn or forkserver method (the
+    ranks of torch.multiprocessing.spawn, a DataLoader's workers in a spawn context)."""
+    cmdline = proc.get("cmdline") or []
+    return "--multiprocessing-fork" in cmdline or any(
+        arg.startswith("from multiprocessing.") for arg in cmdline[1:3])
+
+
+def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str, Any]]
+                 ) -> Tuple[List[Dict[str, Any]], Dict[int, List[int]]]:
+    """Split a job's candidate processes into its ranks and their helpers. A candidate whose
+    parent is a candidate of the same rank (the same RANK, or none in both) is that parent's
+    helper when it is a copy of it (forked without exec: the same command line; or a
+    multiprocessing child: a DataLoader's workers, which inherit the rank's environment); any
+    other such child makes its parent a wrapper (a shell that runs the trainer): the child is
+    the rank. Returns (ranks, {rank pid: [helper pids]})."""
+    by_pid = {p["pid"]: p for p in candidates}
+    helper_of = {}  # type: Dict[int, int]
+    wrappers = set()
+    for proc in candidates:
+        parent = by_pid.get(proc["ppid"])
+        if parent is None or (parent.get("env") or {}).get("RANK") != \
+                (proc.get("env") or {}).get("RANK"):
+            continue
+        if proc.get("cmdline") == parent.get("cmdline") or _spawned_child(proc):
+            helper_of[proc["pid"]] = parent["pid"]
+        else:
+            wrappers.add(parent["pid"])
+    helpers = {}  # type: Dict[int, List[int]]
+    for pid in sorted(helper_of):
+        owner = helper_of[pid]
+        seen = {pid}
+        while owner in helper_of and owner not in seen:  # a helper's helper: the rank above
+            seen.add(owner)
+            owner = helper_of[owner]
+        helpers.setdefault(owner, []).append(pid)
+    ranks = [p for p in candidates if p["pid"] not in helper_of and p["pid"] not in wrappers]
+    return ranks, helpers
+
+
+def _listening_on(proc: Dict[str, Any], port: str, proc_root: str) -> bool:
+    """Whether ``proc`` holds a TCP socket listening on ``port`` (in its network namespace)."""
+    base = "%s/%d" % (proc_root, proc["pid"])
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = _read_bytes(base + "/net/" + name).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == b"0A" \
+                    and int(fields[1].rsplit(b":", 1)[1], 16) == int(port):
+                inodes.add(int(fields[9]))
+    if not inodes:
+        return False
+    try:
+        return bool(inodes & set(_socket_inodes(base + "/fd")))
+    except OSError:
+        return False
+
+
+def _set_spawn_parent(job: Dict[str, Any], parent: Dict[str, Any]) -> None:
+    """The parent of ranks that carry no RANK (torch.multiprocessing.spawn's main process):
+    it joins them and, when one fails, ends the others; it never restarts them."""
+    job["launcher"] = "multiprocessing"
+    job["launcher_pid"] = parent["pid"]
+    job["launcher_starttime"] = parent["starttime"]
+    job["max_restarts"] = 0
+    if job["tag"] is None and parent.get("tag"):
+        job["tag"] = parent["tag"]
 
 
 def _set_launcher(job: Dict[str, Any], launcher: Dict[str, Any]) -> None:
@@ -1429,21 +1519,21 @@ def _finish_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                 job["frozen"].append(r["rank"])
 
 
-def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
-          errors: List[str], cgroup_root: str, hostname: str) -> List[Dict[str, Any]]:
-    """Distributed-training jobs from the ranks' environment, kept as one job across elastic
-    restarts (torchrun's run id) and listed while their launcher lives even with no rank (a
-    restart in progress). Rank states here are what one reading shows (alive, stopped, frozen,
-    zombie, missing); whether a job is hung is a verdict over time (chaosgpu.job), never this."""
-    jobs = {}  # type: Dict[str, Dict[str, Any]]
-    launchers = {}  # type: Dict[int, Dict[str, Any]]
+def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
+                    launchers: Dict[int, Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Fill ``jobs`` (by id, with their torchrun launcher) and ``launchers`` (every live
+    torchrun); return each job's candidate rank processes: RANK in their environment, or (the
+    ranks of torch.multiprocessing.spawn, which get their rank as an argument) multiprocessing
+    children carrying the job's master. A shell that exported MASTER_ADDR is no job."""
+    candidates = {}  # type: Dict[str, List[Dict[str, Any]]]
     for proc in processes.values():
         if _is_launcher(proc) and not proc["zombie"] and not proc.get("exiting"):
             launchers[proc["pid"]] = proc
         env = proc.get("env") or {}
         job_id = _job_id(env) if env else None
-        if job_id is None or not (_is_launcher(proc) or "RANK" in env):
-            continue  # a shell that exported MASTER_ADDR is no job
+        member = "RANK" in env or (_spawned_child(proc) and "MASTER_PORT" in env)
+        if job_id is None or not (_is_launcher(proc) or member):
+            continue
         job = jobs.get(job_id)
         if job is None:
             job = jobs[job_id] = _new_job(job_id)
@@ -1451,12 +1541,66 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
             job["master"] = "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
         if _is_launcher(proc):
             _set_launcher(job, proc)
-        elif "RANK" in env:
-            _add_rank(job, proc, env, gpu_by_pid, errors, cgroup_root)
+        else:
+            candidates.setdefault(job_id, []).append(proc)
+    return candidates
+
+
+def _number_spawned_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                          ranks: List[Dict[str, Any]], proc_root: str) -> None:
+    """Ranks with no RANK in their environment (torch.multiprocessing.spawn passes it as an
+    argument): their common parent is the job's launcher, and the one that hosts the job's
+    store (listens on MASTER_PORT: init_process_group's env:// rendezvous makes rank 0 the
+    store's server) is rank 0 (``rank_source: "store host"``); the others' numbers are not
+    visible from outside and stay null."""
+    unnumbered = [r for r in job["ranks"] if r["rank"] is None and "invalid_rank" not in r]
+    if not unnumbered:
+        return
+    parents = {processes[r["pid"]]["ppid"] for r in unnumbered}
+    if len(parents) == 1:
+        parent = processes.get(parents.pop())
+        # not when they were orphaned (the main process died): then it is an init or reaper
+        if parent is not None and not _is_launcher(parent) and not parent["zombie"] \
+                and not parent["ns_init"] and parent["pid"] != 1 \
+                and parent["comm"] not in KNOWN_SUBREAPERS:
+            _set_spawn_parent(job, parent)
+    port = (job["master"] or ":").rsplit(":", 1)[1]
+    if not port.isdigit() or any(r["rank"] == 0 for r in job["ranks"]):
+        return
+    by_pid = {p["pid"]: p for p in ranks}
+    hosts = [r for r in unnumbered if r["state"] != "zombie"
+             and _listening_on(by_pid[r["pid"]], port, proc_root)]
+    if len(hosts) == 1:
+        hosts[0]["rank"] = 0
+        hosts[0]["rank_source"] = "store host"
+
+
+def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
+          errors: List[str], cgroup_root: str, hostname: str,
+          proc_root: str = "/proc") -> List[Dict[str, Any]]:
+    """Distributed-training jobs from the ranks' environment, kept as one job across elastic
+    restarts (torchrun's run id) and listed while their launcher lives even with no rank (a
+    restart in progress). Rank states here are what one reading shows (alive, stopped, frozen,
+    zombie, missing); whether a job is hung is a verdict over time (chaosgpu.job), never this."""
+    jobs = {}  # type: Dict[str, Dict[str, Any]]
+    launchers = {}  # type: Dict[int, Dict[str, Any]]
+    candidates = _job_candidates(processes, jobs, launchers)
+    for job_id, members in candidates.items():
+        ranks, helpers = _job_members(processes, sorted(members, key=lambda p: p["pid"]))
+        job = jobs[job_id]
+        for proc in ranks:
+            _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root)
+            job["ranks"][-1]["helpers"] = helpers.get(proc["pid"], [])
+        _number_spawned_ranks(job, processes, ranks, proc_root)
     attached = set()
     for job in jobs.values():
         for r in job["ranks"]:
             parent = processes.get(processes[r["pid"]]["ppid"])
+            for _ in range(4):  # up through wrappers (a shell that runs the trainer)
+                if parent is None or parent["pid"] in launchers \
+                        or _job_id(parent.get("env") or {}) != job["id"]:
+                    break
+                parent = processes.get(parent["ppid"])
             if parent is not None and parent["pid"] in launchers:
                 _set_launcher(job, parent)
         if job["launcher_pid"] is not None:
@@ -1894,7 +2038,7 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     for item in gpu_processes:
         if item["visible"] and item["used_mib"] is not None:
             gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
-    jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"])
+    jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"], proc_root)
     _join_jobs(gpu_processes, jobs)
     private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")
     for record in processes.values():

@@ -329,7 +329,7 @@ class Observer:
                f"a peer of rank {fault.get('rank')} at chaosgpu's {fault['kind']}; ended before "
                f"this observer saw it, time is when it was seen gone")
         track.note(now, exit_info.source or "faultlog",
-                   f"rank {rank.rank} (PID {rank.pid}, {how}) {exit_info.describe()}"
+                   f"{rank.label} (PID {rank.pid}, {how}) {exit_info.describe()}"
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
 
     def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:
@@ -345,7 +345,7 @@ class Observer:
         error = read_error(rank.pid, rank.env, stderr, roots) if exit_info.clean is not True \
             else None
         track.update_exit(rank, exit_info, error, now)
-        track.note(now, exit_info.source or "proc", f"rank {rank.rank} {exit_info.describe()}"
+        track.note(now, exit_info.source or "proc", f"{rank.label} {exit_info.describe()}"
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
         self._exits.forget(rank.pid, rank.starttime)
 

@@ -57,6 +57,18 @@ _EVIDENCE_LIMIT = 60
 _LIVE = ("alive", "stopped", "frozen")
 
 
+def _ranks_text(tracks: "list[RankTrack]") -> str:
+    """[0, 1] when every number is known, else each rank's label."""
+    if all(t.rank is not None for t in tracks):
+        return str([t.rank for t in tracks])
+    return "[" + ", ".join(t.label for t in tracks) + "]"
+
+
+def _culprit_text(culprit: dict[str, Any]) -> str:
+    rank = culprit["rank"] if culprit["rank"] is not None else f"? (PID {culprit['pid']})"
+    return f"rank {rank} {culprit['why']}"
+
+
 @dataclass
 class RankTrack:
     """What one rank process did over time (one process: a restarted rank is a new track)."""
@@ -90,6 +102,12 @@ class RankTrack:
     stack_error: str | None = None
     #: exited_at is when the end was first seen, not when it happened (an upper bound)
     exit_seen_late: bool = False
+
+    @property
+    def label(self) -> str:
+        """"rank N", or "rank ? (PID P)" when its number is not visible (a rank started by
+        torch.multiprocessing.spawn carries no RANK in its environment)."""
+        return f"rank {self.rank}" if self.rank is not None else f"rank ? (PID {self.pid})"
 
     @property
     def live(self) -> bool:
@@ -194,10 +212,11 @@ class JobTrack:
             port = entry["master"].rsplit(":", 1)[1]
             self.store_port = int(port) if port.isdigit() else self.store_port
         if entry.get("launcher_pid") is not None:
-            launcher = {"pid": entry["launcher_pid"], "starttime": entry.get("launcher_starttime")}
+            launcher = {"pid": entry["launcher_pid"], "starttime": entry.get("launcher_starttime"),
+                        "kind": entry.get("launcher")}
             if self.launcher is None or self.launcher["pid"] != launcher["pid"]:
                 self.launcher = launcher
-                self.note(now, "proc", f"launcher (torchrun) is PID {launcher['pid']}")
+                self.note(now, "proc", f"launcher ({launcher['kind']}) is PID {launcher['pid']}")
             self.launcher_alive = True
         for rank in entry.get("ranks") or []:
             if rank.get("pid") is None or rank.get("starttime") is None or rank.get("inferred"):
@@ -210,9 +229,13 @@ class JobTrack:
                                   rank.get("restart_count"), now, last_seen=now,
                                   env=dict(proc.get("env") or {}))
                 self.ranks[key] = track
-                self.note(now, "proc", f"rank {track.rank} is PID {track.pid}"
+                self.note(now, "proc", f"{track.label} is PID {track.pid}"
                           + (f" (restart {track.restart_count})" if track.restart_count else ""),
                           track.rank)
+            elif track.rank is None and rank.get("rank") is not None:  # numbered once seen
+                track.rank = rank["rank"]
+                self.note(now, "proc", f"PID {track.pid} is rank {track.rank} "
+                          f"({rank.get('rank_source')})", track.rank)
             track.gpu_mib = rank.get("gpu_mib")
 
     def update_activity(self, track: RankTrack, activity: dict[str, Any] | None,
@@ -265,7 +288,7 @@ class JobTrack:
             self._ended(track, now, "proc", "is a zombie (ended, not reaped yet)")
             return False
         if new_state != track.state:
-            self.note(now, "proc", f"rank {track.rank} is {new_state} (state {state})",
+            self.note(now, "proc", f"{track.label} is {new_state} (state {state})",
                       track.rank)
             track.state = new_state
         if activity.get("stderr"):
@@ -273,7 +296,7 @@ class JobTrack:
         backend = _backend_from_threads(activity.get("threads"))
         if backend and track.backend is None:
             track.backend = backend
-            self.note(now, "proc", f"rank {track.rank} has a {backend} process group (its "
+            self.note(now, "proc", f"{track.label} has a {backend} process group (its "
                       "threads)", track.rank)
         return True
 
@@ -291,7 +314,7 @@ class JobTrack:
                 continue  # the rendezvous store's connection is not training traffic
             if not track.up:
                 track.up = True
-                self.note(now, "tcp", f"rank {track.rank} is connected to its peers "
+                self.note(now, "tcp", f"{track.label} is connected to its peers "
                           f"({sock['local']} -> {sock['remote']})", track.rank)
             peers += 1
             count = sock["bytes_acked"] + sock["bytes_received"]
@@ -330,7 +353,7 @@ class JobTrack:
         site = classify(sample, self._sources, gpu=gpu)
         if site != track.site:
             if site is not None:
-                self.note(now, "py-spy", f"rank {track.rank} waits in {site.kind} "
+                self.note(now, "py-spy", f"{track.label} waits in {site.kind} "
                           f"{site.what} at {site.caller or site.frame}", track.rank,
                           source_line=site.source)
                 track.site_since = now
@@ -447,7 +470,7 @@ class JobTrack:
                 return ("unknown", f"the launcher's {self.hidden_ranks} child processes cannot "
                         "be inspected by this observer (another user's): their ranks are "
                         "invisible", None, {})
-            if self.launcher_alive:
+            if self.launcher_alive and (self.launcher or {}).get("kind") == "torchrun":
                 return ("restarting", "the elastic agent lives with no rank: it is starting or "
                         "restarting them", None, {})
             return "unknown", "no rank of this job has been seen", None, {}
@@ -466,7 +489,7 @@ class JobTrack:
         can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
         if self.launcher_alive and self.launcher is not None and failed_here and can_restart:
             return ("restarting", f"attempt {restarts or 0}: "
-                    + ", ".join(f"rank {t.rank} {t.exit.describe() if t.exit else ''}"
+                    + ", ".join(f"{t.label} {t.exit.describe() if t.exit else ''}"
                                 for t in failed_here)
                     + f"; the elastic agent lives (max restarts {self.max_restarts})",
                     min(t.exited_at or now for t in failed_here), {})
@@ -476,7 +499,7 @@ class JobTrack:
         ended = [t for t in ranks if not t.live]
         extra = ""
         if ended:
-            extra = "; ended: " + ", ".join(f"rank {t.rank} {t.exit.describe() if t.exit else ''}"
+            extra = "; ended: " + ", ".join(f"{t.label} {t.exit.describe() if t.exit else ''}"
                                              for t in ended)
         if last is None:
             return ("unknown", f"watching: observed for {now - quiet_since:.1f} s, no progress "
@@ -496,7 +519,7 @@ class JobTrack:
             return "failed", self._failure_story(ranks, bad), first_end, {}
         if unknown:
             return ("unknown", "the ranks ended but their exit status is not visible: "
-                    + "; ".join(f"rank {t.rank}: {t.exit.describe() if t.exit else 'not seen'}"
+                    + "; ".join(f"{t.label}: {t.exit.describe() if t.exit else 'not seen'}"
                                 for t in unknown), first_end, {})
         return "finished", f"every rank exited 0 ({len(ranks)} ranks)", first_end, {}
 
@@ -511,8 +534,8 @@ class JobTrack:
             after = ""
             if track is not first and first.exited_at and track.exited_at:
                 after = (f", {'gone by ' if track.exit_seen_late else ''}"
-                         f"{track.exited_at - first.exited_at:.2f} s after rank {first.rank}")
-            parts.append(f"rank {track.rank} "
+                         f"{track.exited_at - first.exited_at:.2f} s after {first.label}")
+            parts.append(f"{track.label} "
                          f"{track.exit.describe() if track.exit else 'ended'}{who}{after}")
         return "; ".join(parts)
 
@@ -534,7 +557,7 @@ class JobTrack:
                         since, {})
             if gpu_waiting:
                 return ("unknown", f"no progress seen for {quiet_for:.1f} s; ranks "
-                        f"{[t.rank for t in gpu_waiting]} wait on the GPU, and without Flight "
+                        f"{_ranks_text(gpu_waiting)} wait on the GPU, and without Flight "
                         "Recorder a long kernel cannot be told from a hung one", since, {})
             return ("unknown", f"no progress for {quiet_for:.1f} s, but no rank waits in a "
                     "collective, barrier or rendezvous (idle or sleeping?)", since, {})
@@ -542,13 +565,13 @@ class JobTrack:
         details = self._hang_details(ranks, live, blocked, since)
         what = details["blocked_in"]
         if blocked:
-            reason = (f"ranks {[t.rank for t in blocked]} wait in {what['kind']} "
+            reason = (f"ranks {_ranks_text(blocked)} wait in {what['kind']} "
                       f"{what['what']} with no progress for {quiet_for:.1f} s")
         else:
             reason = f"every live rank is stopped or frozen, for {quiet_for:.1f} s"
         if details["culprit_ranks"]:
             reason += "; culprits: " + "; ".join(
-                f"rank {c['rank']} {c['why']}" for c in details["culprit_ranks"])
+                _culprit_text(c) for c in details["culprit_ranks"])
         if never:
             reason += " (no progress seen since the observation began)"
         return "hung", reason, since, details

@@ -24,6 +24,7 @@ AccessDenied = _program.AccessDenied
 NoSuchProcess = _program.NoSuchProcess
 ProcError = _program.ProcError
 nvidia_registered = _program.nvidia_registered
+open_stat = _program.open_stat
 open_statm = _program.open_statm
 pid_ns_inode = _program.pid_ns_inode
 net_ns_inode = _program.net_ns_inode
@@ -43,6 +44,7 @@ __all__ = [
     "NoSuchProcess",
     "ProcError",
     "nvidia_registered",
+    "open_stat",
     "open_statm",
     "pid_ns_inode",
     "net_ns_inode",
@@ -118,10 +120,13 @@ def process_starttime(pid: int, proc_root: str = "/proc") -> int | None:
     return result
 
 
-def process_state(pid: int, proc_root: str = "/proc", starttime: int | None = None) -> str | None:
+def process_state(pid: int, proc_root: str = "/proc", starttime: int | None = None,
+                  fd: int | None = None) -> str | None:
     """Return the one-letter state of `pid` (R, S, D, Z, T ...), or None when it is gone (or,
-    with `starttime`, when the PID is another process's now): one read of its stat."""
-    result: str | None = census_module().process_state(pid, proc_root, starttime=starttime)
+    with `starttime`, when the PID is another process's now): one read of its stat, a pread of
+    `fd` (from `open_stat`) when given."""
+    result: str | None = census_module().process_state(pid, proc_root, starttime=starttime,
+                                                        fd=fd)
     return result
 
 

@@ -22,7 +22,8 @@ second while they are torn down: bench/results/nvml-calls-*):
   MAX_SPACING_S);
 * exits: blocked in one poll() over the tracked processes' pidfds (a pidfd turns readable when
   its process exits; no /proc scan), so an exit is stamped when it happens, whatever the other
-  threads wait on; between exits it reads the tracked processes' states (one stat read each)
+  threads wait on; between exits it reads the tracked processes' states (one pread each of
+  their stat, held open)
   every `process_every` periods (cost-spaced the same way) and examines new PIDs every
   `rescan_s` (cost-spaced too: listing /proc grows with the node) and after every activity.
 
@@ -155,6 +156,7 @@ class Sampler:
         self.wall_s = 0.0
         self._fds: dict[int, int] = {}  # pid -> open /proc/PID/statm (host-rss source)
         self._pidfds: dict[int, int] = {}  # pid -> pidfd of a tracked process (identity, exit)
+        self._stat_fds: dict[int, int] = {}  # pid -> its /proc/PID/stat held open (states)
         self._pid_of_fd: dict[int, int] = {}
         self._exited: set[int] = set()  # tracked PIDs seen exited (zombies until reaped)
         self._poller = select.poll()
@@ -298,6 +300,7 @@ class Sampler:
                     continue
                 self._pidfds[pid] = pidfd
                 self._pid_of_fd[pidfd] = pid
+                self._hold_stat(pid, record.get("starttime"))
                 self._poller.register(pidfd, select.POLLIN)
                 self._tracked[pid] = record.get("starttime")
                 with self._data_lock:
@@ -438,9 +441,10 @@ class Sampler:
                     self._record_error(error)
                     next_sweep = max(next_sweep, time.monotonic() + period)
         finally:
-            for fd in self._pidfds.values():
+            for fd in [*self._pidfds.values(), *self._stat_fds.values()]:
                 os.close(fd)
             self._pidfds.clear()
+            self._stat_fds.clear()
             self._pid_of_fd.clear()
             self._poller = select.poll()
             self._tracked.clear()
@@ -476,7 +480,23 @@ class Sampler:
                         entry["t"].append(t)
                         entry["mib"].append(mib)
 
+    def _hold_stat(self, pid: int, starttime: int | None) -> None:
+        """Keep the tracked process's stat open: a state sweep is then one pread per process
+        instead of an open, a read and a close. Held only once a read through it shows the
+        start time tracked (else the path is read each time, with its own check)."""
+        try:
+            fd = self._node.open_stat(pid)
+        except self._node.ProcError:
+            return
+        if self._node.process_state(pid, starttime=starttime, fd=fd) is None:
+            os.close(fd)
+            return
+        self._stat_fds[pid] = fd
+
     def _forget_pidfd(self, pid: int) -> None:
+        stat_fd = self._stat_fds.pop(pid, None)
+        if stat_fd is not None:
+            os.close(stat_fd)
         pidfd = self._pidfds.pop(pid)
         if pid in self._exited:
             self._exited.discard(pid)  # out of the poll set since its exit was seen
@@ -516,7 +536,8 @@ class Sampler:
                 self._poller.unregister(pidfd)
             # Not exited: the PID is still this process's, its state is safe to read.
             # Exited: zombie until reaped, then gone (its PID may already be someone else's).
-            state = node.process_state(pid, starttime=self._tracked.get(pid))
+            state = node.process_state(pid, starttime=self._tracked.get(pid),
+                                       fd=self._stat_fds.get(pid))
             if pid in self._exited and state not in ("Z", "X"):
                 state = None
             elif pid not in self._exited and state in ("Z", "X"):

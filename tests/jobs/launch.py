@@ -157,3 +157,46 @@ def start_bare(workdir: Path, args: list[str], world_size: int = 2,
                 env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                 start_new_session=True))
     return job
+
+
+SPAWN_DDP = Path(__file__).resolve().parent / "spawn_ddp.py"
+
+
+def start_spawn(workdir: Path, world_size: int = 2, loader_workers: int = 2,
+                steps: int = 0) -> Job:
+    """The tutorial-shaped torch.multiprocessing.spawn DDP job (tests/jobs/spawn_ddp.py): no
+    RANK in any environment, DataLoader worker processes under each rank. Its job id is the
+    master address; the tag is inherited from the main process's environment."""
+    tag = f"verdict-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
+    with open(workdir / "spawn.log", "wb") as log:
+        job.processes.append(subprocess.Popen(
+            [sys.executable, str(SPAWN_DDP), str(port), "--world-size", str(world_size),
+             "--loader-workers", str(loader_workers), "--steps", str(steps)],
+            env=_env(tag), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True))
+    return job
+
+
+def spawn_steps(job: Job) -> dict[int, int]:
+    """The steps each rank of a spawn job printed ("rank R step N"), its own account."""
+    steps: dict[int, int] = {}
+    for line in (job.workdir / "spawn.log").read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "rank" and parts[2] == "step":
+            steps[int(parts[1])] = max(steps.get(int(parts[1]), 0), int(parts[3]))
+    return steps
+
+
+def wait_spawn_steps(job: Job, steps: int = 3, timeout_s: float = 120.0) -> dict[int, int]:
+    """Wait until every rank of a spawn job printed `steps` steps."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = spawn_steps(job)
+        if len(seen) == job.world_size and min(seen.values()) >= steps:
+            return seen
+        if all(p.poll() is not None for p in job.processes):
+            raise RuntimeError(f"the job ended before {steps} steps: {job.logs()}")
+        time.sleep(0.1)
+    raise TimeoutError(f"no {steps} steps within {timeout_s} s: {job.logs()}")

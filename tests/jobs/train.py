@@ -44,6 +44,9 @@ def parse() -> argparse.Namespace:
                         help="at this step, queue a GPU kernel that spins for --gpu-hang-s "
                              "before the collective: the rank waits on its GPU, alive")
     parser.add_argument("--gpu-hang-s", type=float, default=600.0)
+    parser.add_argument("--loader-workers", type=int, default=0,
+                        help="feed each step from a DataLoader with this many worker processes "
+                             "(forked: they carry the rank's environment, RANK included)")
     parser.add_argument("--progress-dir", default="")
     return parser.parse_args()
 
@@ -92,8 +95,16 @@ def main() -> int:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         batch = torch.randn(32, 64)
     tensor = torch.ones(4096, device=device)
+    batches = None
+    if args.loader_workers:
+        data = torch.utils.data.TensorDataset(torch.randn(1 << 16, 4))
+        batches = iter(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True,
+                                                   num_workers=args.loader_workers,
+                                                   persistent_workers=True))
     step = 0
     while args.steps == 0 or step < args.steps:
+        if batches is not None:
+            next(batches)
         if rank == args.stall_rank and step == args.stall_at:
             time.sleep(args.stall_s)  # alive, stalled in Python: its peers wait in all_reduce
         if rank == args.fail_rank and step == args.fail_at:

@@ -1,0 +1,61 @@
+"""A DistributedDataParallel job shaped like PyTorch's own DDP tutorial, for the verdict tests:
+the main process sets MASTER_ADDR/MASTER_PORT in os.environ and starts the ranks with
+torch.multiprocessing.spawn, which passes each its rank as an argument (no RANK in any
+environment); each rank reads its batches from a DataLoader with worker processes. It knows
+nothing of chaosgpu. It prints one line per step to stdout ("rank R step N"), the ground truth
+for the tests' own assertions.
+
+    python spawn_ddp.py PORT [--world-size 2] [--loader-workers 2] [--steps 0]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(rank: int, world_size: int, loader_workers: int, steps: int) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 64), nn.ReLU(),
+                                                  nn.Linear(64, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(1 << 14, 16), torch.randn(1 << 14, 1))
+    loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=loader_workers,
+                        persistent_workers=loader_workers > 0)
+    step = 0
+    while steps == 0 or step < steps:
+        for inputs, targets in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(inputs), targets).backward()
+            optimizer.step()
+            step += 1
+            print(f"rank {rank} step {step}", flush=True)
+            time.sleep(0.05)
+            if steps and step >= steps:
+                break
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--loader-workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=0, help="0: until killed")
+    args = parser.parse_args()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = args.port
+    mp.spawn(train, args=(args.world_size, args.loader_workers, args.steps),
+             nprocs=args.world_size, join=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Job shapes chaosgpu did not launch and the first release missed: a DistributedDataParallel
+job started the way PyTorch's DDP tutorial starts it (torch.multiprocessing.spawn: ranks get
+their rank as an argument, no RANK in any environment; tests/jobs/spawn_ddp.py) and torchrun
+ranks that read their batches from DataLoader worker processes (which inherit the rank's
+environment, RANK included). The census must find the ranks and only the ranks, the faults must
+hit the trainer processes, and the verdicts must hold."""
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from jobs.launch import Job, start_spawn, start_torchrun, wait_spawn_steps  # noqa: E402
+
+from chaosgpu.job import actions, probes  # noqa: E402
+from chaosgpu.node import census_module, take_census  # noqa: E402
+from chaosgpu.process import actions as process_actions  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    started: list[Job] = []
+    try:
+        yield started
+    finally:
+        for job in started:
+            job.stop()
+
+
+def census_job(job_id: str) -> dict[str, Any]:
+    found = [j for j in take_census(gpu=False)["jobs"] if j["id"] == job_id]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as handle:
+            out.update(int(p) for p in handle.read().split())
+    return out
+
+
+def test_dataloader_workers_are_helpers_of_their_rank_not_ranks(tmp_path: Path,
+                                                                 jobs: list[Job]) -> None:
+    job = start_torchrun(tmp_path, ["--loader-workers", "2"])
+    jobs.append(job)
+    trainers = {rank: p["pid"] for rank, p in job.wait_steps(3).items()}
+    found = census_job(job.run_id)
+    assert [(r["rank"], r["pid"]) for r in found["ranks"]] == sorted(trainers.items()), found
+    for entry in found["ranks"]:
+        assert entry["rank_source"] == "env"
+        assert len(entry["helpers"]) == 2 and set(entry["helpers"]) <= children(entry["pid"])
+    killed = actions.kill_rank(job=job.run_id, rank=0, wait_s=5)
+    assert killed["pid"] == trainers[0]  # the trainer, not one of its DataLoader workers
+
+
+def test_a_spawn_job_is_found_with_its_store_host_as_rank_0(tmp_path: Path,
+                                                            jobs: list[Job]) -> None:
+    job = start_spawn(tmp_path)
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    found = census_job(job.run_id)
+    assert found["launcher"] == "multiprocessing"
+    assert found["launcher_pid"] == job.processes[0].pid and found["max_restarts"] == 0
+    assert found["tag"] == job.tag
+    ranks = found["ranks"]
+    assert len(ranks) == 2, ranks
+    assert [(r["rank"], r["rank_source"]) for r in ranks] == [(0, "store host"), (None, None)]
+    assert all(len(r["helpers"]) == 2 for r in ranks), ranks
+    assert {r["pid"] for r in ranks} == children(job.processes[0].pid) - {
+        p for r in ranks for p in r["helpers"]} - _resource_trackers(job.processes[0].pid)
+    state = probes.job_state(job=job.run_id)
+    assert state["verdict"] == "running", state["reason"]
+
+
+def _resource_trackers(pid: int) -> set[int]:
+    found = set()
+    for child in children(pid):
+        with open(f"/proc/{child}/cmdline", "rb") as handle:
+            if b"resource_tracker" in handle.read():
+                found.add(child)
+    return found
+
+
+def test_a_frozen_spawn_rank_hangs_the_job_and_is_named_the_culprit(tmp_path: Path,
+                                                                   jobs: list[Job]) -> None:
+    job = start_spawn(tmp_path)
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    unnumbered = next(r for r in census_job(job.run_id)["ranks"] if r["rank"] is None)
+    frozen = process_actions.freeze_processes(scope={"pids": [unnumbered["pid"]]})
+    assert frozen["sent"] == 1, frozen
+    found = probes.detect_hang(job=job.run_id, timeout_s=30)
+    assert found["verdict"] == "hung", found["reason"]
+    assert [c["pid"] for c in found["culprit_ranks"]] == [unnumbered["pid"]], found
+    assert f"rank ? (PID {unnumbered['pid']})" in found["reason"]
+    assert found["blocked_in"]["ranks"] == [0], found["blocked_in"]
+    assert process_actions.resume_processes(scope={"pids": [unnumbered["pid"]]})["sent"] == 1
+
+
+def test_a_killed_spawn_rank_fails_the_job(tmp_path: Path, jobs: list[Job]) -> None:
+    job = start_spawn(tmp_path)
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    started = time.monotonic()
+    actions.kill_rank(job=job.run_id, rank=0, wait_s=0)
+    found = probes.detect_hang(job=job.run_id, timeout_s=20)
+    assert time.monotonic() - started < 10.0
+    assert found["verdict"] == "failed", found["reason"]
+    ranks = found["ranks"]
+    assert ranks[0]["rank"] == 0 and ranks[0]["exit"]["signal"] == "SIGKILL"
+    assert ranks[1]["rank"] is None and ranks[1]["exit"] is not None  # ended by mp.spawn
+    assert job.wait_exit(30)[0] not in (None, 0)  # the main process raised
+
+
+def _record(pid: int, ppid: int, cmdline: list[str], env: dict[str, str]) -> dict[str, Any]:
+    return {"pid": pid, "ppid": ppid, "cmdline": cmdline, "comm": cmdline[0].rsplit("/")[-1][:15],
+            "env": env, "state": "S", "zombie": False, "exiting": False, "kthread": False,
+            "starttime": pid, "nspid": [pid], "ns_init": False, "tag": None, "uid": 0}
+
+
+def test_a_shell_wrapper_is_not_the_rank_its_child_is() -> None:
+    """torchrun --no-python sh -c '... python train.py': the shell carries RANK, the trainer it
+    runs carries it too, and the trainer's forked DataLoader worker as well."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+           "TORCHELASTIC_RUN_ID": "wrapped"}
+    trainer = ["python3", "train.py"]
+    processes = {
+        10: _record(10, 1, ["python3", "-m", "torch.distributed.run", "sh", "-c", "x"], {}),
+        11: _record(11, 10, ["sh", "-c", "exec-less wrapper"], env),
+        12: _record(12, 11, trainer, env),
+        13: _record(13, 12, trainer, env),
+        14: _record(14, 13, trainer, env),  # a worker's own fork: still the trainer's helper
+    }
+    jobs = census_module()._jobs(processes, {}, [], "/nonexistent", "host")
+    assert len(jobs) == 1
+    assert [(r["rank"], r["pid"], r["helpers"]) for r in jobs[0]["ranks"]] == [(0, 12, [13, 14])]
+    assert jobs[0]["launcher_pid"] == 10
