@@ -41,13 +41,18 @@ Definitions (also in docs/census.md):
   never as an orphan or as gone.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+TYPE_CHECKING = False  # mypy reads it as true; typing costs ~5-9 ms of every command's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 SCHEMA = "chaosgpu.census/1"
 #: The initial ("host") PID namespace: its inode number is fixed by the kernel (0xEFFFFFFC).
@@ -82,6 +87,7 @@ ENV_KEYS = (
     "WORLD_SIZE",
     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
+    "NODE_RANK",
     "ROLE_RANK",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
@@ -700,14 +706,16 @@ _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
 
 
-#: (proc root, pid) -> (fd, record template): /proc/PID/stat kept open for the processes the
-#: cache knows, re-read with one pread per census instead of open, read and close. An fd opened
+#: (proc root, pid) -> [fd, record template, last stat, last record, its cache entry]:
+#: /proc/PID/stat kept open for the processes the cache knows, re-read with one pread per census
+#: instead of open, read and close; when the stat reads as before (an idle process) the last
+#: record is copied instead of rebuilt. An fd opened
 #: on a process reads that process or fails (ESRCH once it is reaped), never a later owner of
 #: its PID. The fds are moved to numbers from HELD_FD_FLOOR up, so that the low numbers stay
 #: free for code that still uses select() (FD_SETSIZE 1024) in the same process; they are
 #: held only where the soft RLIMIT_NOFILE leaves room above that floor (at most half of it).
 HELD_FD_FLOOR = 4096
-_STAT_FDS = {}  # type: Dict[Tuple[str, int], Tuple[int, Dict[str, Any]]]
+_STAT_FDS = {}  # type: Dict[Tuple[str, int], List[Any]]
 _STAT_FDS_LOCK = threading.Lock()
 _STAT_FDS_MAX = [None]  # type: List[Optional[int]]
 
@@ -726,9 +734,9 @@ def _held_fd_budget() -> int:
     return _STAT_FDS_MAX[0] or 0
 
 
-def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, Dict[str, Any]]]:
-    """This process's stat through its held fd, with the record template kept with it (None
-    when none is held or the process is gone)."""
+def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, List[Any]]]:
+    """This process's stat through its held fd, with what is kept with it (the slot of
+    _STAT_FDS); None when none is held or the process is gone."""
     key = (proc_root, pid)
     with _STAT_FDS_LOCK:
         held = _STAT_FDS.get(key)
@@ -742,7 +750,7 @@ def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, Dict[str,
             os.close(held[0])
             del _STAT_FDS[key]
             return None
-        return data, held[1]
+        return data, held
 
 
 #: the fields of a record read again at every census (the template keeps the others)
@@ -775,7 +783,7 @@ def _hold_stat(proc_root: str, pid: int, record: Dict[str, Any]) -> None:
                             if name not in _LIVE_FIELDS and name not in _STABLE_FIELDS}
                 template.update(_STABLE_DEFAULTS)  # the cache entry fills them at each use
                 template.update(orphan=False, orphan_reason=None, nvidia_fds=None)
-                _STAT_FDS[key] = (fd, template)
+                _STAT_FDS[key] = [fd, template, None, None, None]
                 return
         except (OSError, ValueError, IndexError):
             pass
@@ -892,18 +900,27 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     return None if _vanished(record, base) else record
 
 
-def _known_record(pid: int, proc_root: str, base: str, held: Tuple[bytes, Dict[str, Any]],
+def _known_record(pid: int, proc_root: str, base: str, held: Tuple[bytes, List[Any]],
                   cache: Dict[Tuple[str, int, int], Dict[str, Any]], env: bool,
                   fds: Union[bool, str], details: bool) -> Optional[Dict[str, Any]]:
     """The record of a process read through its held stat fd: the template, what stat says
     now and the cache entry (the one authority on what a process keeps for its life); None when
-    the cache does not know it (any more) or lacks the env asked for: then it is read anew."""
-    stat, template = held
+    the cache does not know it (any more) or lacks the env asked for: then it is read anew.
+    A stat that reads exactly as at the last census, with the same cache entry, gives a copy of
+    the last record (idle processes, most of a node, cost a pread and a copy)."""
+    stat, slot = held
+    template = slot[1]
     entry = cache.get((proc_root, pid, template["starttime"]))
     if entry is None or (env and "env" not in entry and not template["kthread"]):
         return None
-    record = _live_record(pid, stat, template)
-    record.update(entry)
+    if stat == slot[2] and entry is slot[4]:
+        record = dict(slot[3])
+        record["unreadable"] = []
+        record["errors"] = {}
+    else:
+        record = _live_record(pid, stat, template)
+        record.update(entry)
+        slot[2], slot[3], slot[4] = stat, dict(record), entry
     return _finish_known(record, base, fds, details)
 
 
@@ -1399,6 +1416,21 @@ def _spawned_child(proc: Dict[str, Any]) -> bool:
         arg.startswith("from multiprocessing.") for arg in cmdline[1:3])
 
 
+def _rank_keys(proc: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    env = proc.get("env") or {}
+    return env.get("RANK"), env.get("LOCAL_RANK")
+
+
+def _copies_of(parent: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+               ranks: Iterable[int]) -> List[int]:
+    """The children of ``parent``, other than ``ranks``, that are copies of it (forked without
+    exec, or multiprocessing children): its helpers (a DataLoader's workers)."""
+    others = set(ranks)
+    return sorted(p["pid"] for p in processes.values() if p["ppid"] == parent["pid"]
+                  and p["pid"] not in others
+                  and (p.get("cmdline") == parent.get("cmdline") or _spawned_child(p)))
+
+
 def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str, Any]]
                  ) -> Tuple[List[Dict[str, Any]], Dict[int, List[int]]]:
     """Split a job's candidate processes into its ranks and their helpers. A candidate whose
@@ -1412,8 +1444,7 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
     wrappers = set()
     for proc in candidates:
         parent = by_pid.get(proc["ppid"])
-        if parent is None or (parent.get("env") or {}).get("RANK") != \
-                (proc.get("env") or {}).get("RANK"):
+        if parent is None or _rank_keys(parent) != _rank_keys(proc):
             continue
         if proc.get("cmdline") == parent.get("cmdline") or _spawned_child(proc):
             helper_of[proc["pid"]] = parent["pid"]
@@ -1522,16 +1553,18 @@ def _finish_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
 def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
                     launchers: Dict[int, Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
     """Fill ``jobs`` (by id, with their torchrun launcher) and ``launchers`` (every live
-    torchrun); return each job's candidate rank processes: RANK in their environment, or (the
-    ranks of torch.multiprocessing.spawn, which get their rank as an argument) multiprocessing
-    children carrying the job's master. A shell that exported MASTER_ADDR is no job."""
+    torchrun); return each job's candidate rank processes: RANK in their environment; else,
+    carrying the job's master, LOCAL_RANK (the ranks PyTorch Lightning starts) or a
+    multiprocessing child (the ranks of torch.multiprocessing.spawn, which get their rank as
+    an argument). A shell that exported MASTER_ADDR is no job."""
     candidates = {}  # type: Dict[str, List[Dict[str, Any]]]
     for proc in processes.values():
         if _is_launcher(proc) and not proc["zombie"] and not proc.get("exiting"):
             launchers[proc["pid"]] = proc
         env = proc.get("env") or {}
         job_id = _job_id(env) if env else None
-        member = "RANK" in env or (_spawned_child(proc) and "MASTER_PORT" in env)
+        member = "RANK" in env or ("MASTER_PORT" in env and (
+            _spawned_child(proc) or "LOCAL_RANK" in env))
         if job_id is None or not (_is_launcher(proc) or member):
             continue
         job = jobs.get(job_id)
@@ -1546,29 +1579,45 @@ def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[s
     return candidates
 
 
-def _number_spawned_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
-                          ranks: List[Dict[str, Any]], proc_root: str) -> None:
-    """Ranks with no RANK in their environment (torch.multiprocessing.spawn passes it as an
-    argument): their common parent is the job's launcher, and the one that hosts the job's
-    store (listens on MASTER_PORT: init_process_group's env:// rendezvous makes rank 0 the
-    store's server) is rank 0 (``rank_source: "store host"``); the others' numbers are not
-    visible from outside and stay null."""
-    unnumbered = [r for r in job["ranks"] if r["rank"] is None and "invalid_rank" not in r]
-    if not unnumbered:
+def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                 ranks: List[Dict[str, Any]], proc_root: str, gpu_by_pid: Dict[int, float],
+                 errors: List[str], cgroup_root: str) -> None:
+    """Number the ranks that carry no RANK, from facts seen outside. PyTorch Lightning starts
+    ranks 1..N-1 with LOCAL_RANK and NODE_RANK: on node 0 the rank is LOCAL_RANK
+    (``rank_source: "LOCAL_RANK on node 0"``), and rank 0 is their parent, the main process,
+    whose own environment says nothing. torch.multiprocessing.spawn passes the rank as an
+    argument: its ranks' common parent is the job's launcher. In both, init_process_group's
+    env:// rendezvous makes rank 0 the server of the job's store: the one process listening on
+    MASTER_PORT is rank 0 (``rank_source: "store host"``); the numbers of the others stay
+    null."""
+    rankless = [r for r in job["ranks"] if "RANK" not in (processes[r["pid"]].get("env") or {})]
+    if not rankless:
         return
-    parents = {processes[r["pid"]]["ppid"] for r in unnumbered}
-    if len(parents) == 1:
-        parent = processes.get(parents.pop())
-        # not when they were orphaned (the main process died): then it is an init or reaper
-        if parent is not None and not _is_launcher(parent) and not parent["zombie"] \
-                and not parent["ns_init"] and parent["pid"] != 1 \
-                and parent["comm"] not in KNOWN_SUBREAPERS:
-            _set_spawn_parent(job, parent)
+    for entry in rankless:
+        env = processes[entry["pid"]].get("env") or {}
+        node = env.get("NODE_RANK", env.get("GROUP_RANK"))
+        if entry["rank"] is None and node == "0" and entry["local_rank"] is not None:
+            entry["rank"], entry["rank_source"] = entry["local_rank"], "LOCAL_RANK on node 0"
+    parents = {processes[r["pid"]]["ppid"] for r in rankless}
+    parent = processes.get(parents.pop()) if len(parents) == 1 else None
+    # orphaned ranks (the main process died) have an init or a reaper as parent: none of theirs
+    if parent is not None and (_is_launcher(parent) or parent["zombie"] or parent["ns_init"]
+                               or parent["pid"] == 1 or parent["comm"] in KNOWN_SUBREAPERS):
+        parent = None
     port = (job["master"] or ":").rsplit(":", 1)[1]
-    if not port.isdigit() or any(r["rank"] == 0 for r in job["ranks"]):
+    has_zero = any(r["rank"] == 0 for r in job["ranks"])
+    if parent is not None and not has_zero and port.isdigit() \
+            and _listening_on(parent, port, proc_root):
+        _add_rank(job, parent, parent.get("env") or {}, gpu_by_pid, errors, cgroup_root)
+        job["ranks"][-1].update(rank=0, rank_source="store host", helpers=_copies_of(
+            parent, processes, [r["pid"] for r in job["ranks"]]))
+        return
+    if parent is not None:
+        _set_spawn_parent(job, parent)
+    if has_zero or not port.isdigit():
         return
     by_pid = {p["pid"]: p for p in ranks}
-    hosts = [r for r in unnumbered if r["state"] != "zombie"
+    hosts = [r for r in rankless if r["rank"] is None and r["state"] != "zombie"
              and _listening_on(by_pid[r["pid"]], port, proc_root)]
     if len(hosts) == 1:
         hosts[0]["rank"] = 0
@@ -1591,7 +1640,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         for proc in ranks:
             _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root)
             job["ranks"][-1]["helpers"] = helpers.get(proc["pid"], [])
-        _number_spawned_ranks(job, processes, ranks, proc_root)
+        _place_ranks(job, processes, ranks, proc_root, gpu_by_pid, errors, cgroup_root)
     attached = set()
     for job in jobs.values():
         for r in job["ranks"]:
@@ -1764,8 +1813,10 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
 
 
 #: processes per forked reader below which forking does not pay (measured on 2 cores with
-#: 1,000 processes: 2 readers 22.5 ms, 1 reader 32.7 ms; bench/census_bench.py)
-PROCESSES_PER_READER = 500
+#: 1,000 processes: 2 readers 22.5 ms, 1 reader 32.7 ms; a fork and its marshalled records
+#: cost ~1-2 ms, reading 250 processes ~10-20 ms: bench/census_bench.py). Forking starts at
+#: 1,000 processes (``_read_all``): there a 16-core host takes 4 readers.
+PROCESSES_PER_READER = 250
 
 
 def _runnable_now(proc_root: str = "/proc", samples: int = 3) -> Optional[int]:

@@ -215,9 +215,10 @@ def test_exits_come_from_pidfds_not_per_tick_proc_reads(monkeypatch: pytest.Monk
     reads = []
     real_state = node.process_state
 
-    def counted(pid: int, proc_root: str = "/proc", starttime: int | None = None) -> str | None:
+    def counted(pid: int, proc_root: str = "/proc", starttime: int | None = None,
+                fd: int | None = None) -> str | None:
         reads.append(pid)
-        return real_state(pid, proc_root, starttime=starttime)
+        return real_state(pid, proc_root, starttime=starttime, fd=fd)
 
     monkeypatch.setattr(node, "process_state", counted)
     tag = f"tl-{uuid.uuid4().hex[:8]}"

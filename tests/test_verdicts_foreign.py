@@ -1,8 +1,10 @@
 """Job shapes chaosgpu did not launch and the first release missed: a DistributedDataParallel
 job started the way PyTorch's DDP tutorial starts it (torch.multiprocessing.spawn: ranks get
-their rank as an argument, no RANK in any environment; tests/jobs/spawn_ddp.py) and torchrun
-ranks that read their batches from DataLoader worker processes (which inherit the rank's
-environment, RANK included). The census must find the ranks and only the ranks, the faults must
+their rank as an argument, no RANK in any environment; tests/jobs/spawn_ddp.py), a PyTorch
+Lightning DDP job (Lightning's launcher: the main process is rank 0 with nothing visible in its
+environment, the other ranks carry LOCAL_RANK and NODE_RANK; tests/jobs/lightning_ddp.py) and
+torchrun ranks that read their batches from DataLoader worker processes (which inherit the
+rank's environment, RANK included). The census must find the ranks and only the ranks, the faults must
 hit the trainer processes, and the verdicts must hold."""
 
 import os
@@ -15,7 +17,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from jobs.launch import Job, start_spawn, start_torchrun, wait_spawn_steps  # noqa: E402
+from jobs.launch import (  # noqa: E402
+    Job,
+    start_lightning,
+    start_spawn,
+    start_torchrun,
+    wait_spawn_steps,
+)
 
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.node import census_module, take_census  # noqa: E402
@@ -34,8 +42,9 @@ def jobs() -> Iterator[list[Job]]:
             job.stop()
 
 
-def census_job(job_id: str) -> dict[str, Any]:
-    found = [j for j in take_census(gpu=False)["jobs"] if j["id"] == job_id]
+def census_job(job_id: str = "", tag: str = "") -> dict[str, Any]:
+    found = [j for j in take_census(gpu=False)["jobs"]
+             if (job_id and j["id"] == job_id) or (tag and j["tag"] == tag)]
     assert len(found) == 1, found
     return found[0]
 
@@ -144,3 +153,38 @@ def test_a_shell_wrapper_is_not_the_rank_its_child_is() -> None:
     assert len(jobs) == 1
     assert [(r["rank"], r["pid"], r["helpers"]) for r in jobs[0]["ranks"]] == [(0, 12, [13, 14])]
     assert jobs[0]["launcher_pid"] == 10
+
+
+def test_a_lightning_job_is_found_with_its_main_process_as_rank_0(tmp_path: Path,
+                                                                  jobs: list[Job]) -> None:
+    pytest.importorskip("lightning")
+    job = start_lightning(tmp_path)
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    found = census_job(tag=job.tag)
+    main = job.processes[0].pid
+    assert found["world_size"] == 2 and found["id"].startswith("127.0.0.1:"), found
+    assert [(r["rank"], r["rank_source"]) for r in found["ranks"]] == [
+        (0, "store host"), (1, "LOCAL_RANK on node 0")], found["ranks"]
+    assert found["ranks"][0]["pid"] == main
+    assert found["ranks"][1]["pid"] in children(main)
+    assert all(len(r["helpers"]) == 1 for r in found["ranks"]), found["ranks"]  # DataLoader
+    state = probes.job_state(tag=job.tag)
+    assert state["verdict"] == "running", state["reason"]
+
+
+def test_a_frozen_lightning_rank_hangs_the_job_then_a_kill_fails_it(tmp_path: Path,
+                                                                    jobs: list[Job]) -> None:
+    pytest.importorskip("lightning")
+    job = start_lightning(tmp_path)
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    actions.freeze_rank(tag=job.tag, rank=1)
+    found = probes.detect_hang(tag=job.tag, timeout_s=30)
+    assert found["verdict"] == "hung", found["reason"]
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1], found["culprit_ranks"]
+    assert found["blocked_in"]["ranks"] == [0], found["blocked_in"]
+    actions.kill_rank(tag=job.tag, rank=1, wait_s=5)  # SIGKILL reaches a stopped process
+    ended = probes.wait_job_verdict(tag=job.tag, verdicts=["failed"], timeout_s=60)
+    assert ended["verdict"] == "failed", ended["reason"]
+    assert job.wait_exit(60)[0] not in (None, 0)

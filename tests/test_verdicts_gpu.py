@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from jobs.launch import Job, start_torchrun  # noqa: E402
+from jobs.launch import Job, start_spawn, start_torchrun, wait_spawn_steps  # noqa: E402
 
 from chaosgpu.job import actions, nccl_ras, observe, probes  # noqa: E402
 
@@ -59,6 +59,26 @@ def test_gloo_with_cuda_tensors_a_stopped_rank_hangs_its_peer(tmp_path: Path,
     assert found["verdict"] == "hung", found["reason"]
     assert found["detection"]["after_fault_s"] < 6.0
     assert [c["rank"] for c in found["culprit_ranks"]] == [1]
+
+
+def test_a_spawn_job_on_the_gpu_its_ranks_memory_and_a_frozen_rank(tmp_path: Path,
+                                                                    jobs: list[Job]) -> None:
+    """The tutorial-shaped torch.multiprocessing.spawn DDP job (no RANK anywhere) with its
+    model on the GPU: NVML's processes join the job's ranks (not its DataLoader workers), and
+    a frozen rank hangs it."""
+    job = start_spawn(tmp_path, device="cuda")
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    state = probes.job_state(job=job.run_id)
+    keep("spawn-gpu-running", state)
+    assert state["verdict"] == "running", state["reason"]
+    assert [r["rank"] for r in state["ranks"]] == [0, None], state["ranks"]
+    assert all((r["gpu_mib"] or 0) > 100 for r in state["ranks"]), state["ranks"]
+    actions.freeze_rank(job=job.run_id, rank=0)
+    found = probes.detect_hang(job=job.run_id, timeout_s=30)
+    keep("spawn-gpu-hung", found)
+    assert found["verdict"] == "hung", found["reason"]
+    assert [c["rank"] for c in found["culprit_ranks"]] == [0]
 
 
 def test_nccl_world_size_1_runs_with_flight_recorder_progress(tmp_path: Path,

@@ -4,12 +4,17 @@ This module owns only the presentation of the census (`chaosgpu.node.take_census
 read /proc or NVML itself.
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import sys
-from typing import Any
 
 from chaosgpu.node import take_census
+
+TYPE_CHECKING = False  # mypy reads it as true; typing costs ~5-9 ms of every command's start
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["main", "render"]
 

@@ -163,7 +163,7 @@ SPAWN_DDP = Path(__file__).resolve().parent / "spawn_ddp.py"
 
 
 def start_spawn(workdir: Path, world_size: int = 2, loader_workers: int = 2,
-                steps: int = 0) -> Job:
+                steps: int = 0, device: str = "cpu") -> Job:
     """The tutorial-shaped torch.multiprocessing.spawn DDP job (tests/jobs/spawn_ddp.py): no
     RANK in any environment, DataLoader worker processes under each rank. Its job id is the
     master address; the tag is inherited from the main process's environment."""
@@ -173,7 +173,8 @@ def start_spawn(workdir: Path, world_size: int = 2, loader_workers: int = 2,
     with open(workdir / "spawn.log", "wb") as log:
         job.processes.append(subprocess.Popen(
             [sys.executable, str(SPAWN_DDP), str(port), "--world-size", str(world_size),
-             "--loader-workers", str(loader_workers), "--steps", str(steps)],
+             "--loader-workers", str(loader_workers), "--steps", str(steps),
+             "--device", device],
             env=_env(tag), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True))
     return job
@@ -200,3 +201,20 @@ def wait_spawn_steps(job: Job, steps: int = 3, timeout_s: float = 120.0) -> dict
             raise RuntimeError(f"the job ended before {steps} steps: {job.logs()}")
         time.sleep(0.1)
     raise TimeoutError(f"no {steps} steps within {timeout_s} s: {job.logs()}")
+
+
+LIGHTNING_DDP = Path(__file__).resolve().parent / "lightning_ddp.py"
+
+
+def start_lightning(workdir: Path, devices: int = 2) -> Job:
+    """The Lightning DDP job (tests/jobs/lightning_ddp.py), started as a user starts it: no
+    MASTER_* given (Lightning picks a port), so its job id is not known here: select it by its
+    tag (`run_id` is empty). The ranks print "rank R step N" (spawn_steps reads them)."""
+    tag = f"verdict-{uuid.uuid4().hex[:8]}"
+    job = Job("", tag, workdir, world_size=devices)
+    with open(workdir / "spawn.log", "wb") as log:
+        job.processes.append(subprocess.Popen(
+            [sys.executable, str(LIGHTNING_DDP), "--devices", str(devices)],
+            env=_env(tag), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            start_new_session=True))
+    return job

@@ -5,7 +5,7 @@ environment); each rank reads its batches from a DataLoader with worker processe
 nothing of chaosgpu. It prints one line per step to stdout ("rank R step N"), the ground truth
 for the tests' own assertions.
 
-    python spawn_ddp.py PORT [--world-size 2] [--loader-workers 2] [--steps 0]
+    python spawn_ddp.py PORT [--world-size 2] [--loader-workers 2] [--steps 0] [--device cuda]
 """
 
 import argparse
@@ -21,11 +21,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def train(rank: int, world_size: int, loader_workers: int, steps: int) -> None:
+def train(rank: int, world_size: int, loader_workers: int, steps: int, device: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 64), nn.ReLU(),
-                                                  nn.Linear(64, 1)))
+                                                  nn.Linear(64, 1)).to(device))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = TensorDataset(torch.randn(1 << 14, 16), torch.randn(1 << 14, 1))
     loader = DataLoader(data, batch_size=32, shuffle=True, num_workers=loader_workers,
@@ -34,6 +34,7 @@ def train(rank: int, world_size: int, loader_workers: int, steps: int) -> None:
     while steps == 0 or step < steps:
         for inputs, targets in loader:
             optimizer.zero_grad()
+            inputs, targets = inputs.to(device), targets.to(device)
             nn.functional.mse_loss(model(inputs), targets).backward()
             optimizer.step()
             step += 1
@@ -50,10 +51,11 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--loader-workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=0, help="0: until killed")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (every rank on GPU 0)")
     args = parser.parse_args()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = args.port
-    mp.spawn(train, args=(args.world_size, args.loader_workers, args.steps),
+    mp.spawn(train, args=(args.world_size, args.loader_workers, args.steps, args.device),
              nprocs=args.world_size, join=True)
 
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Run the scale benches and the GPU tests of the observed verdicts and the agent on a GPU
+# machine, and keep every result.
+#
+#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env census timeline tests (default: all)
+#
+# Needs chaosgpu importable (PYTHONPATH=<checkout> is set here), torch with CUDA, nvidia-ml-py,
+# and py-spy on PATH or importable for the verdict tests. Keeps results/ (one file per step,
+# each with the command, date and machine at its top) as OUT/results.tar.gz, packed after every
+# step.
+set -u
+out=${1:?usage: run_scale.sh OUT [env|census|timeline|tests ...]}
+shift
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(env census timeline tests)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo" || exit 2
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+work=$(mktemp -d)
+results="$work/results"
+mkdir -p "$results" "$out"
+machine="$(nvidia-smi -L 2>/dev/null | head -1) driver $(nvidia-smi --query-gpu=driver_version \
+  --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, kernel $(uname -r), \
+$(python3 -V 2>&1), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+header() { printf '# command: %s\n# date: %s\n# machine: %s\n' "$1" "$(date -u +%FT%TZ)" "$machine"; }
+pack() { tar czf "$out/results.tar.gz" -C "$work" results; }
+
+for step in "${steps[@]}"; do
+  echo "== step $step $(date -u +%FT%TZ)"
+  case "$step" in
+  env)
+    {
+      header "bench/gpu/run_scale.sh OUT env"
+      nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,persistence_mode \
+        --format=csv
+      python3 - <<'PY'
+import time
+t = time.perf_counter()
+import pynvml
+t1 = time.perf_counter()
+pynvml.nvmlInit()
+t2 = time.perf_counter()
+print(f"import pynvml {1000 * (t1 - t):.1f} ms, nvmlInit {1000 * (t2 - t1):.1f} ms")
+PY
+      python3 -c 'import chaosgpu.node as n; print(n.nvml_snapshot(with_processes=False))'
+      command -v py-spy || python3 -c 'import py_spy' 2>&1 | tail -1
+    } >"$results/env.txt" 2>&1
+    cat "$results/env.txt"
+    ;;
+  census)
+    python3 bench/census_bench.py --repeat 5 --out "$results/census.txt" 2>&1 | tail -40
+    ;;
+  timeline)
+    python3 bench/timeline_bench.py --gpu-workers 100 --mib 256 --seconds 8 --rates 100 \
+      --name timeline-gpu100 2>&1 | tail -30
+    cp bench/results/timeline-gpu100-*.txt "$results/" 2>/dev/null
+    ;;
+  tests)
+    {
+      header "cd tests && python3 -m pytest -v -m gpu test_verdicts_gpu.py test_agent_gpu.py"
+      (cd tests && CHAOSGPU_GPU_EVIDENCE="$results/evidence" timeout 480 python3 -m pytest -v \
+        -m gpu test_verdicts_gpu.py test_agent_gpu.py --rootdir=.. -c ../pyproject.toml 2>&1)
+    } >"$results/tests.txt" 2>&1
+    tail -30 "$results/tests.txt"
+    ;;
+  *) echo "unknown step $step" >&2 ;;
+  esac
+  pack
+done
