@@ -4,8 +4,8 @@ their rank as an argument, no RANK in any environment; tests/jobs/spawn_ddp.py),
 Lightning DDP job (Lightning's launcher: the main process is rank 0 with nothing visible in its
 environment, the other ranks carry LOCAL_RANK and NODE_RANK; tests/jobs/lightning_ddp.py) and
 torchrun ranks that read their batches from DataLoader worker processes (which inherit the
-rank's environment, RANK included). The census must find the ranks and only the ranks, the faults must
-hit the trainer processes, and the verdicts must hold."""
+rank's environment, RANK included). The census must find the ranks and only the ranks, the
+faults must hit the trainer processes, and the verdicts must hold."""
 
 import os
 import time
