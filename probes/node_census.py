@@ -1644,12 +1644,16 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     attached = set()
     for job in jobs.values():
         for r in job["ranks"]:
-            parent = processes.get(processes[r["pid"]]["ppid"])
+            proc = processes[r["pid"]]
+            parent = processes.get(proc["ppid"])
             for _ in range(4):  # up through wrappers (a shell that runs the trainer)
                 if parent is None or parent["pid"] in launchers \
                         or _job_id(parent.get("env") or {}) != job["id"]:
                     break
                 parent = processes.get(parent["ppid"])
+            if parent is not None and parent["pid"] not in launchers and not parent["zombie"] \
+                    and "TORCHELASTIC_RUN_ID" in (proc.get("env") or {}):
+                launchers[parent["pid"]] = parent  # an elastic agent by another name
             if parent is not None and parent["pid"] in launchers:
                 _set_launcher(job, parent)
         if job["launcher_pid"] is not None:

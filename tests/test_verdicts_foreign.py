@@ -19,11 +19,14 @@ pytest.importorskip("torch")
 
 from jobs.launch import (  # noqa: E402
     Job,
+    spawn_steps,
     start_lightning,
     start_spawn,
     start_torchrun,
     wait_spawn_steps,
 )
+
+from test_catalog import REPO, outputs, run_experiment  # noqa: E402
 
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.node import census_module, take_census  # noqa: E402
@@ -188,3 +191,35 @@ def test_a_frozen_lightning_rank_hangs_the_job_then_a_kill_fails_it(tmp_path: Pa
     ended = probes.wait_job_verdict(tag=job.tag, verdicts=["failed"], timeout_s=60)
     assert ended["verdict"] == "failed", ended["reason"]
     assert job.wait_exit(60)[0] not in (None, 0)
+
+
+RECOVERY = REPO / "experiments" / "job-rank-freeze-recovery.json"
+
+
+def test_the_freeze_recovery_game_day_on_a_lightning_job(tmp_path: Path, jobs: list[Job]) -> None:
+    """`chaos run experiments/job-rank-freeze-recovery.json --var tag:str=...` against a job
+    chaosgpu did not start: hung with the frozen rank as culprit, then running again, exit 0;
+    the job is left running (the rollback only resumes)."""
+    pytest.importorskip("lightning")
+    (tmp_path / "job").mkdir()
+    job = start_lightning(tmp_path / "job")
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    code, journal = run_experiment(RECOVERY, tmp_path, {"tag": job.tag})
+    log = (tmp_path / "chaostoolkit.log").read_text()[-4000:]
+    assert code == 0 and journal["status"] == "completed" and not journal["deviated"], log
+    found = outputs(journal)["detect-hang"]["output"]
+    assert found["verdict"] == "hung", found["reason"]
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1], found["culprit_ranks"]
+    assert all(e["status"] == "succeeded" for e in journal["rollbacks"]), journal["rollbacks"]
+    before = spawn_steps(job)
+    wait_spawn_steps(job, max(before.values()) + 3)  # still training after the game-day
+    assert all(p.poll() is None for p in job.processes)
+
+
+def test_the_freeze_recovery_game_day_refuses_a_job_that_is_not_there(tmp_path: Path) -> None:
+    """A typo'd tag fails the run before anything is touched (exit 1, no fault injected)."""
+    code, journal = run_experiment(RECOVERY, tmp_path, {"tag": "no-such-tag",
+                                                        "recover_timeout_s": 5})
+    assert code == 1, journal["status"]
+    assert not any(e["activity"]["name"] == "freeze-rank" for e in journal.get("run", []))

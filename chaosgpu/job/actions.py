@@ -74,8 +74,14 @@ def _rank_process(job: str | None, tag: str | None, rank: int, deadline_s: float
                 note = visibility_note(census)
                 raise JobError(f"{what} is not running on this node (no such job in the census)"
                                + (f"; {note}" if note else ""))
+            hidden = [r.get("pid") for r in found["ranks"] if r.get("rank") is None
+                      and r.get("pid") is not None]
             raise JobError(f"{what} has no live process for rank {rank} (ranks: "
-                           f"{[(r.get('rank'), r.get('state')) for r in found['ranks']]})")
+                           f"{[(r.get('rank'), r.get('state')) for r in found['ranks']]})"
+                           + (f"; the numbers of ranks {hidden} (PIDs) are not visible from "
+                              "outside (no RANK in their environment: torch.multiprocessing."
+                              "spawn passes it as an argument): target one by PID with a "
+                              "process fault and the scope {\"pids\": [...]}" if hidden else ""))
         time.sleep(0.05)
 
 

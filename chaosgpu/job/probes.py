@@ -17,8 +17,8 @@ from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.job import observe as _observe
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S
 
-__all__ = ["job_state", "job_hung", "detect_hang", "wait_survivors_exit", "wait_job_verdict",
-           "job_ranks"]
+__all__ = ["job_state", "job_hung", "job_running", "detect_hang", "wait_survivors_exit",
+           "wait_job_verdict", "job_ranks"]
 
 SETTLED = ("hung", "failed", "finished")
 
@@ -117,6 +117,21 @@ def job_hung(job: Optional[str] = None, tag: Optional[str] = None,
     nothing matches, unless missing_ok (then false)."""
     state = job_state(job=job, tag=tag, window_s=window_s, missing_ok=missing_ok)
     return bool(state.get("verdict") == "hung")
+
+
+@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
+def job_running(job: Optional[str] = None, tag: Optional[str] = None, timeout_s: float = 30.0,
+                window_s: float = DEFAULT_WINDOW_S,
+                configuration: Optional[Dict[str, Any]] = None,
+                secrets: Optional[Dict[str, Any]] = None) -> bool:
+    """True when the job (by id or tag) is observed running, some rank making progress, within
+    `timeout_s` (a job coming back from a fault may take a while); false when it is hung,
+    failed, finished, restarting or unknown at the deadline. The steady state "the job is
+    running" of a game-day on a job you run uses tolerance true. Fails (the steady state is
+    not met) when nothing matches: a typo'd id or tag never passes."""
+    state = wait_job_verdict(verdicts=["running"], job=job, tag=tag, timeout_s=timeout_s,
+                             window_s=window_s)
+    return bool(state.get("reached"))
 
 
 @checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
