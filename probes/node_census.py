@@ -709,11 +709,11 @@ _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[
 #: (proc root, pid) -> [fd, record template, last stat, last record, its cache entry]:
 #: /proc/PID/stat kept open for the processes the cache knows, re-read with one pread per census
 #: instead of open, read and close; when the stat reads as before (an idle process) the last
-#: record is copied instead of rebuilt. An fd opened
-#: on a process reads that process or fails (ESRCH once it is reaped), never a later owner of
-#: its PID. The fds are moved to numbers from HELD_FD_FLOOR up, so that the low numbers stay
-#: free for code that still uses select() (FD_SETSIZE 1024) in the same process; they are
-#: held only where the soft RLIMIT_NOFILE leaves room above that floor (at most half of it).
+#: record is copied instead of rebuilt. An fd opened on a process reads that process or fails
+#: (ESRCH once it is reaped), never a later owner of its PID. The fds are moved to numbers
+#: from HELD_FD_FLOOR up, so that the low numbers stay free for code that still uses select()
+#: (FD_SETSIZE 1024) in the same process; they are held only where the soft RLIMIT_NOFILE
+#: leaves room above that floor (at most half of it).
 HELD_FD_FLOOR = 4096
 _STAT_FDS = {}  # type: Dict[Tuple[str, int], List[Any]]
 _STAT_FDS_LOCK = threading.Lock()
@@ -1421,14 +1421,18 @@ def _rank_keys(proc: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
     return env.get("RANK"), env.get("LOCAL_RANK")
 
 
+def _is_copy_of(child: Dict[str, Any], parent: Dict[str, Any]) -> bool:
+    """Whether ``child`` is a copy of ``parent`` rather than a program it ran: forked without
+    exec (the same command line) or a multiprocessing child (a DataLoader's workers)."""
+    return child.get("cmdline") == parent.get("cmdline") or _spawned_child(child)
+
+
 def _copies_of(parent: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                ranks: Iterable[int]) -> List[int]:
-    """The children of ``parent``, other than ``ranks``, that are copies of it (forked without
-    exec, or multiprocessing children): its helpers (a DataLoader's workers)."""
+    """The children of ``parent``, other than ``ranks``, that are copies of it: its helpers."""
     others = set(ranks)
     return sorted(p["pid"] for p in processes.values() if p["ppid"] == parent["pid"]
-                  and p["pid"] not in others
-                  and (p.get("cmdline") == parent.get("cmdline") or _spawned_child(p)))
+                  and p["pid"] not in others and _is_copy_of(p, parent))
 
 
 def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str, Any]]
@@ -1446,7 +1450,7 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
         parent = by_pid.get(proc["ppid"])
         if parent is None or _rank_keys(parent) != _rank_keys(proc):
             continue
-        if proc.get("cmdline") == parent.get("cmdline") or _spawned_child(proc):
+        if _is_copy_of(proc, parent):
             helper_of[proc["pid"]] = parent["pid"]
         else:
             wrappers.add(parent["pid"])
