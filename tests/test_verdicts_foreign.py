@@ -25,7 +25,6 @@ from jobs.launch import (  # noqa: E402
     start_torchrun,
     wait_spawn_steps,
 )
-
 from test_catalog import REPO, outputs, run_experiment  # noqa: E402
 
 from chaosgpu.job import actions, probes  # noqa: E402
