@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from chaosgpu.job.observe import JobError, Observer
-from chaosgpu.job.verdict import DEFAULT_WINDOW_S
+from chaosgpu.job.verdict import DEFAULT_WINDOW_S, rank_name
 
 __all__ = ["main", "render"]
 
@@ -60,10 +60,11 @@ def render(jobs: list[dict[str, Any]], note: str | None = None) -> str:
             where = rank["waiting_in"]
             wait = f"  waits in {where['kind']} {where['what']}" if where else ""
             ended = f"  {rank['exit']['text']}" if rank.get("exit") else ""
-            lines.append(f"    rank {rank['rank']}  pid {rank['pid']}  {rank['state']}"
-                         f"{wait}{ended}")
+            lines.append(f"    {rank_name(rank['rank'], rank['pid'])}  pid {rank['pid']}  "
+                         f"{rank['state']}{wait}{ended}")
         for culprit in job["culprit_ranks"]:
-            lines.append(f"    culprit: rank {culprit['rank']} {culprit['why']}")
+            lines.append(f"    culprit: {rank_name(culprit['rank'], culprit['pid'])} "
+                         f"{culprit['why']}")
     if note:
         lines.append(f"note: {note}")
     return "\n".join(lines)

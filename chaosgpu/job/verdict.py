@@ -44,7 +44,7 @@ from chaosgpu.job.stacks import (
     signature,
 )
 
-__all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S"]
+__all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S", "rank_name"]
 
 VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
 DEFAULT_WINDOW_S = 3.0
@@ -64,9 +64,14 @@ def _ranks_text(tracks: "list[RankTrack]") -> str:
     return "[" + ", ".join(t.label for t in tracks) + "]"
 
 
+def rank_name(rank: int | None, pid: int | None) -> str:
+    """"rank N", or "rank ? (PID P)" where no process shows the number (a rank started by
+    torch.multiprocessing.spawn carries no RANK in its environment)."""
+    return f"rank {rank}" if rank is not None else f"rank ? (PID {pid})"
+
+
 def _culprit_text(culprit: dict[str, Any]) -> str:
-    rank = culprit["rank"] if culprit["rank"] is not None else f"? (PID {culprit['pid']})"
-    return f"rank {rank} {culprit['why']}"
+    return f"{rank_name(culprit['rank'], culprit['pid'])} {culprit['why']}"
 
 
 @dataclass
@@ -105,9 +110,8 @@ class RankTrack:
 
     @property
     def label(self) -> str:
-        """"rank N", or "rank ? (PID P)" when its number is not visible (a rank started by
-        torch.multiprocessing.spawn carries no RANK in its environment)."""
-        return f"rank {self.rank}" if self.rank is not None else f"rank ? (PID {self.pid})"
+        """Its name in reasons and evidence (see rank_name)."""
+        return rank_name(self.rank, self.pid)
 
     @property
     def live(self) -> bool:

@@ -190,13 +190,14 @@ def verdict_table(run: RunView) -> tuple[list[str], list[list[str]]]:
     """The observed job verdicts of one run: activity, state, culprits, where the survivors
     were blocked, detection after the fault, survivors' exits, and what it means for this run
     (for a remediation, survivors that ended by themselves are the good outcome)."""
+    from chaosgpu.job.verdict import rank_name
     from chaosgpu.report.events import verdict_outcome
 
     header = ["activity", "verdict", "culprits", "survivors blocked in",
               "confirmed after the fault (s)", "survivors' exits", "outcome"]
     rows = []
     for row in run.verdicts:
-        culprits = "; ".join(f"rank {c.get('rank')}: {c.get('why')}"
+        culprits = "; ".join(f"{rank_name(c.get('rank'), c.get('pid'))}: {c.get('why')}"
                              for c in row.get("culprits") or []) or (
             row.get("culprits_note") or MISSING)
         blocked = row.get("blocked_in") or {}
