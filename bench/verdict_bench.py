@@ -18,6 +18,12 @@ records every verdict the watcher printed:
 * lockstep-20s: 3 steps of 20 s compute each (watched from the end of the first); expected
   "finished", never "hung".
 * checkpoint: rank 0 saves for 7 s after destroy_process_group; expected "finished", never "hung".
+* spawn-stop, spawn-kill: the same faults on a job chaosgpu did not launch and whose ranks carry
+  no RANK: tests/jobs/spawn_ddp.py (PyTorch's DDP tutorial shape, torch.multiprocessing.spawn,
+  DataLoader workers), rank 0 (found as the store host) stopped or killed. No reference: the
+  job keeps PyTorch's default timeout (30 min).
+* lightning-stop, lightning-kill: tests/jobs/lightning_ddp.py (PyTorch Lightning's own DDP
+  launcher), rank 1 (LOCAL_RANK on node 0) stopped or killed; no reference either.
 
 Prints, per case: the verdicts reached, detection latency from the fault (median, max), the
 reference's latency (median) and the ratio, and false verdicts ("hung" in a case that must not
@@ -43,7 +49,13 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from _results import write  # noqa: E402
-from jobs.launch import start_bare, start_torchrun  # noqa: E402
+from jobs.launch import (  # noqa: E402
+    start_bare,
+    start_lightning,
+    start_spawn,
+    start_torchrun,
+    wait_spawn_steps,
+)
 
 from chaosgpu.job import actions  # noqa: E402
 
@@ -59,7 +71,24 @@ CASES = {
                      "expect": "finished", "ready_steps": 1},
     "checkpoint": {"args": ["--steps", "6", "--checkpoint-rank", "0", "--checkpoint-s", "7"],
                    "expect": "finished"},
+    "spawn-stop": {"shape": "spawn", "fault": "stop", "rank": 0, "expect": "hung"},
+    "spawn-kill": {"shape": "spawn", "fault": "kill", "rank": 0, "expect": "failed"},
+    "lightning-stop": {"shape": "lightning", "fault": "stop", "rank": 1, "expect": "hung"},
+    "lightning-kill": {"shape": "lightning", "fault": "kill", "rank": 1, "expect": "failed"},
 }
+
+
+def _start(spec: dict[str, Any], folder: Path) -> Any:
+    """Start the case's job and wait until it steps."""
+    shape = spec.get("shape", "bare" if spec.get("bare") else "torchrun")
+    if shape in ("spawn", "lightning"):
+        job = start_spawn(folder) if shape == "spawn" else start_lightning(folder)
+        wait_spawn_steps(job, 3, timeout_s=180)
+        return job
+    args = [*spec.get("args", []), "--pg-timeout-s", str(PG_TIMEOUT_S)]
+    job = start_bare(folder, args) if shape == "bare" else start_torchrun(folder, args)
+    job.wait_steps(spec.get("ready_steps", 2), timeout_s=180)
+    return job
 
 
 class Watcher:
@@ -102,24 +131,23 @@ class Watcher:
 
 def one(case: str, window: float) -> dict[str, Any]:
     spec = CASES[case]
+    fault = spec.get("fault", case)
+    rank = spec.get("rank", 1)
     with tempfile.TemporaryDirectory() as folder:
-        args = [*spec["args"], "--pg-timeout-s", str(PG_TIMEOUT_S)]
-        job = start_bare(Path(folder), args) if spec.get("bare") else \
-            start_torchrun(Path(folder), args)
+        job = _start(spec, Path(folder))
         watcher = None
         try:
-            job.wait_steps(spec.get("ready_steps", 2), timeout_s=180)
             watcher = Watcher(job.tag, window)
             if watcher.wait_for({"running"}, 30) is None:
                 return {"case": case, "error": "the watcher never saw the job running"}
             time.sleep(random.uniform(0.5, 1.5))
             fault_t = time.time()
-            if case == "stop":
-                actions.freeze_rank(tag=job.tag, rank=1)
-            elif case == "node-loss":
-                actions.fail_rank(tag=job.tag, rank=1, how="node-loss")
-            elif case == "kill":
-                actions.kill_rank(tag=job.tag, rank=1, wait_s=0)
+            if fault == "stop":
+                actions.freeze_rank(tag=job.tag, rank=rank)
+            elif fault == "node-loss":
+                actions.fail_rank(tag=job.tag, rank=rank, how="node-loss")
+            elif fault == "kill":
+                actions.kill_rank(tag=job.tag, rank=rank, wait_s=0)
             elif case == "stall":
                 fault_t = 0.0  # the rank stalls by itself: time from its last step instead
             wait = {"healthy": 15.0, "lockstep-20s": 120.0, "checkpoint": 60.0}.get(case, 40.0)
@@ -131,7 +159,8 @@ def one(case: str, window: float) -> dict[str, Any]:
                                       "reached": reached["verdict"] if reached else None}
             if reached and reached.get("confirmed_at") and fault_t:
                 result["detect_s"] = round(reached["confirmed_at"] - fault_t, 3)
-            if spec["expect"] == "hung" and reached and reached["verdict"] == "hung":
+            if spec["expect"] == "hung" and reached and reached["verdict"] == "hung" \
+                    and "shape" not in spec:
                 # the reference: PyTorch's own timeout fires in rank 0, which then exits
                 end = time.monotonic() + PG_TIMEOUT_S + 30
                 while time.monotonic() < end and "pytorch_timeout_s" not in result:
@@ -155,7 +184,9 @@ def one(case: str, window: float) -> dict[str, Any]:
 
 def summarise(results: list[dict[str, Any]]) -> str:
     lines = [f"torchrun, 2 gloo ranks (tests/jobs/train.py), process-group timeout "
-             f"{PG_TIMEOUT_S:g} s; verdicts from `chaosgpu jobs --watch` in its own process", "",
+             f"{PG_TIMEOUT_S:g} s (spawn-*, lightning-*: tests/jobs/spawn_ddp.py and "
+             "lightning_ddp.py, 2 gloo ranks, PyTorch's default timeout); verdicts from "
+             "`chaosgpu jobs --watch` in its own process", "",
              f"{'case':14} {'runs':>4} {'expected':>9} {'reached':>24} {'verdict med/max s':>17} "
              f"{'pytorch timeout s':>18} {'ratio':>6} {'false':>5}"]
     for case in CASES:

@@ -446,6 +446,13 @@ def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> 
         private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")  # not in the census
         assert kept == {k: v for k, v in dict(fresh, nvidia_fds=kept["nvidia_fds"]).items()
                         if k not in private}
+        # an idle process's record is a copy of the last one: what a caller does to it stays
+        kept.update(orphan=True, comm="changed")
+        kept["errors"]["x"] = "y"
+        kept["unreadable"].append("x")
+        again = polled()
+        assert (again["orphan"], again["comm"], again["errors"], again["unreadable"]) == (
+            False, fresh["comm"], {}, [])
         child.send_signal(19)  # SIGSTOP
         wait_for(lambda: polled()["state"] == "T", what="stopped, seen through the held fd")
         child.send_signal(18)  # SIGCONT
@@ -461,7 +468,7 @@ def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> 
     assert key not in census_module._STAT_FDS
     assert not any(k[1] == child.pid for k in census_module._CACHE)
     leaked = set(os.listdir("/proc/self/fd")) - fds_before - {
-        str(fd) for fd, _ in census_module._STAT_FDS.values()}
+        str(slot[0]) for slot in census_module._STAT_FDS.values()}
     assert not [os.readlink(f"/proc/self/fd/{fd}") for fd in leaked
                 if os.path.exists(f"/proc/self/fd/{fd}")
                 and os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{child.pid}/stat")]
