@@ -29,7 +29,7 @@ Prints, per case: the verdicts reached, detection latency from the fault (median
 reference's latency (median) and the ratio, and false verdicts ("hung" in a case that must not
 hang, or no hang where one must be seen). Writes bench/results/verdicts-<date>.txt.
 
-    python bench/verdict_bench.py [--reps 3] [--cases stop,stall,...] [--window 3]
+    python bench/verdict_bench.py [--reps 3] [--cases stop,stall,...] [--window 3] [--name N]
 """
 
 import argparse
@@ -223,6 +223,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--window", type=float, default=3.0)
+    parser.add_argument("--name", default="verdicts", help="results file name prefix")
     args = parser.parse_args()
     cases = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(cases) - set(CASES))
@@ -236,7 +237,7 @@ def main() -> int:
             results.append(result)
     text = summarise(results) + "\n\nruns:\n" + "\n".join(json.dumps(r) for r in results)
     print(summarise(results))
-    print(f"written {write('verdicts', text)}")
+    print(f"written {write(args.name, text)}")
     return 0
 
 

@@ -189,6 +189,27 @@ def test_a_frozen_lightning_rank_hangs_the_job_then_a_kill_fails_it(tmp_path: Pa
     actions.kill_rank(tag=job.tag, rank=1, wait_s=5)  # SIGKILL reaches a stopped process
     ended = probes.wait_job_verdict(tag=job.tag, verdicts=["failed"], timeout_s=60)
     assert ended["verdict"] == "failed", ended["reason"]
+    assert sorted(r["rank"] for r in ended["ranks"]) == [0, 1], ended["ranks"]
+    assert job.wait_exit(60)[0] not in (None, 0)
+
+
+def test_a_killed_lightning_rank_whose_dataloader_worker_outlives_it(tmp_path: Path,
+                                                                   jobs: list[Job]) -> None:
+    """Rank 1 SIGKILLed while training: its forked DataLoader worker keeps the gloo connections
+    it inherited open until it notices its parent is gone (PyTorch checks every 5 s), so rank 0
+    may wait in its collective meanwhile: a real hang, whose culprit says so. Then the job
+    fails, and the worker left behind is never taken for a rank."""
+    pytest.importorskip("lightning")
+    job = start_lightning(tmp_path)
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    actions.kill_rank(tag=job.tag, rank=1, wait_s=0)
+    ended = probes.wait_job_verdict(tag=job.tag, verdicts=["failed"], timeout_s=60)
+    assert ended["verdict"] == "failed", ended["reason"]
+    assert sorted(r["rank"] for r in ended["ranks"]) == [0, 1], ended["ranks"]
+    for entry in ended["history"]:
+        if entry["verdict"] == "hung":
+            assert "outlive it holding" in entry["reason"], entry["reason"]
     assert job.wait_exit(60)[0] not in (None, 0)
 
 

@@ -109,6 +109,15 @@ def watch_peers(census: dict[str, Any], found: dict[str, Any],
     return peers
 
 
+def job_helpers(census: dict[str, Any], found: dict[str, Any]) -> list[list[int]]:
+    """The [pid, start time] of every rank's helpers (its forked copies: DataLoader workers),
+    kept with a fault so that an observer started later never takes one left behind by its
+    rank for a rank."""
+    by_pid = {p["pid"]: p for p in census.get("processes") or []}
+    return [[pid, by_pid[pid]["starttime"]] for entry in found.get("ranks") or []
+            for pid in entry.get("helpers") or [] if pid in by_pid]
+
+
 def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int,
                     proc: dict[str, Any], signal: str, wait_s: float) -> dict[str, Any]:
     """Send `signal` to the rank's process; raise unless the kernel accepted it."""
@@ -123,7 +132,7 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int,
                               f"{result['result']}: {result.get('reason')}")
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
-                    peers=peers)
+                    peers=peers, helpers=job_helpers(census, found))
     if wait_s > 0 and signal in ("SIGKILL", "SIGTERM"):
         out["wait"] = wait_gone([{"pid": proc["pid"], "starttime": proc["starttime"]}], wait_s)
     return out
@@ -180,7 +189,8 @@ def freeze_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
         faultlog.record("freezer", job=found["id"], tag=found.get("tag"), rank=rank,
                         pid=proc["pid"],
                         starttime=proc["starttime"], restart_count=_restart_count(found, proc),
-                        peers=watch_peers(census, found, proc))
+                        peers=watch_peers(census, found, proc),
+                        helpers=job_helpers(census, found))
         out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",
                **frozen}
     out["method"] = method

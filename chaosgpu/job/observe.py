@@ -196,9 +196,13 @@ class Observer:
         processes = {p["pid"]: p for p in census.get("processes") or []}
         self._gpu_pids = {p["pid"] for p in processes.values() if p.get("nvidia_fds")} | {
             g["pid"] for g in census.get("gpu_processes") or [] if g.get("pid") is not None}
+        faults = faultlog.recent(self.started - 600)
         for entry in select_jobs(census, self.job, self.tag) if self.job or self.tag \
                 else census.get("jobs") or []:
             track = self._track_for(entry, now)
+            for fault in faults:  # helpers a fault saw: never ranks, even once theirs is gone
+                if fault.get("job") == track.id:
+                    track.helper_keys.update(tuple(h) for h in fault.get("helpers") or [])
             track.update_census(entry, processes, now)
             _SEEN.add((track.id, entry.get("tag")))
             for rank in entry.get("ranks") or []:
@@ -248,6 +252,8 @@ class Observer:
 
         for rank in list(track.ranks.values()):
             if not rank.live:
+                if rank.helpers:
+                    self._check_holders(track, rank, now)
                 continue
             self._exits.watch(rank.pid, rank.starttime)
             activity = process_activity(rank.pid)
@@ -267,6 +273,23 @@ class Observer:
                 alive = False
             exit_info = None if alive else self._exits.exit_of(pid, start)
             track.update_launcher(alive, exit_info, now)
+
+    def _check_holders(self, track: JobTrack, rank: RankTrack, now: float) -> None:
+        """An ended rank's helpers (forked copies: DataLoader workers) that still hold its
+        peer connections keep those connections open: its peers see no close and wait."""
+        from chaosgpu.node import process_activity
+
+        holders = []
+        for pid, start in list(rank.helpers.items()):
+            activity = process_activity(pid, threads=False, sockets=True)
+            if activity is None or activity["starttime"] != start \
+                    or activity["state"] in ("Z", "X"):
+                del rank.helpers[pid]  # gone: never looked at again
+                continue
+            shared = set(activity.get("socket_inodes") or []) & set(rank.net_prev)
+            if shared:
+                holders.append({"pid": pid, "connections": len(shared)})
+        track.update_holders(rank, holders, now)
 
     def _track_faulted_jobs(self, faults: list[dict[str, Any]], now: float) -> None:
         """The job this observer was asked for, not in the census but faulted by this runner,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Frame", "ThreadStack", "StackSample", "Site", "py_spy_path", "take_samples",
-           "classify", "signature", "SITE_KINDS"]
+           "classify", "signature", "is_dataloader_worker", "SITE_KINDS"]
 
 #: Kinds of waiting site, strongest evidence of a blocked collective first.
 SITE_KINDS = ("collective", "barrier", "rendezvous", "backward", "gpu-wait", "wait")
@@ -234,6 +234,15 @@ def _user_caller(frames: list[Frame], start: int) -> str | None:
         if "/torch/" not in frame.filename and "/site-packages/" not in frame.filename:
             return frame.where()
     return None
+
+
+def is_dataloader_worker(sample: StackSample) -> bool:
+    """Whether the sampled process is a PyTorch DataLoader worker (a thread runs
+    torch.utils.data's `_worker_loop`): a rank's forked helper, which carries its environment,
+    RANK included, but is no rank."""
+    return any(frame.function.endswith("_worker_loop")
+               and frame.filename.endswith("torch/utils/data/_utils/worker.py")
+               for thread in sample.threads for frame in thread.frames)
 
 
 def classify(sample: StackSample, sources: SourceLines, gpu: bool = False) -> Site | None:

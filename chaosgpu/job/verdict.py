@@ -40,6 +40,7 @@ from chaosgpu.job.stacks import (
     StackSample,
     classify,
     describe_move,
+    is_dataloader_worker,
     render,
     signature,
 )
@@ -107,6 +108,10 @@ class RankTrack:
     stack_error: str | None = None
     #: exited_at is when the end was first seen, not when it happened (an upper bound)
     exit_seen_late: bool = False
+    #: its helpers (forked copies: DataLoader workers) as the census saw them, pid -> start time
+    helpers: dict[int, int] = field(default_factory=dict)
+    #: after its end, the helpers still holding its peer connections ({"pid", "connections"})
+    holders: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -168,6 +173,8 @@ class JobTrack:
         self.first_seen = time.time() if now is None else now
         self.ranks: dict[tuple[int, int], RankTrack] = {}
         self.launcher: dict[str, Any] | None = None
+        #: every helper (forked copy of a rank: a DataLoader worker) seen, (pid, start time)
+        self.helper_keys: set[tuple[int, int]] = set()
         self.launcher_alive = False
         self.launcher_exit: Exit | None = None
         self.world_size: int | None = None
@@ -227,6 +234,8 @@ class JobTrack:
                 continue
             key = (rank["pid"], rank["starttime"])
             track = self.ranks.get(key)
+            if track is None and key in self.helper_keys:
+                continue  # a rank's helper, left behind by its rank: never a rank itself
             if track is None:
                 proc = processes.get(rank["pid"]) or {}
                 track = RankTrack(rank.get("rank"), rank["pid"], rank["starttime"],
@@ -241,6 +250,25 @@ class JobTrack:
                 self.note(now, "proc", f"PID {track.pid} is rank {track.rank} "
                           f"({rank.get('rank_source')})", track.rank)
             track.gpu_mib = rank.get("gpu_mib")
+            if track.live:
+                track.helpers = {pid: processes[pid]["starttime"]
+                                 for pid in rank.get("helpers") or [] if pid in processes}
+                self.helper_keys.update(track.helpers.items())
+
+    def update_holders(self, track: RankTrack, holders: list[dict[str, int]],
+                       now: float) -> None:
+        """After a rank ended: which of its helpers still hold its peer connections."""
+        if holders != track.holders:
+            if holders:
+                self.note(now, "proc", f"{track.label} ended but its helpers "
+                          f"{[h['pid'] for h in holders]} still hold "
+                          f"{sum(h['connections'] for h in holders)} of its peer connections "
+                          "(inherited when they were forked): its peers see no close",
+                          track.rank)
+            elif track.holders:
+                self.note(now, "proc", f"{track.label}'s helpers released its peer "
+                          "connections", track.rank)
+        track.holders = holders
 
     def update_activity(self, track: RankTrack, activity: dict[str, Any] | None,
                         sockets: dict[int, dict[str, Any]] | None, now: float,
@@ -352,6 +380,13 @@ class JobTrack:
             track.stack_error = sample.error
             return
         self.sources.add("py-spy")
+        if is_dataloader_worker(sample) and track.state == "alive":
+            # a rank's helper the census took for a rank (its rank gone, nothing shows whose)
+            del self.ranks[(track.pid, track.starttime)]
+            self.helper_keys.add((track.pid, track.starttime))
+            self.note(now, "py-spy", f"PID {track.pid} runs a DataLoader worker loop: a "
+                      "helper left behind by a rank, not a rank", None)
+            return
         track.stack_error = None
         track.stack = sample
         site = classify(sample, self._sources, gpu=gpu)
@@ -606,6 +641,11 @@ class JobTrack:
                 why = "ended: " + (track.exit.describe() if track.exit else "exit not seen")
                 if any(f.get("pid") == track.pid for f in self.faults):
                     why += " (chaosgpu's fault)"
+                if track.holders:
+                    why += (f"; its helper processes {[h['pid'] for h in track.holders]} "
+                            "(forked copies: DataLoader workers) outlive it holding "
+                            f"{sum(h['connections'] for h in track.holders)} of its peer "
+                            "connections, so its peers see no close until they exit")
             elif track.state == "stopped":
                 why = "stopped (SIGSTOP or a debugger)"
             elif track.state == "frozen":

@@ -37,14 +37,15 @@ def partition_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = No
     then SIGKILLed (a node loss: its death stays invisible to its peers). Returns the
     partition's id (for heal_partition), the connections dropped and, with then_kill, the
     kill. Raises when the rank is not found or nothing could be dropped."""
-    from chaosgpu.job.actions import _rank_process, _signal_process, watch_peers
+    from chaosgpu.job.actions import _rank_process, _signal_process, job_helpers, watch_peers
 
     census, found, proc = _rank_process(job, tag, rank, 5.0)
     target = _target(proc, rank, found["id"])
     record = partitions.create([target], reason=f"partition rank {rank} of {found['id']}")
     faultlog.record("partition", job=found["id"], tag=found.get("tag"), rank=rank,
                     pid=proc["pid"], starttime=proc["starttime"], partition=record["id"],
-                    peers=watch_peers(census, found, proc))
+                    peers=watch_peers(census, found, proc),
+                    helpers=job_helpers(census, found))
     out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": rank,
                            "pid": proc["pid"], "connections": record["connections"],
                            "listening": record["listening"], "table": record["table"],
