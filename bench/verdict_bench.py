@@ -151,7 +151,12 @@ def one(case: str, window: float) -> dict[str, Any]:
             elif case == "stall":
                 fault_t = 0.0  # the rank stalls by itself: time from its last step instead
             wait = {"healthy": 15.0, "lockstep-20s": 120.0, "checkpoint": 60.0}.get(case, 40.0)
-            target = {"hung", "failed", "finished"} if case != "healthy" else {"hung"}
+            # a kill is watched to its end: how survivors of a dead peer react is the job's
+            # (a framework may keep them blocked for seconds, a DataLoader worker may keep the
+            # dead rank's connections open): a hang on the way is false unless its culprit is
+            # the killed rank
+            target = {"hung"} if case == "healthy" else {"failed", "finished"} \
+                if spec["expect"] == "failed" else {"hung", "failed", "finished"}
             reached = watcher.wait_for(target, wait)
             if case == "stall":
                 fault_t = job.progress().get(1, {}).get("t", time.time())
@@ -172,6 +177,13 @@ def one(case: str, window: float) -> dict[str, Any]:
                             break
                     time.sleep(0.1)
             result["verdicts"] = [line["verdict"] for line in watcher.lines]
+            hung = [line.get("reason") or "" for line in watcher.lines
+                    if line["verdict"] == "hung"]
+            if hung and spec["expect"] != "hung":
+                result["hung_reasons"] = hung
+            result["hung_explained"] = any(f"rank {rank} ended: killed by SIGKILL" in reason
+                                           for reason in hung)
+            result["helpers_named"] = any("outlive it holding" in reason for reason in hung)
             return result
         finally:
             if watcher is not None:
@@ -202,8 +214,8 @@ def summarise(results: list[dict[str, Any]]) -> str:
         elif expect == "running":
             false = sum(1 for r in runs if "hung" in r.get("verdicts", []))
         else:
-            false = sum(1 for r in runs if "hung" in r.get("verdicts", [])
-                        or r.get("reached") != expect)
+            false = sum(1 for r in runs if r.get("reached") != expect or (
+                "hung" in r.get("verdicts", []) and not r.get("hung_explained")))
         det = f"{statistics.median(detect):.2f}/{max(detect):.2f}" if detect else "-"
         refs = f"{statistics.median(ref):.2f}" if ref else "-"
         ratio = f"{statistics.median(ref) / statistics.median(detect):.1f}x" \
@@ -211,10 +223,17 @@ def summarise(results: list[dict[str, Any]]) -> str:
         counts = ",".join(f"{v}:{reached.count(v)}" for v in sorted(set(map(str, reached))))
         lines.append(f"{case:14} {len(runs):>4} {expect:>9} {counts:>24} {det:>17} {refs:>18} "
                      f"{ratio:>6} {false:>5}")
+    explained = [r["case"] for r in results if r.get("hung_explained")]
     lines += ["", "verdict: from the fault (stall: from the rank's last step; lockstep and "
               "checkpoint: from a random moment of the run) to the confirmed_at of the verdict "
               "reached; pytorch timeout: from the fault to rank 0's exit after its own "
-              "timeout fired; false: a hang where none is, or none where one is"]
+              "timeout fired; false: a hang where none is, or none where one is (a kill is "
+              "watched to its end: a hang on the way, survivors blocked with no progress for "
+              "the window, counts as false unless its culprit is the killed rank)",
+              f"kill runs hung on the way, culprit the killed rank: {len(explained)} "
+              f"({', '.join(sorted(set(explained))) or '-'}); of them, with the killed rank's "
+              f"DataLoader workers named as still holding its connections: "
+              f"{sum(1 for r in results if r.get('helpers_named'))}"]
     return "\n".join(lines)
 
 
