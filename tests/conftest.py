@@ -181,3 +181,15 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
     """In CI, a module skipped at import for a missing tool (importorskip) fails collection."""
     outcome = yield
     _fail_if_missing_tool(outcome.get_result())
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Any]]:
+    """Training jobs a test starts (tests/jobs/launch.py's Job): each is stopped afterwards,
+    whatever happened (SIGCONT + SIGKILL to its process group and to its tag)."""
+    started: list[Any] = []
+    try:
+        yield started
+    finally:
+        for job in started:
+            job.stop()

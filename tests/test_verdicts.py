@@ -5,7 +5,6 @@ destroy_process_group)."""
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Job]]:
-    started: list[Job] = []
-    try:
-        yield started
-    finally:
-        for job in started:
-            job.stop()
 
 
 def watch(observer: Observer, seconds: float, stop: Any = None) -> list[str]:

@@ -9,7 +9,6 @@ faults must hit the trainer processes, and the verdicts must hold."""
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,6 @@ from chaosgpu.node import census_module, take_census  # noqa: E402
 from chaosgpu.process import actions as process_actions  # noqa: E402
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Job]]:
-    started: list[Job] = []
-    try:
-        yield started
-    finally:
-        for job in started:
-            job.stop()
 
 
 def census_job(job_id: str = "", tag: str = "") -> dict[str, Any]:

@@ -5,7 +5,6 @@ dump pipe (NCCL RAS queried where the installed NCCL serves it)."""
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,6 @@ def keep(name: str, verdict: dict) -> None:
     if EVIDENCE:
         Path(EVIDENCE).mkdir(parents=True, exist_ok=True)
         Path(EVIDENCE, f"{name}.json").write_text(json.dumps(verdict, indent=1, default=str))
-
-
-@pytest.fixture
-def jobs() -> Iterator[list[Job]]:
-    started: list[Job] = []
-    try:
-        yield started
-    finally:
-        for job in started:
-            job.stop()
 
 
 def _fr_env(tmp_path: Path) -> dict[str, str]:

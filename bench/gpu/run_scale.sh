@@ -13,17 +13,10 @@ out=${1:?usage: run_scale.sh OUT [env|census|timeline|tests ...]}
 shift
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(env census timeline tests)
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$repo" || exit 2
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/common.sh"
 work=$(mktemp -d)
 results="$work/results"
 mkdir -p "$results" "$out"
-machine="$(nvidia-smi -L 2>/dev/null | head -1) driver $(nvidia-smi --query-gpu=driver_version \
-  --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, kernel $(uname -r), \
-$(python3 -V 2>&1), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
-header() { printf '# command: %s\n# date: %s\n# machine: %s\n' "$1" "$(date -u +%FT%TZ)" "$machine"; }
 pack() { tar czf "$out/results.tar.gz" -C "$work" results; }
 
 for step in "${steps[@]}"; do
