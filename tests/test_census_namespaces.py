@@ -284,6 +284,9 @@ def test_orphan_rule_agrees_under_an_init_that_starts_a_session() -> None:
         assert not any(from_host.values())  # dumb-init's child leads a session; its children
         os.kill(shell, signal.SIGKILL)  # their parent dies: the sleeps go to the pod's PID 1
         wait_for(lambda: all(p in children(pid1) for p in sleeps), what="the reparenting")
+        # and the killed shell reaped by its parent: else one view may still list its zombie
+        # and the other, a moment later, not (seen once in a clean-clone CI run)
+        wait_for(lambda: not os.path.exists(f"/proc/{shell}"), what="the shell reaped")
         from_host, from_inside = _views(pid1)
         assert from_host == from_inside
         assert all(from_host[_ns_pid(p)] for p in sleeps)  # another session than PID 1's
