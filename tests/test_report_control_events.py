@@ -105,6 +105,26 @@ def test_a_probe_is_never_the_fault() -> None:
     assert [(s["signal"], s["activity"]) for s in section["signals"]] == [("SIGKILL", "x")]
 
 
+def test_a_scope_signalled_one_process_after_another_is_one_signal() -> None:
+    """Two processes of one scope SIGKILLed 15 ms apart across a 10 ms boundary (a loaded node),
+    recorded in the fault log and in the output: one SIGKILL; an escalation a second later
+    (SIGTERM then SIGKILL 2 s on) stays two."""
+    t = 1796212800.005
+    kill = typed.ActivityRecord(
+        name="kill", type="action", module="chaosgpu.process.actions", func="signal_processes",
+        part="method", at=t - 0.1,
+        faults=[{"kind": "SIGKILL", "t": t, "pid": 1}, {"kind": "SIGKILL", "t": t + 0.015}],
+        output={"signal": "SIGKILL", "results": [{"pid": 1, "sent_at": t + 0.0004},
+                                                 {"pid": 2, "sent_at": t + 0.0152}]})
+    stop = typed.ActivityRecord(
+        name="stop", type="action", module="m", func="f", part="rollbacks", at=t + 10,
+        output={"sigterm_sent": t + 10.0, "sigkill_sent": t + 12.0})
+    section = typed.typed_section([kill, stop], {}, t - 1, lambda n, p: None)
+    assert [(s["signal"], s["activity"], s["at"]) for s in section["signals"]] == [
+        ("SIGKILL", "kill", t), ("SIGTERM", "stop", t + 10.0), ("SIGKILL", "stop", t + 12.0)]
+    assert section["fault"]["at"] == t
+
+
 def test_a_background_method_action_can_be_the_fault() -> None:
     """Chaos Toolkit runs a `background: true` action on a thread of its own: it is still part
     of the method (only a hypothesis's probes are "hypothesis"), so it can be the fault."""

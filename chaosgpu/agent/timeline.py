@@ -83,10 +83,12 @@ class TimelineWindow:
             return False
         fresh = Sampler(source="nvml", **self._args)
         fresh.start()
-        old, self.sampler = self.sampler, fresh
-        old.stop()
-        self.attribution.clear()
+        # the switch time is set before the new sampler is published: whoever sees the NVML
+        # source sees when it came (the old sampler's stop can take a while)
         self.switched_to_nvml_at = time.time()
+        old, self.sampler = self.sampler, fresh
+        self.attribution.clear()
+        old.stop()
         logger.info("chaosgpu agent: NVML is up: the timeline samples GPU memory from now on")
         return True
 

@@ -14,7 +14,8 @@ reads instead of guessing from activity names:
   fault's kind (SIGKILL, SIGSTOP, freezer, partition, a GPU fault...), else the first signal.
 * `signals`: every SIGTERM / SIGKILL / SIGSTOP ... sent, when and by which activity, from the
   fault log and from the outputs' own records (`sigterm_sent`, `sigkill_sent`, `delete_sent_at`,
-  a per-process `sent_at` with its `signal`, a cleanup's `sigterm` / `sigkill` steps).
+  a per-process `sent_at` with its `signal`, a cleanup's `sigterm` / `sigkill` steps); one
+  event per burst (BURST_S): a scope's processes signalled one after another are one send.
 * `release`: when memory was back after the fault, as the `memory_release_time` probe measured
   it (null when no probe did: the report then computes it from the timeline and says so).
 * `verdicts`: the observed job verdicts (`chaosgpu.job.verdict/1` outputs) with their culprits,
@@ -36,6 +37,11 @@ SIGNAL_NAMES = ("SIGTERM", "SIGKILL", "SIGSTOP", "SIGCONT", "SIGINT", "SIGHUP", 
 # An output's own records of a signal sent (unix time) -> the signal.
 OUTPUT_SIGNAL_KEYS = {"sigterm_sent": "SIGTERM", "delete_sent_at": "SIGTERM",
                       "sigkill_sent": "SIGKILL"}
+# Instants of one signal from one activity each at most this long after the previous are one
+# send: a scope of many processes is signalled one process after another (milliseconds apart on
+# a loaded node), and the fault log and the output record the same send at slightly different
+# instants.
+BURST_S = 1.0
 
 
 @dataclass
@@ -70,8 +76,8 @@ def _items(output: Any) -> list[dict[str, Any]]:
 
 
 def output_signals(output: Any, started_at: float | None = None) -> list[tuple[str, float]]:
-    """(signal, unix time) an activity's output records as sent, one per signal and instant
-    (100 processes signalled at once are one); cleanup steps (`t` from the action's start)
+    """(signal, unix time) an activity's output records as sent, one per burst of a signal
+    (100 processes signalled one after another are one); cleanup steps (`t` from the action's start)
     count from `started_at` when given."""
     found: list[tuple[str, float]] = []
     signal = output.get("signal") if isinstance(output, dict) else None
@@ -87,10 +93,18 @@ def output_signals(output: Any, started_at: float | None = None) -> list[tuple[s
         if started_at is not None and step in SIGNAL_NAMES and isinstance(
                 item.get("t"), int | float) and (not isinstance(sent, int) or sent > 0):
             found.append((step, started_at + float(item["t"])))
-    unique: dict[tuple[str, float], tuple[str, float]] = {}
-    for name, at in found:
-        unique.setdefault((name, round(at, 2)), (name, at))
-    return sorted(unique.values(), key=lambda item: item[1])
+    return _bursts(found)
+
+
+def _bursts(found: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """One (signal, first instant) per burst of one signal (BURST_S), oldest first."""
+    bursts: list[tuple[str, float]] = []
+    last: dict[str, float] = {}
+    for name, at in sorted(found, key=lambda item: item[1]):
+        if name not in last or at - last[name] > BURST_S:
+            bursts.append((name, at))
+        last[name] = at
+    return bursts
 
 
 def _fault_activity(records: list[ActivityRecord], named: str | None
@@ -150,7 +164,7 @@ def _signals(records: list[ActivityRecord], t0: float | None) -> list[dict[str, 
                  if str(f.get("kind")) in SIGNAL_NAMES and _is_unix(f.get("t"))]
         if record.type == "action":  # a probe observes; it sends nothing
             found += output_signals(record.output, record.at)
-        for signal, at in found:
+        for signal, at in _bursts(found):
             out.setdefault((signal, round(at, 2)), {
                 "signal": signal, "at": at, "t": _rel(at, t0), "activity": record.name,
                 "part": record.part})
