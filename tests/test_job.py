@@ -18,6 +18,9 @@ from chaosgpu.workloads.ring import RingConfig, RingLaunch, launch_ring  # noqa:
 
 
 def _stop(launch: RingLaunch) -> None:
+    from chaosgpu.process import freezer
+
+    freezer.thaw({proc.pid for proc in launch.processes})  # a test that failed mid-freeze
     for proc in launch.processes:
         if proc.poll() is None:
             try:

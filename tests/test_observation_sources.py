@@ -196,3 +196,26 @@ def test_a_non_root_observer_is_told_other_users_jobs_are_invisible(tmp_path: Pa
     finally:
         job.kill()
         job.wait()
+
+
+def test_stacks_are_read_with_the_py_spy_beside_this_python_when_path_lacks_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`.venv/bin/chaos run ...` without activating the environment: PATH has no py-spy, the
+    one installed beside the interpreter is used (a hang verdict needs the stacks)."""
+    from chaosgpu.job import stacks
+
+    beside = Path(sys.executable).with_name("py-spy")
+    if not beside.exists():
+        pytest.skip("py-spy is not installed beside this Python")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert shutil.which("py-spy") is None or Path(shutil.which("py-spy") or "") != beside
+    assert stacks.py_spy_path() in (str(beside), shutil.which("py-spy"))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    try:
+        time.sleep(0.5)
+        sample = stacks.take_samples({sleeper.pid: False}, timeout_s=20)[sleeper.pid]
+        assert sample.error is None, sample.error
+        assert any(f.function == "<module>" for t in sample.threads for f in t.frames)
+    finally:
+        sleeper.kill()
+        assert sleeper.wait(timeout=10) == -9  # ours, killed and reaped: nothing left

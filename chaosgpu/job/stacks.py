@@ -15,9 +15,11 @@ is. With DistributedDataParallel the gradient all_reduce runs on the autograd en
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,8 +109,14 @@ class Site:
 
 
 def py_spy_path() -> str | None:
-    """The py-spy executable on PATH, or None (then no stack evidence can be taken)."""
-    return shutil.which("py-spy")
+    """The py-spy executable on PATH, else the one installed beside this Python (a virtual
+    environment's bin, used without activating it: `.venv/bin/chaos run ...`), or None (then
+    no stack evidence can be taken)."""
+    found = shutil.which("py-spy")
+    if found is None:
+        beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        found = beside if os.access(beside, os.X_OK) else None
+    return found
 
 
 def _parse(pid: int, text: str, taken_at: float, nonblocking: bool) -> StackSample:
@@ -137,8 +145,9 @@ def take_samples(pids: dict[int, bool], timeout_s: float = 3.0,
     exe = py_spy_path()
     now = time.time()
     if exe is None:
-        return {pid: StackSample(pid, now, error="py-spy is not installed (pip install py-spy)")
-                for pid in pids}
+        missing = (f"py-spy was found neither on PATH nor beside {sys.executable} "
+                   "(pip install py-spy)")
+        return {pid: StackSample(pid, now, error=missing) for pid in pids}
     running: dict[int, tuple[subprocess.Popen[str], bool]] = {}
     for pid, stopped in pids.items():
         argv = [exe, "dump", "--pid", str(pid), "--json"]
