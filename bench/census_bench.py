@@ -13,11 +13,15 @@ times each:
 * `chaosgpu snapshot --json` as a user runs it (a new interpreter; readers picked by
   `auto_workers`, the number one untimed run picked is printed; the fd scan as this node
   needs it: none without an NVIDIA driver);
+* the same with `--workers 1` (one reader: what the automatic choice saves);
 * the same with `--scan-fds` (every process's fds read, what a GPU node pays), once with the
   automatic readers and once with `--workers 1`;
 * the polled census: what the job observer takes every tick (`census(gpu=True, fds=False,
   cache=True)`, warm, in this process) and what the probes take (`gpu=False, fds=False,
   cache=True`).
+
+With `--busy 0 1 2` every count is measured again with that many CPUs kept busy by spinning
+tasks (started before, killed and reaped after): what readers buy when the node is not quiet.
 
 It prints the ratios to ps (goal: snapshot <= 1.0, polled census <= 0.3) and writes them with
 the command, date and machine to `--out` (default bench/results/census-<date>-cpu<N>.txt).
@@ -129,10 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[1000, 5000, 10000])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--busy", type=int, nargs="+", default=[0],
+                        help="CPUs kept busy by spinning tasks while measuring (each value a run)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if any(n < 1 for n in args.counts) or args.repeat < 1:
         parser.error("--counts and --repeat must be >= 1")
+    if any(n < 0 or n > (os.cpu_count() or 1) for n in args.busy):
+        parser.error(f"--busy values must be between 0 and {os.cpu_count()} (the CPUs here)")
     census = census_module()
     now = datetime.datetime.now(datetime.UTC)
     out = Path(args.out) if args.out else (
@@ -153,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     subjects: dict[str, Callable[[], object]] = {
         "ps -eo pid,ppid,stat,sess,comm,args": _command(PS, env),
         "chaosgpu snapshot --json": _command(snapshot, env),
+        "chaosgpu snapshot --json --workers 1": _command([*snapshot, "--workers", "1"], env),
         "chaosgpu snapshot --json --scan-fds": _command([*snapshot, "--scan-fds"], env),
         "chaosgpu snapshot --json --scan-fds --workers 1":
             _command([*snapshot, "--scan-fds", "--workers", "1"], env),
@@ -186,13 +195,24 @@ def main(argv: list[str] | None = None) -> int:
             census.census(gpu=True, fds=False, cache=True)  # warm the cache (polled census)
             time.sleep(2.1)  # the cache keeps processes older than 2 s
             census.census(gpu=True, fds=False, cache=True)
-            medians = _measure(subjects, args.repeat)
-            ps = medians["ps -eo pid,ppid,stat,sess,comm,args"]
-            for name, value in medians.items():
-                say(f"  {name:52s} {value * 1000:8.1f} ms  ratio to ps {value / ps:5.2f}")
-            say(f"  goal: snapshot / ps <= 1.0 -> {medians['chaosgpu snapshot --json'] / ps:.2f};"
-                f" polled / ps <= 0.3 -> "
-                f"{medians['polled census, job observer (gpu, no fds, cache)'] / ps:.2f}")
+            for busy in args.busy:
+                if busy or len(args.busy) > 1:
+                    say(f"  -- {busy} CPU(s) kept busy by spinning tasks")
+                spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                            for _ in range(busy)]
+                try:
+                    time.sleep(0.3 if busy else 0)
+                    medians = _measure(subjects, args.repeat)
+                finally:
+                    for spinner in spinners:
+                        spinner.kill()
+                        spinner.wait()
+                ps = medians["ps -eo pid,ppid,stat,sess,comm,args"]
+                for name, value in medians.items():
+                    say(f"  {name:52s} {value * 1000:8.1f} ms  ratio to ps {value / ps:5.2f}")
+                say(f"  goal: snapshot / ps <= 1.0 -> "
+                    f"{medians['chaosgpu snapshot --json'] / ps:.2f}; polled / ps <= 0.3 -> "
+                    f"{medians['polled census, job observer (gpu, no fds, cache)'] / ps:.2f}")
     finally:
         try:
             spawner.stdin.close()  # EOF: the spawner SIGKILLs and reaps every sleeper

@@ -1827,38 +1827,18 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
 PROCESSES_PER_READER = 250
 
 
-def _runnable_now(proc_root: str = "/proc", samples: int = 3) -> Optional[int]:
-    """Tasks runnable now, this one included (``/proc/loadavg``'s fourth field; the fewest of
-    ``samples`` readings 0.2 ms apart, so that a task woken for a microsecond, or this
-    census's own NVML thread starting, does not count): unlike the load averages, which trail
-    by a minute, it tells which CPUs are free now."""
-    fewest = None  # type: Optional[int]
-    for index in range(samples):
-        if index:
-            time.sleep(0.0002)
-        try:
-            now = int(_read_bytes(proc_root + "/loadavg").split()[3].split(b"/")[0])
-        except (OSError, ValueError, IndexError):
-            return fewest
-        fewest = now if fewest is None else min(fewest, now)
-    return fewest
-
-
 def auto_workers(count: int) -> int:
     """How many readers pay for ``count`` processes: one per PROCESSES_PER_READER processes, at
-    most one per CPU this process may run on that no other task keeps busy now (``/proc/loadavg``'s
-    runnable count) and at most 8: the reads are syscall-bound and scale with free cores; on busy
-    cores a forked reader only adds its fork and the marshalled records."""
+    most one per CPU this process may run on (its affinity) and at most 8: the reads are
+    syscall-bound and scale with CPUs. The load is not consulted: on 2 cores with 5,000
+    processes a second reader took 288 ms against 415 for one on quiet CPUs, 395 against 388
+    with the other CPU kept busy by a spinning task and 498 against 713 with both busy
+    (bench/results/census-readers-2026-12-03-cpu2.txt), while a kernel thread busy in bursts
+    (memory monitoring) made a runnable-count check pick one reader a quarter of the time."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    wanted = min(cpus, 8, count // PROCESSES_PER_READER)
-    if wanted <= 1:
-        return 1
-    runnable = _runnable_now()
-    if runnable is not None:  # CPUs others keep busy do not read for us (this one does)
-        cpus = min(cpus, max(1, cpus - max(0, runnable - 1)))
     return max(1, min(cpus, 8, count // PROCESSES_PER_READER))
 
 
