@@ -116,7 +116,7 @@ def test_step3b_delete_with_workers_alive(pod: str, workers: int, user: str) -> 
     assert timings["exited_on_sigterm"] is False
     assert GRACE_S - 0.05 <= timings["namespace_empty_or_grace_end_s"] < GRACE_S + 1.0
     assert timings["sigkill_sent"] is not None
-    assert timings["gone_after_sigkill_s"] < 1.0
+    assert timings["gone_after_sigkill_s"] < 2.0
     assert not any(os.path.exists(f"/proc/{pid}") for pid in started["pids"])
     assert runtime.host_pids(pod) == []
 
@@ -145,4 +145,4 @@ def test_scenario4_sigterm_cleanup_ends_termination_at_once(
     print(f"\nscenario 4, {workers} worker(s): {timings}")
     assert timings["exited_on_sigterm"] is True
     assert timings["sigkill_sent"] is None
-    assert timings["total_s"] < 1.0
+    assert timings["total_s"] < GRACE_S * 0.75  # at once, not the grace (a loaded CI: bound)

@@ -70,7 +70,7 @@ def test_init_forwards_sigterm(box: str, init: str) -> None:
     timings = runtime.terminate(box)
     assert timings["exited_on_sigterm"] is True
     assert timings["sigkill_sent"] is None
-    assert timings["total_s"] < 1.0
+    assert timings["total_s"] < 2.5  # well inside the 5 s grace (~0.1 s quiet; a loaded CI)
 
 
 def test_workload_as_pid1(box: str) -> None:
@@ -78,7 +78,7 @@ def test_workload_as_pid1(box: str) -> None:
     assert runtime.exec_in(box, ["cat", "/proc/1/cmdline"])["stdout"].startswith("sleep")
     timings = runtime.terminate(box, grace_s=0.3)
     assert timings["exited_on_sigterm"] is False
-    assert 0.25 <= timings["namespace_empty_or_grace_end_s"] < 1.0
+    assert 0.25 <= timings["namespace_empty_or_grace_end_s"] < 2.0
 
 
 def test_list_and_abandoned(box: str) -> None:

@@ -138,9 +138,12 @@ def test_scripted_nvml_gives_exact_figures(monkeypatch: pytest.MonkeyPatch,
     nvml.held_until = time.monotonic()
     sampler.mark("delete", "end")
     release = probes.memory_release_time(after_event="delete", threshold_mib=64, timeout_s=2)
-    assert release is not None and abs(release - 0.3) < 0.05
+    # the release follows the drop by at most a few samples (5 ms each; a loaded machine can
+    # delay the sampler's thread: the bound is for correctness, not speed)
+    assert release is not None and 0.25 < release < 0.5, release
     held = probes.gb_seconds_held(from_event="alloc", to_event="delete")
-    assert abs(held - 2.0 * 1.3) < 2.0 * 0.06  # 2 GiB for 1.3 s, sampled every 5 ms
+    held_s = nvml.held_until - nvml.held_from  # ~1.3 s; longer when the sleeps overshoot
+    assert abs(held - 2.0 * held_s) < 2.0 * 0.1, (held, held_s)  # 2 GiB, sampled every 5 ms
     assert probes.residual_gpu_memory(tolerance_mib=1, timeout_s=1) == 0.0
     sampler.stop()
     document = sampler.to_dict()
@@ -304,7 +307,7 @@ def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.Monke
     for pid, at in killed_at.items():
         states = sampler.processes[pid]["states"]
         seen = next(t for t, label in states if label in ("Z", "gone"))
-        assert 0 <= seen - at < 0.1, (pid, at, states)  # not 400 ms behind a query
+        assert 0 <= seen - at < 0.25, (pid, at, states)  # not 400 ms behind a query
         assert states[-1][1] == "gone"
     assert spent < 0.3, spent  # no spinning on a readable pidfd while the zombie waits
 
