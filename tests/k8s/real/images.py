@@ -78,7 +78,7 @@ def _node_rootfs(root: Path, busybox: Path) -> None:
             _copy(Path("/usr/bin") / tool, root, f"/usr/bin/{tool}")
             for library in _ldd(Path("/usr/bin") / tool):
                 _copy(library, root, str(library))
-    # py-spy (statically linked; installed with the test extras) lets the agent read the ranks'
+    # py-spy (statically linked; a dependency of chaosgpu) lets the agent read the ranks'
     # stacks, which its job verdicts need
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if os.access(py_spy, os.X_OK):
