@@ -1830,11 +1830,12 @@ PROCESSES_PER_READER = 250
 def auto_workers(count: int) -> int:
     """How many readers pay for ``count`` processes: one per PROCESSES_PER_READER processes, at
     most one per CPU this process may run on (its affinity) and at most 8: the reads are
-    syscall-bound and scale with CPUs. The load is not consulted: on 2 cores with 5,000
-    processes a second reader took 288 ms against 415 for one on quiet CPUs, 395 against 388
-    with the other CPU kept busy by a spinning task and 498 against 713 with both busy
-    (bench/results/census-readers-2026-12-03-cpu2.txt), while a kernel thread busy in bursts
-    (memory monitoring) made a runnable-count check pick one reader a quarter of the time."""
+    syscall-bound and scale with CPUs. The load is not consulted: on 2 cores with one CPU kept
+    busy by a spinning task, 2 readers against 1 took 144 / 112 ms at 1,000 processes, 498 /
+    533 ms at 5,000 and 933 / 1189 ms at 10,000
+    (bench/results/census-2026-12-03-cpu2-round5.txt), while a kernel thread busy in bursts
+    (memory monitoring) made a runnable-count check pick one reader a quarter of the time
+    (docs/census.md, round 5)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

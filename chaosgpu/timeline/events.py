@@ -77,8 +77,8 @@ def _items(output: Any) -> list[dict[str, Any]]:
 
 def output_signals(output: Any, started_at: float | None = None) -> list[tuple[str, float]]:
     """(signal, unix time) an activity's output records as sent, one per burst of a signal
-    (100 processes signalled one after another are one); cleanup steps (`t` from the action's start)
-    count from `started_at` when given."""
+    (100 processes signalled one after another are one); cleanup steps (`t` from the action's
+    start) count from `started_at` when given."""
     found: list[tuple[str, float]] = []
     signal = output.get("signal") if isinstance(output, dict) else None
     for item in _items(output):
