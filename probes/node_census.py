@@ -1136,29 +1136,79 @@ def _used_mib(value: Any) -> Optional[float]:
     return value / _NVML_MIB
 
 
-def _listed(pynvml: Any, handle: Any) -> List[Any]:
-    """NVML's entries of one GPU: compute, MPS compute (where the driver has it) and graphics
-    processes, each PID once (the first listing that has it)."""
-    entries = []  # type: List[Any]
+#: (getter, GPU index) whose listing this driver refused (not supported): not asked again
+_NVML_REFUSED = set()  # type: Any
+_NVML_REFUSALS = (3, 13)  # NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND
+#: entries to make room for in a raw listing, per getter: grown from what the driver last needed
+_NVML_ROOM = {}  # type: Dict[str, int]
+_NVML_RAW = {}  # type: Dict[str, Any]
+
+
+def _raw_listing(pynvml: Any, getter: str) -> Any:
+    """The driver's own ``<getter>_v3`` and pynvml's entry struct, or None where this pynvml
+    lacks them (then pynvml's function is called). Resolved once per getter."""
+    if getter not in _NVML_RAW:
+        raw = None
+        struct = getattr(pynvml, "c_nvmlProcessInfo_v3_t", None)
+        resolve = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+        if struct is not None and resolve is not None:
+            try:
+                raw = (resolve(getter + "_v3"), struct)
+            except Exception:  # FunctionNotFound on an older driver
+                raw = None
+        _NVML_RAW[getter] = raw
+    return _NVML_RAW[getter]
+
+
+def _listing(pynvml: Any, getter: str, handle: Any) -> List[Tuple[int, Any]]:
+    """One NVML process listing of one GPU as ``[(pid, used bytes or None)]``. One driver call
+    into room sized from the last listing (pynvml's function makes two, the count then the
+    entries, and builds an object per entry: twice the driver's time with 100 processes); a
+    listing that outgrew the room is asked again with the count the driver gave. Raises
+    pynvml's NVMLError as pynvml's function would."""
+    raw = _raw_listing(pynvml, getter)
+    if raw is None:
+        return [(int(entry.pid), getattr(entry, "usedGpuMemory", None))
+                for entry in getattr(pynvml, getter)(handle)]
+    function, struct = raw
+    import ctypes
+
+    room = _NVML_ROOM.get(getter, 64)
+    for _ in range(4):
+        count = ctypes.c_uint(room)
+        entries = (struct * room)()
+        code = function(handle, ctypes.byref(count), entries)
+        if code == pynvml.NVML_SUCCESS:
+            return [(int(entries[i].pid), entries[i].usedGpuMemory) for i in range(count.value)]
+        if code != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise pynvml.NVMLError(code)
+        room = _NVML_ROOM[getter] = 2 * count.value + 16  # processes start while we ask
+    raise pynvml.NVMLError(code)
+
+
+def _listed(pynvml: Any, index: int, handle: Any,
+            getters: Tuple[str, ...] = _NVML_LISTS) -> List[Dict[str, Any]]:
+    """NVML's processes of one GPU as ``[{"pid", "used_mib"}]``: the listings of `getters`
+    (compute, MPS compute, graphics by default) where this driver has them, each PID once
+    (the first listing that has it). A listing refused as not supported is not asked again."""
+    processes = []  # type: List[Dict[str, Any]]
     seen = set()
-    for getter in _NVML_LISTS:
-        function = getattr(pynvml, getter, None)
-        if function is None:
+    for getter in getters:
+        if (getter, index) in _NVML_REFUSED or not hasattr(pynvml, getter):
             continue
         try:
-            found = function(handle)
-        except Exception:  # not supported on this device / driver
+            found = _listing(pynvml, getter, handle)
+        except Exception as error:  # not supported on this device / driver
+            name = type(error).__name__
+            if getattr(error, "value", None) in _NVML_REFUSALS or "NotSupported" in name or \
+                    "FunctionNotFound" in name:
+                _NVML_REFUSED.add((getter, index))
             continue
-        for entry in found:
-            if entry.pid not in seen:
-                seen.add(entry.pid)
-                entries.append(entry)
-    return entries
-
-
-def _device_processes(pynvml: Any, handle: Any) -> List[Dict[str, Any]]:
-    return [{"pid": int(entry.pid), "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))}
-            for entry in _listed(pynvml, handle)]
+        for pid, used in found:
+            if pid not in seen:
+                seen.add(pid)
+                processes.append({"pid": pid, "used_mib": _used_mib(used)})
+    return processes
 
 
 def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
@@ -1185,7 +1235,7 @@ def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
             device["memory_used_mib"] = memory.used / _NVML_MIB
             device["memory_total_mib"] = memory.total / _NVML_MIB
             if with_processes:
-                device["processes"] = _device_processes(pynvml, handle)
+                device["processes"] = _listed(pynvml, index, handle)
         except Exception as error:  # a GPU fallen off the bus, ...
             device["error"] = str(error)
             errors.append("GPU %d: %s" % (index, error))
@@ -1212,34 +1262,17 @@ def nvml_device_memory() -> List[Dict[str, Any]]:
     return result
 
 
-_NVML_NO_MPS = set()  # type: Any
-
-
 def nvml_gpu_processes() -> List[Dict[str, Any]]:
     """Fast path for a sampler: ``[{"gpu_index", "pid", "used_mib"}]`` for every compute
     process on every GPU (host PIDs), MPS clients included where the driver lists them (each
-    PID once per GPU). Costs ~10 us idle but ~3 ms with 100 processes: sample
-    it less often than device memory. Empty list when NVML is not available."""
+    PID once per GPU). One driver call per listing: ~10 us idle, a few ms with 100 processes:
+    sample it less often than device memory. Empty list when NVML is not available."""
     pynvml, _ = _nvml()
     if pynvml is None:
         return []
-    get = pynvml.nvmlDeviceGetComputeRunningProcesses
-    mps = getattr(pynvml, "nvmlDeviceGetMPSComputeRunningProcesses", None)
-    result = []
-    for index, handle in enumerate(_NVML["handles"]):
-        entries = list(get(handle))
-        if mps is not None and index not in _NVML_NO_MPS:
-            try:
-                seen = set(entry.pid for entry in entries)
-                entries += [entry for entry in mps(handle) if entry.pid not in seen]
-            except Exception as error:  # no MPS listing on this driver: not asked again
-                if "NotSupported" in type(error).__name__ or "FunctionNotFound" in \
-                        type(error).__name__:
-                    _NVML_NO_MPS.add(index)
-        for entry in entries:
-            result.append({"gpu_index": index, "pid": int(entry.pid),
-                           "used_mib": _used_mib(getattr(entry, "usedGpuMemory", None))})
-    return result
+    return [dict(process, gpu_index=index)
+            for index, handle in enumerate(_NVML["handles"])
+            for process in _listed(pynvml, index, handle, _NVML_LISTS[:2])]
 
 
 # --------------------------------------------------------------------------------------------

@@ -663,7 +663,8 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
                         retry_at=0.0, backoff_s=0.0)
     monkeypatch.setattr(module, "NVML_RETRY_FIRST_S", 0.05)
     monkeypatch.setattr(module, "NVML_RETRY_MAX_S", 0.2)
-    monkeypatch.setattr(module, "_NVML_NO_MPS", set())
+    for memo in ("_NVML_REFUSED", "_NVML_RAW", "_NVML_ROOM"):
+        monkeypatch.setattr(module, memo, type(getattr(module, memo))())
     monkeypatch.setattr(agent_timeline, "NVML_CHECK_S", 0.2)
     holders = {}
     try:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from census_helpers import LEADER_EXITS, PROGRAM, REPO, run_program, wait_for
@@ -211,6 +212,83 @@ def test_nvml_missing_is_a_value_with_a_reason(monkeypatch: pytest.MonkeyPatch) 
                         "reason": snapshot["reason"]}
     assert "pynvml (nvidia-ml-py) not installed" in snapshot["reason"]
     monkeypatch.setitem(census_module._NVML, "tried", False)
+
+
+class _RawListingNVML:
+    """pynvml's raw side as the census's one-call listing uses it: the entry struct, the
+    function-pointer lookup and the return codes. The "driver function" is a real C-callable
+    (ctypes) that keeps NVML's contract: *count in is the room, out is the entries written,
+    or the entries needed with NVML_ERROR_INSUFFICIENT_SIZE when they do not fit."""
+
+    NVML_SUCCESS, NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_SUPPORTED = 0, 7, 3
+
+    class NVMLError(Exception):
+        def __init__(self, code: int) -> None:
+            super().__init__(code)
+            self.value = code  # as pynvml's NVMLError keeps it
+
+    def __init__(self, processes: list[tuple[int, int]], refuse: str = "") -> None:
+        import ctypes
+
+        class Entry(ctypes.Structure):
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                        ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+        self.c_nvmlProcessInfo_v3_t = Entry
+        self.processes, self.refuse, self.calls, self.rooms = processes, refuse, 0, []
+        signature = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint),
+                                     ctypes.POINTER(Entry))
+        self._functions = {}
+        for name in ("nvmlDeviceGetComputeRunningProcesses_v3",
+                     "nvmlDeviceGetMPSComputeRunningProcesses_v3"):
+            self._functions[name] = signature(lambda handle, count, entries, name=name:
+                                              self._list(name, count, entries))
+
+    def _list(self, name: str, count: Any, entries: Any) -> int:
+        self.calls += 1
+        if name.startswith(self.refuse or "-"):
+            return self.NVML_ERROR_NOT_SUPPORTED
+        self.rooms.append(count[0])
+        if count[0] < len(self.processes):
+            count[0] = len(self.processes)
+            return self.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, used) in enumerate(self.processes):
+            entries[i].pid, entries[i].usedGpuMemory = pid, used
+        count[0] = len(self.processes)
+        return self.NVML_SUCCESS
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:  # noqa: N802
+        return self._functions[name]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> None:  # noqa: N802
+        raise AssertionError("the raw listing must be used")
+
+    nvmlDeviceGetMPSComputeRunningProcesses = nvmlDeviceGetComputeRunningProcesses  # noqa: N815
+
+
+def test_a_process_listing_is_one_driver_call_into_room_grown_from_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's process list is read with one call into room sized from the previous listing;
+    a listing that outgrew it is asked again with the count the driver gave (pynvml's own
+    function asks twice every time). A listing the driver refuses is not asked again."""
+    for memo in ("_NVML_REFUSED", "_NVML_RAW", "_NVML_ROOM"):
+        monkeypatch.setattr(census_module, memo, type(getattr(census_module, memo))())
+    processes = [(1000 + i, (i + 1) * 2**20) for i in range(100)]
+    fake = _RawListingNVML(processes, refuse="nvmlDeviceGetMPS")
+    monkeypatch.setitem(census_module._NVML, "module", fake)
+    monkeypatch.setitem(census_module._NVML, "handles", ["gpu0"])
+    listed = node.nvml_gpu_processes()
+    assert [(p["pid"], p["used_mib"], p["gpu_index"]) for p in listed] == [
+        (pid, used / 2**20, 0) for pid, used in processes]
+    # compute: the default room (64) was short, asked again with room for 2 x 100 + 16;
+    # MPS: refused as not supported (an old driver), once
+    assert fake.rooms == [64, 216] and fake.calls == 3
+    fake.calls, fake.rooms = 0, []
+    processes.append((2000, 2**30))  # a process started: still fits the room
+    assert len(node.nvml_gpu_processes()) == 101
+    assert fake.calls == 1 and fake.rooms == [216]
+    fake.processes = []
+    assert node.nvml_gpu_processes() == []
 
 
 def test_program_prints_one_json_document() -> None:

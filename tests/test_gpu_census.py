@@ -119,3 +119,24 @@ def test_fast_paths_and_record_a_snapshot(namespaced_worker) -> None:  # type: i
                                     "worker_mib": 2048, "unshare_pid": runner.pid,
                                     "held": snapshot, "nspid": nspid,
                                     "nvml_device_memory_us": per_call_us}, indent=2))
+
+
+def test_the_one_call_listing_agrees_with_pynvml(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
+    """The census's one-call process listing (raw NVML v3 into room sized from the last
+    listing) gives what pynvml's own function gives, also when the room is too small at first
+    (no room at all: the driver's count is asked again)."""
+    import pynvml
+
+    runner, worker = namespaced_worker
+    module = node.census_module()
+    module._NVML_ROOM["nvmlDeviceGetComputeRunningProcesses"] = 0
+    ours = {(p["gpu_index"], p["pid"], p["used_mib"]) for p in node.nvml_gpu_processes()}
+    assert module._NVML_ROOM["nvmlDeviceGetComputeRunningProcesses"] >= 16
+    assert module._raw_listing(pynvml, "nvmlDeviceGetComputeRunningProcesses") is not None
+    theirs = set()
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for entry in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            theirs.add((index, int(entry.pid), entry.usedGpuMemory / 2**20
+                        if entry.usedGpuMemory is not None else None))
+    assert theirs <= ours and any(pid == worker for _, pid, _ in ours)

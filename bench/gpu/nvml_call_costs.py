@@ -5,7 +5,8 @@
 It starts torch workers (each holds `--mib` MiB on GPU 0 and sleeps) in steps; at each step,
 once NVML lists them all and again `--settle-s` later, it times `--calls` calls of every NVML
 query a sampler could use for device memory or the process list (the memory info v1 and v2,
-the compute, MPS and graphics process lists, the utilisation rates), one memory query from two
+the compute, MPS and graphics process lists, the utilisation rates, and chaosgpu's own
+process-list read against pynvml's two functions), one memory query from two
 threads at once (does the driver serialise them?), and nvidia-smi's own queries (the
 reference, a new process each). It prints median / p90 / max wall time per call and writes
 bench/results/nvml-calls-<date>.txt. Every worker is killed and reaped before it exits; the
@@ -70,6 +71,14 @@ def _queries(pynvml: Any, handle: Any) -> dict[str, Callable[[], Any]]:
         lambda: pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)
     queries["nvmlDeviceGetUtilizationRates"] = \
         lambda: pynvml.nvmlDeviceGetUtilizationRates(handle)
+    # what the timeline samples: chaosgpu's one-call listings (compute + MPS), against pynvml's
+    # two functions (each asks the driver twice: the count, then the entries)
+    from chaosgpu import node
+
+    queries["pynvml compute + MPS lists (the reference)"] = lambda: (
+        pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
+        pynvml.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+    queries["chaosgpu nvml_gpu_processes (one call each)"] = node.nvml_gpu_processes
     return queries
 
 

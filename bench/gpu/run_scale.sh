@@ -2,17 +2,17 @@
 # Run the scale benches and the GPU tests of the observed verdicts and the agent on a GPU
 # machine, and keep every result.
 #
-#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env census timeline tests (default: all)
+#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env nvml census timeline tests (default: all)
 #
 # Needs chaosgpu importable (PYTHONPATH=<checkout> is set here), torch with CUDA, nvidia-ml-py,
 # and py-spy on PATH or importable for the verdict tests. Keeps results/ (one file per step,
 # each with the command, date and machine at its top) as OUT/results.tar.gz, packed after every
 # step.
 set -u
-out=${1:?usage: run_scale.sh OUT [env|census|timeline|tests ...]}
+out=${1:?usage: run_scale.sh OUT [env|nvml|census|timeline|tests ...]}
 shift
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(env census timeline tests)
+[ ${#steps[@]} -gt 0 ] || steps=(env nvml census timeline tests)
 . "$(dirname "$0")/common.sh"
 work=$(mktemp -d)
 results="$work/results"
@@ -41,6 +41,10 @@ PY
     } >"$results/env.txt" 2>&1
     cat "$results/env.txt"
     ;;
+  nvml)
+    python3 bench/gpu/nvml_call_costs.py --steps 0 100 --calls 20 --settle-s 10 2>&1 | tail -40
+    cp bench/results/nvml-calls-*.txt "$results/" 2>/dev/null
+    ;;
   census)
     python3 bench/census_bench.py --repeat 5 --out "$results/census.txt" 2>&1 | tail -40
     ;;
@@ -51,9 +55,10 @@ PY
     ;;
   tests)
     {
-      header "cd tests && python3 -m pytest -v -m gpu test_verdicts_gpu.py test_agent_gpu.py"
+      header "cd tests && python3 -m pytest -v -m gpu test_gpu_census.py test_verdicts_gpu.py test_agent_gpu.py"
       (cd tests && CHAOSGPU_GPU_EVIDENCE="$results/evidence" timeout 480 python3 -m pytest -v \
-        -m gpu test_verdicts_gpu.py test_agent_gpu.py --rootdir=.. -c ../pyproject.toml 2>&1)
+        -m gpu test_gpu_census.py test_verdicts_gpu.py test_agent_gpu.py --rootdir=.. \
+        -c ../pyproject.toml 2>&1)
     } >"$results/tests.txt" 2>&1
     tail -30 "$results/tests.txt"
     ;;
