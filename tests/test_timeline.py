@@ -351,11 +351,12 @@ def test_a_zombie_leader_with_live_threads_is_exiting_not_dead(
             proc.wait()
 
 
-def test_a_costly_process_list_is_spaced_but_still_read_every_second(
+def test_a_costly_process_list_waits_while_memory_is_steady_and_not_when_it_moves(
         monkeypatch: pytest.MonkeyPatch, sampler_cleanup: list[Sampler]) -> None:
-    """NVML's process list burning 20 ms of CPU a call (the H200 while CUDA contexts start)
-    is spaced to keep its cost down, but never to more than MAX_SPACING_S: a GPU process's
-    memory is still sampled about once a second, not once in 7 s."""
+    """NVML's process list burning 20 ms of CPU a call (the H200 with 100 CUDA contexts) is
+    spaced to keep its cost down: up to STEADY_SPACING_S while device memory stays where it was
+    at the last listing, but read again within MAX_SPACING_S once it moves (a process starting
+    or freeing on the GPU), so its memory is not missing for seconds."""
     from chaosgpu.timeline import sampler as sampler_module
 
     nvml = ScriptedNvml()
@@ -371,8 +372,22 @@ def test_a_costly_process_list_is_spaced_but_still_read_every_second(
     sampler = Sampler(rate_hz=100, process_every=5)
     sampler_cleanup.append(sampler)
     sampler.start()
-    time.sleep(3.5)
+    time.sleep(2.5)  # steady: one list at the start; every 50 ms unspaced, every 1 s before
+    listed = sampler.processes[4242]
+    assert len(listed["t"]) == 1, listed["t"]
+    moved_at = sampler.now()
+    nvml.held_from = time.monotonic()  # 2 GiB more on the GPU
+    deadline = time.monotonic() + 10
+    while listed["mib"][-1] != 2048.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert listed["mib"][-1] == 2048.0
+    assert listed["t"][-1] - moved_at <= sampler_module.MAX_SPACING_S + 0.5, listed["t"]
+    freed_at = sampler.now()
+    nvml.held_until = time.monotonic()
+    while listed["mib"][-1] != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert listed["mib"][-1] == 0.0
+    assert listed["t"][-1] - freed_at <= sampler_module.MAX_SPACING_S + 0.5, listed["t"]
     sampler.stop()
-    samples = len(sampler.processes[4242]["t"])
-    assert 3 <= samples <= 6, samples  # every MAX_SPACING_S (1 s); unspaced would be ~70
-    assert sampler_module.MAX_SPACING_S == 1.0
+    assert len(listed["t"]) == 3, listed["t"]  # nothing read while steady in between
+    assert sampler_module.STEADY_SPACING_S >= 5 * sampler_module.MAX_SPACING_S

@@ -55,9 +55,9 @@ PY
     ;;
   tests)
     {
-      header "cd tests && python3 -m pytest -v -m gpu test_gpu_census.py test_verdicts_gpu.py test_agent_gpu.py"
-      (cd tests && CHAOSGPU_GPU_EVIDENCE="$results/evidence" timeout 480 python3 -m pytest -v \
-        -m gpu test_gpu_census.py test_verdicts_gpu.py test_agent_gpu.py --rootdir=.. \
+      header "cd tests && python3 -m pytest -v -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py"
+      (cd tests && CHAOSGPU_GPU_EVIDENCE="$results/evidence" timeout 420 python3 -m pytest -v \
+        -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py --rootdir=.. \
         -c ../pyproject.toml 2>&1)
     } >"$results/tests.txt" 2>&1
     tail -30 "$results/tests.txt"

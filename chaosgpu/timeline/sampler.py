@@ -18,8 +18,10 @@ second while they are torn down: bench/results/nvml-calls-*):
 
 * memory (`rate_hz`): one NVML memory query per device, or the tracked processes' RSS;
 * GPU processes (NVML source only): the compute-process list every `process_every` periods,
-  spaced further when its measured cost would exceed PROCESS_BUDGET of a core (at most to
-  MAX_SPACING_S);
+  spaced further when its measured cost would exceed PROCESS_BUDGET of a core: at most to
+  MAX_SPACING_S while device memory moves (a process starting or freeing is seen within a
+  second), at most to STEADY_SPACING_S while it stays within LIST_ON_CHANGE_MIB of the last
+  listing (nothing to see: on the H200 one list of 100 processes costs ~8 ms of CPU);
 * exits: blocked in one poll() over the tracked processes' pidfds (a pidfd turns readable when
   its process exits; no /proc scan), so an exit is stamped when it happens, whatever the other
   threads wait on; between exits it reads the tracked processes' states (one pread each of
@@ -97,6 +99,11 @@ PROCESS_BUDGET = 0.003
 #: process-list call while CUDA contexts start) must not leave a new GPU process without its
 #: memory for seconds; the budget is then exceeded while it lasts
 MAX_SPACING_S = 1.0
+#: ... except the GPU-process list while device memory stays within LIST_ON_CHANGE_MIB of what
+#: it was at the last listing: no process can start on a GPU (a CUDA context alone is hundreds
+#: of MiB) or free memory without moving it, so the list waits up to this long
+STEADY_SPACING_S = 5.0
+LIST_ON_CHANGE_MIB = 64.0
 
 
 def _spaced(base_s: float, cost_s: float, longest_s: float = MAX_SPACING_S) -> float:
@@ -161,7 +168,8 @@ class Sampler:
         self._exited: set[int] = set()  # tracked PIDs seen exited (zombies until reaped)
         self._poller = select.poll()
         self._ticks = 0  # memory samples taken (the memory thread's own count)
-        self._gpu_period = process_every / self.rate_hz  # the GPU-process list (cost-spaced)
+        self._listed_total: float | None = None  # device memory when the GPU list was read
+        self._memory_moved = threading.Event()  # device memory left LIST_ON_CHANGE_MIB of it
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
@@ -196,8 +204,7 @@ class Sampler:
                       lambda: 1.0 / self.rate_hz, self._memory_step)),
                   ("chaosgpu-timeline-exits", self._run_exits)]
         if self.source == "nvml":
-            bodies.append(("chaosgpu-timeline-gpu-processes", lambda: self._paced(
-                lambda: self._gpu_period, self._gpu_processes_step)))
+            bodies.append(("chaosgpu-timeline-gpu-processes", self._run_gpu_processes))
         self._m_wall0 = time.monotonic()
         self._threads = [threading.Thread(target=self._run_thread, args=(body,), name=name,
                                           daemon=True) for name, body in bodies]
@@ -207,6 +214,7 @@ class Sampler:
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread (waits at most `timeout_s`) and give back the GIL switch interval."""
         self._stop.set()
+        self._memory_moved.set()
         self._wake()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
@@ -334,6 +342,7 @@ class Sampler:
                 self.cpu_s_by_thread[threading.current_thread().name] = spent
                 self.wall_s = max(self.wall_s, time.monotonic() - self._m_wall0)
             self._stop.set()
+            self._memory_moved.set()
             self._wake()
 
     def _record_error(self, error: Exception) -> None:
@@ -378,6 +387,11 @@ class Sampler:
                     total += device["used_mib"]
                 self.t.append(t)
                 self.total.append(total)
+            if self._listed_total is None:  # the first list came before the first sample
+                self._listed_total = total
+            elif abs(total - self._listed_total) > LIST_ON_CHANGE_MIB and \
+                    not self._memory_moved.is_set():
+                self._memory_moved.set()  # the GPU-process thread lists again
         else:  # the RSS of each process is read every tick anyway: kept every process_every
             self._sample_rss(t, self._ticks % self.process_every == 0)
         self._ticks += 1
@@ -387,8 +401,27 @@ class Sampler:
             return False
         return True
 
+    def _run_gpu_processes(self) -> None:
+        """Read NVML's process list every `process_every` periods, spaced by its measured cost
+        (PROCESS_BUDGET of a core): up to MAX_SPACING_S, or STEADY_SPACING_S while device
+        memory stays where it was at the last listing. Waits on events, never polls."""
+        base = self.process_every / self.rate_hz
+        while not self._stop.is_set():
+            started, cpu = time.monotonic(), time.thread_time()
+            try:
+                self._gpu_processes_step()
+            except Exception as error:  # keep sampling; say so loudly, once per kind
+                self._record_error(error)
+            cost = time.thread_time() - cpu
+            if self._stop.wait(max(0.0, started + _spaced(base, cost) - time.monotonic())):
+                return
+            steady_until = started + _spaced(base, cost, STEADY_SPACING_S)
+            self._memory_moved.wait(max(0.0, steady_until - time.monotonic()))
+
     def _gpu_processes_step(self) -> None:
-        started = time.thread_time()
+        with self._data_lock:
+            self._listed_total = self.total[-1] if self.total else None
+        self._memory_moved.clear()
         t = time.monotonic() - self._m0
         per_pid: dict[int, float] = {}
         for entry in self._node.nvml_gpu_processes():
@@ -402,8 +435,6 @@ class Sampler:
                           "comm": None, "starttime": None, "states": []})
                 entry["t"].append(t)
                 entry["mib"].append(mib)
-        cost = time.thread_time() - started
-        self._gpu_period = _spaced(self.process_every / self.rate_hz, cost)
 
     def _run_exits(self) -> None:
         """Wait in poll() for tracked processes to exit; between exits, read every tracked
