@@ -177,6 +177,36 @@ KILLED_AT: dict[int, float] = {}  # pid -> when it was SIGKILLed (sampler time)
 REAPED_AT: dict[int, float] = {}  # pid -> when the bench reaped it (sampler time)
 
 
+def _floor(rate: float, seconds: float) -> str:
+    """The reference for the sampler's CPU: a thread that only wakes at `rate` (one sleep per
+    period), then the same asking NVML's device memory once per wake-up, measured here, now.
+    What the memory stream cannot cost less than."""
+    from chaosgpu.node import nvml_device_memory
+
+    def paced(work: Any) -> float:
+        spent: list[float] = []
+
+        def body() -> None:
+            cpu, next_at, end = time.thread_time(), time.monotonic(), time.monotonic() + seconds
+            while next_at < end:
+                next_at += 1.0 / rate
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                work()
+            spent.append(time.thread_time() - cpu)
+
+        thread = threading.Thread(target=body)
+        thread.start()
+        thread.join()
+        return 100.0 * spent[0] / seconds
+
+    bare = paced(lambda: None)
+    nvml = paced(nvml_device_memory)
+    return (f"floor at {rate:.0f} Hz (a thread that only wakes, {seconds:.0f} s): "
+            f"{bare:.3f} % of one core; waking and asking NVML's memory once: {nvml:.3f} %")
+
+
 def _settle(count: int, limit_s: float = 180.0) -> str:
     """Wait until NVML's memory query is fast again after `count` contexts started (10 calls in
     a row under 1 ms); say how long that took and what the query cost meanwhile."""
@@ -289,6 +319,8 @@ def main() -> int:
         if gpu:
             lines.append(_settle(count))
         print("\n".join(lines[-2:]), flush=True)
+        lines.append(_floor(args.rates[0], min(args.seconds, 5.0)))
+        print(lines[-1], flush=True)
         _time_nvml_calls()
         for rate in args.rates:
             summary = _run(rate, args.seconds, tag, args.process_every, args.busy_main)

@@ -36,6 +36,7 @@ def namespaced_worker():  # type: ignore[no-untyped-def]
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", WORKER],
         env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True)
+    worker = -1
     try:
         assert runner.stdout is not None
         assert runner.stdout.readline().strip() == "ready"
@@ -48,6 +49,10 @@ def namespaced_worker():  # type: ignore[no-untyped-def]
     finally:
         os.killpg(runner.pid, signal.SIGKILL)
         runner.wait(timeout=30)
+        # the driver frees a killed process's memory after it is gone: the next test's
+        # baseline must not be taken while it still holds 2 GiB
+        wait_for(lambda: not any(p["pid"] == worker for p in node.nvml_gpu_processes()),
+                 timeout=60, what="NVML to stop listing the killed worker")
 
 
 def test_namespaced_worker_attributed_from_the_host(namespaced_worker) -> None:  # type: ignore[no-untyped-def]

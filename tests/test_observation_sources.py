@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosgpu.job import flight_recorder
+from chaosgpu.job import flight_recorder, observe
 from chaosgpu.job.exits import ExitWatch
 from chaosgpu.node import process_activity, process_starttime, tcp_sockets
 
@@ -157,6 +157,55 @@ def test_flight_recorder_dumps_are_read_as_data_only(tmp_path: Path) -> None:
     assert (tmp_path / "p0.pipe").read_text() == ""
     os.mkfifo(tmp_path / "p1.pipe")
     assert flight_recorder.request_dump(os.getpid(), env, 1) is False  # no reader: no block
+
+
+FAKE_RANK_WITH_FLIGHT_RECORDER = r"""
+import os, pickle, sys, time
+pipe, dump = sys.argv[1], sys.argv[2]
+os.mkfifo(pipe)
+reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+print("ready", flush=True)
+seq = 0
+while True:  # as ProcessGroupNCCL's monitor thread: polls its dump pipe about once a second
+    time.sleep(0.5)
+    seq += 1
+    try:
+        asked = os.read(reader, 64)
+    except BlockingIOError:
+        asked = b""
+    if asked:
+        entries = [{"collective_seq_id": i, "state": "completed", "time_created_ns":
+                    time.time_ns(), "profiling_name": "nccl:all_reduce"} for i in range(1, seq)]
+        with open(dump + ".tmp", "wb") as handle:
+            pickle.dump({"version": "2.9", "entries": entries}, handle)
+        os.replace(dump + ".tmp", dump)
+"""
+
+
+def test_flight_recorder_is_read_at_every_tick_also_with_stacks_off(tmp_path: Path) -> None:
+    """A rank whose job enables Flight Recorder is asked for dumps and each new one is read
+    by the watch itself: with stacks off (or py-spy slow) the recorder is still a source."""
+    tag = f"fr-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29977", CHAOSGPU_TAG=tag, TORCH_FR_BUFFER_SIZE="2000",
+               TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "fr_pipe_"),
+               TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "fr_dump_"))
+    rank = subprocess.Popen([sys.executable, "-c", FAKE_RANK_WITH_FLIGHT_RECORDER,
+                             str(tmp_path / "fr_pipe_0.pipe"), str(tmp_path / "fr_dump_0")],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        observer = observe.observe(tag=tag, timeout_s=4.0, window_s=4, stacks=False)
+        (track,) = observer.tracks.values()
+        state = track.to_json()
+        assert "flight-recorder" in state["sources"], state["sources"]
+        summary = state["flight_recorder"]["0"]
+        assert summary["entries"] > 0 and summary["last_completed_seq"] >= 1
+        assert summary["last_completed_seq"] >= 2  # dumps asked for and read more than once
+    finally:
+        rank.kill()
+        rank.wait(timeout=10)
+    assert rank.poll() is not None
 
 
 def test_a_non_root_observer_is_told_other_users_jobs_are_invisible(tmp_path: Path) -> None:

@@ -184,6 +184,12 @@ def test_gpu_release_after_kill_on_a_real_gpu(sampler_cleanup: list[Sampler]) ->
     from chaosgpu.workloads.actions import start_holders, stop_workload
 
     tag = f"tl-gpu-{uuid.uuid4().hex[:8]}"
+    # a GPU process of an earlier test may still be torn down by the driver: the baseline is
+    # taken once NVML lists none
+    deadline = time.monotonic() + 60
+    while node.nvml_gpu_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not node.nvml_gpu_processes(), "GPU processes left by an earlier test"
     sampler = Sampler(rate_hz=200, scope={"tag": tag})
     sampler_cleanup.append(sampler)
     sampler.start()

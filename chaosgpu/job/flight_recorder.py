@@ -68,14 +68,16 @@ def request_dump(pid: int, env: dict[str, str], rank: int) -> bool:
         os.close(fd)
 
 
-def read_dump(pid: int, env: dict[str, str], rank: int) -> tuple[dict[str, Any], float] | None:
-    """The rank's latest dump and its modification time, or None (none yet, unreadable, or
-    not a plain-data pickle)."""
+def read_dump(pid: int, env: dict[str, str], rank: int,
+              seen_mtime: float | None = None) -> tuple[dict[str, Any], float] | None:
+    """The rank's latest dump and its modification time, or None (none yet, unreadable, not
+    a plain-data pickle, or the one modified at `seen_mtime`: not read again)."""
     prefix = env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or DEFAULT_DUMP_PREFIX
     path = f"/proc/{pid}/root{prefix}{rank}"
     try:
         info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_DUMP_BYTES:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_DUMP_BYTES or \
+                info.st_mtime == seen_mtime:
             return None
         with open(path, "rb") as handle:
             data = handle.read(_MAX_DUMP_BYTES)
@@ -125,12 +127,10 @@ def summary_for(pid: int, env: dict[str, str] | None, rank: int | None) -> dict[
     if now - _requested.get(key, 0.0) >= REQUEST_EVERY_S:
         _requested[key] = now
         request_dump(pid, env, rank)
-    found = read_dump(pid, env, rank)
+    found = read_dump(pid, env, rank, _seen.get(key))
     if found is None:
         return None
     dump, mtime = found
-    if _seen.get(key) == mtime:
-        return None
     _seen[key] = mtime
     summary = summarise(dump, now)
     summary["dumped_at"] = mtime

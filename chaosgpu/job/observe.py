@@ -172,6 +172,7 @@ class Observer:
             self._adopt_faulted(track, faults, now)
             self._observe_processes(track, sockets, time.time())
             track.update_partitions(partitions, now)
+        self._read_flight_recorders()
         if self.stacks and time.time() - self._last_stacks >= self.stack_every_s:
             self._last_stacks = time.time()
             self._take_stacks()
@@ -387,9 +388,17 @@ class Observer:
         for pid, sample in samples.items():
             track, rank = owners[pid]
             track.update_stack(rank, sample, now, gpu=pid in self._gpu_pids)
-            summary = flight_recorder.summary_for(rank.pid, rank.env, rank.rank)
-            if summary is not None:
-                track.update_flight_recorder(rank, summary, now)
+
+    def _read_flight_recorders(self) -> None:
+        """Each live rank's Flight Recorder, where its job enables one: a dump asked for at
+        most every REQUEST_EVERY_S, read as soon as a new one lands. A stream of its own: it
+        waits neither for stacks (py-spy can take seconds) nor on them being asked for."""
+        for track in self.tracks.values():
+            for rank in track.current_ranks():
+                if rank.live:
+                    summary = flight_recorder.summary_for(rank.pid, rank.env, rank.rank)
+                    if summary is not None:
+                        track.update_flight_recorder(rank, summary, time.time())
 
     # ---------------------------------------------------------------- the loop
 

@@ -94,7 +94,7 @@ def _rss_mib(pid: int, fds: dict[int, int] | None = None) -> float | None:
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 #: the share of one core the process-list and state sweeps may take (their cost is measured)
-PROCESS_BUDGET = 0.003
+PROCESS_BUDGET = 0.002
 #: ... but never spaced further than this: a slow NVML (seen on the H200: 16 ms of CPU per
 #: process-list call while CUDA contexts start) must not leave a new GPU process without its
 #: memory for seconds; the budget is then exceeded while it lasts
