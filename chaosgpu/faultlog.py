@@ -18,9 +18,13 @@ _FAULTS: list[dict[str, Any]] = []
 _LIMIT = 1000
 
 
-def record(kind: str, **fields: Any) -> dict[str, Any]:
+def record(kind: str, /, **fields: Any) -> dict[str, Any]:
     """Record a fault injected now (`kind`: "SIGKILL", "SIGSTOP", "freezer", "partition" ...;
-    fields such as job, rank, pid, starttime) and mark it on the running timeline."""
+    fields such as job, rank, pid, starttime; never "t" or "kind", which the entry owns) and
+    mark it on the running timeline."""
+    reserved = sorted({"t", "kind"} & set(fields))
+    if reserved:
+        raise ValueError(f"fault fields {reserved} are the entry's own: name them otherwise")
     entry = {"t": time.time(), "kind": kind, **fields}
     with _LOCK:
         _FAULTS.append(entry)

@@ -393,6 +393,27 @@ def test_timeline_retention_trims_old_samples() -> None:
         _stop(running)
 
 
+def test_a_window_starts_each_process_with_its_last_reading_before_it() -> None:
+    """NVML's process list is read seconds apart while memory stays put: a window between two
+    readings still shows a live process's memory (its last reading, which holds), and a
+    process gone before the window is not brought back."""
+    window = agent_timeline.TimelineWindow(rate_hz=10)  # not started: readings set by hand
+    sampler = window.sampler
+    sampler.t, sampler.total = [1.0, 5.0, 5.5, 6.0, 9.0], [2663.0] * 5
+    sampler.processes = {
+        4242: {"t": [1.0, 9.0], "mib": [2048.0, 2048.0], "tag": None, "rank": None,
+               "comm": "python", "starttime": 1, "states": [[0.5, "S"]]},
+        4343: {"t": [1.0], "mib": [512.0], "tag": None, "rank": None, "comm": "python",
+               "starttime": 2, "states": [[0.5, "S"], [2.0, "gone"]]}}
+    found = window.window(sampler.t0 + 5.0, sampler.t0 + 6.0)
+    assert found["t"] == [5.0, 5.5, 6.0]
+    assert found["processes"]["4242"]["t"] == [1.0] and found["processes"]["4242"]["mib"] == [
+        2048.0]
+    assert "4343" not in found["processes"]
+    later = window.window(sampler.t0 + 8.0, sampler.t0 + 10.0)  # one reading before, one in
+    assert later["processes"]["4242"]["t"] == [1.0, 9.0]
+
+
 # -- metrics -----------------------------------------------------------------------------------
 
 SAMPLE = re.compile(r'^[a-z_:][a-z0-9_:]*(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? \S+$')

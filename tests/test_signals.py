@@ -245,3 +245,16 @@ def test_null_signal_checks_without_sending() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_fault_field_named_like_the_entry_s_own_is_refused() -> None:
+    """A fault recorded with a field called "kind" or "t" would shadow the entry's own (an XID
+    fault's kind once did): refused with a clear error, nothing recorded."""
+    from chaosgpu import faultlog
+
+    before = len(faultlog.recent(0.0))
+    with pytest.raises(ValueError, match=r"\['kind'\] are the entry's own"):
+        faultlog.record("xid", device=0, kind="trap")
+    assert len(faultlog.recent(0.0)) == before
+    entry = faultlog.record("xid", device=0, xid_kind="trap")
+    assert entry["kind"] == "xid" and entry["xid_kind"] == "trap"

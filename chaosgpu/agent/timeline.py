@@ -22,6 +22,12 @@ TIMELINE_SCHEMA = "chaosgpu.agent.timeline/1"
 NVML_CHECK_S = 5.0
 
 
+
+def _gone_by(entry: dict[str, Any], t: float) -> bool:
+    """Whether a tracked process was last seen gone at or before `t` (timeline seconds)."""
+    before = [state for at, state in entry["states"] if at <= t]
+    return bool(before) and before[-1] == "gone"
+
 class TimelineWindow:
     """The agent's timeline: a `chaosgpu.timeline.sampler.Sampler` (every GPU process when NVML
     is there, else chaosgpu-tagged processes' RSS) kept to the last `retention_s` seconds, with
@@ -182,6 +188,11 @@ class TimelineWindow:
                     continue
                 pa = bisect.bisect_left(entry["t"], lo)
                 pb = bisect.bisect_right(entry["t"], hi)
+                if pa and not _gone_by(entry, lo):
+                    # the series starts with the last reading before the window: the process
+                    # list is read seconds apart while device memory stays put, and that
+                    # reading holds until the next (chaosgpu.timeline.integral)
+                    pa -= 1
                 states = [s for s in entry["states"] if lo <= s[0] <= hi]
                 if pa == pb and not states:
                     continue

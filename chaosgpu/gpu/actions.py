@@ -343,7 +343,7 @@ def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
         if run["rc"] == 3 or (program.get("error") or "").startswith("no usable GPU"):
             raise RuntimeError(f"the XID program found no usable GPU: {program.get('error')} "
                                f"{run['log']}")
-        _mark("xid", device=entry.get("index"), kind=kind, error=program.get("error"))
+        _mark("xid", device=entry.get("index"), xid_kind=kind, error=program.get("error"))
         seen = watch.wait(watch_s, after=fault_at) if watch and watch.registered else []
         xids = monitor.describe_xids(seen, after=fault_at)
     finally:

@@ -134,6 +134,7 @@ def summary_for(pid: int, env: dict[str, str] | None, rank: int | None) -> dict[
     _seen[key] = mtime
     summary = summarise(dump, now)
     summary["dumped_at"] = mtime
+    summary["requested_at"] = _requested.get(key)  # the last dump asked for (its latency)
     return summary
 
 
