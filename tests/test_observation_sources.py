@@ -268,3 +268,42 @@ def test_stacks_are_read_with_the_py_spy_beside_this_python_when_path_lacks_it(
     finally:
         sleeper.kill()
         assert sleeper.wait(timeout=10) == -9  # ours, killed and reaped: nothing left
+
+
+HELPER_FIRST = r"""
+import threading, time
+def helper_waits():
+    while True:
+        time.sleep(1)
+threading.Thread(target=helper_waits, name="helper", daemon=True).start()
+def main_waits():
+    while True:
+        time.sleep(1)
+print("ready", flush=True)
+main_waits()
+"""
+
+
+def test_where_a_rank_is_means_its_main_thread_not_a_helper() -> None:
+    """A rank's place is its main thread's innermost frame, wherever py-spy lists it (on the
+    H200 a GPU-stalled rank was described by an injector thread listed first)."""
+    from chaosgpu.job import stacks
+
+    rank = subprocess.Popen([sys.executable, "-c", HELPER_FIRST], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        sample = stacks.take_samples({rank.pid: False}, timeout_s=20)[rank.pid]
+        assert sample.error is None, sample.error
+        assert {t.name for t in sample.threads} >= {"MainThread", "helper"} or len(
+            sample.threads) == 2, sample.threads
+        main = sample.main_thread()
+        assert main is not None and any(f.function == "main_waits" for f in main.frames)
+        reordered = stacks.StackSample(rank.pid, sample.taken_at,
+                                       sorted(sample.threads, key=lambda t: t is not main))
+        reordered.threads.reverse()  # the helper first, as py-spy listed the H200's
+        assert reordered.threads[0] is not main and reordered.main_thread() is main
+    finally:
+        rank.kill()
+        assert rank.wait(timeout=10) == -9

@@ -89,6 +89,15 @@ class StackSample:
     error: str | None = None
     nonblocking: bool = False
 
+    def main_thread(self) -> ThreadStack | None:
+        """The process's main thread (its thread id is the PID; py-spy may list it after
+        helper threads), else the first thread with frames; None without frames."""
+        with_frames = [thread for thread in self.threads if thread.frames]
+        for thread in with_frames:
+            if thread.tid == self.pid or thread.name == "MainThread":
+                return thread
+        return with_frames[0] if with_frames else None
+
 
 @dataclass(frozen=True)
 class Site:

@@ -675,9 +675,10 @@ class JobTrack:
                 "culprit_ranks": culprits, "culprits_note": culprits_note}
 
     def _where(self, track: RankTrack) -> str:
-        if track.stack is None or not track.stack.threads or not track.stack.threads[0].frames:
+        thread = track.stack.main_thread() if track.stack is not None else None
+        if thread is None:
             return ""
-        inner = track.stack.threads[0].frames[0]
+        inner = thread.frames[0]
         source = self._sources.line(track.pid, inner.filename, inner.line)
         return f": at {inner.where()}" + (f" `{source}`" if source else "")
 
