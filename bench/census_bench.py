@@ -14,6 +14,7 @@ times each:
   `auto_workers`, the number one untimed run picked is printed; the fd scan as this node
   needs it: none without an NVIDIA driver);
 * the same with `--workers 1` (one reader: what the automatic choice saves);
+* the same with `--no-gpu` (no NVML: its import and initialisation, part of the fixed cost);
 * the same with `--scan-fds` (every process's fds read, what a GPU node pays), once with the
   automatic readers and once with `--workers 1`;
 * the polled census: what the job observer takes every tick (`census(gpu=True, fds=False,
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "ps -eo pid,ppid,stat,sess,comm,args": _command(PS, env),
         "chaosgpu snapshot --json": _command(snapshot, env),
         "chaosgpu snapshot --json --workers 1": _command([*snapshot, "--workers", "1"], env),
+        "chaosgpu snapshot --json --no-gpu": _command([*snapshot, "--no-gpu"], env),
         "chaosgpu snapshot --json --scan-fds": _command([*snapshot, "--scan-fds"], env),
         "chaosgpu snapshot --json --scan-fds --workers 1":
             _command([*snapshot, "--scan-fds", "--workers", "1"], env),
