@@ -93,6 +93,31 @@ def _chaosgpu() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "chaosgpu.cli"]
 
 
+def _where_time_goes(snapshot: list[str], env: dict[str, str], repeat: int) -> str:
+    """Medians of the snapshot's parts, each timed on its own: the interpreter's start
+    (`python3 -c pass`), the start with chaosgpu's snapshot imported (no census), and the
+    census itself as the snapshot's JSON reports it (`duration_ms`); the rest of the wall time
+    is the JSON encoding and the output."""
+    bare = _command([sys.executable, "-c", "pass"], env)
+    imported = _command([sys.executable, "-c", "import chaosgpu.node.cli"], env)
+    starts, imports, walls, inside = [], [], [], []
+    for _ in range(repeat):
+        for runner, into in ((bare, starts), (imported, imports)):
+            began = time.perf_counter()
+            runner()
+            into.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        document = subprocess.run(snapshot, stdout=subprocess.PIPE, env=env, check=True).stdout
+        walls.append(time.perf_counter() - began)
+        inside.append(json.loads(document)["duration_ms"] / 1000)
+    start, imported_s, wall, census_s = (statistics.median(values) for values in
+                                         (starts, imports, walls, inside))
+    return (f"where the snapshot's {wall * 1000:.1f} ms go (medians of {repeat}): interpreter "
+            f"start {start * 1000:.1f} ms, chaosgpu imports {(imported_s - start) * 1000:.1f} "
+            f"ms, census {census_s * 1000:.1f} ms, JSON and the rest "
+            f"{(wall - imported_s - census_s) * 1000:.1f} ms")
+
+
 def _command(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
     def run() -> None:
         result = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -194,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             picked = json.loads(subprocess.run(snapshot, stdout=subprocess.PIPE, env=env,
                                                check=True).stdout)["observer"].get("readers")
             say(f"  readers `chaosgpu snapshot` picks here (one untimed run): {picked}")
+            say("  " + _where_time_goes(snapshot, env, args.repeat))
             census.census(gpu=True, fds=False, cache=True)  # warm the cache (polled census)
             time.sleep(2.1)  # the cache keeps processes older than 2 s
             census.census(gpu=True, fds=False, cache=True)

@@ -332,6 +332,22 @@ def uptime_s(proc_root: str = "/proc") -> float:
     return float(_read_bytes(proc_root + "/uptime").split()[0])
 
 
+def last_pid(proc_root: str = "/proc") -> int:
+    """The PID the kernel allocated last in the reader's PID namespace (the last field of
+    /proc/loadavg): unchanged between two readings means no process (and no thread) was
+    created meanwhile, so a watcher need not list /proc again to find new ones. One read."""
+    return int(_read_bytes(proc_root + "/loadavg").split()[-1])
+
+
+def shows_own_pid_ns(proc_root: str = "/proc") -> bool:
+    """Whether ``proc_root`` is a /proc of the reader's own PID namespace (its ``self`` is this
+    process's PID): only then do ``last_pid`` and the PIDs it lists count the same PIDs."""
+    try:
+        return os.readlink(proc_root + "/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
 def read_sysctl(name: str, proc_root: str = "/proc") -> str:
     """The value of a sysctl (``user.max_user_namespaces`` reads /proc/sys/user/...)."""
     if not re.match(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$", name):

@@ -451,6 +451,20 @@ def test_readers_give_typed_errors_with_one_read_per_check() -> None:
         node.read_sysctl("../../etc/passwd")
 
 
+def test_last_pid_moves_with_every_new_process_and_only_then(tmp_path: Path) -> None:
+    """/proc/loadavg's last PID: a new process moves it (to its PID, unless another took one
+    meanwhile); ``shows_own_pid_ns`` tells whether a /proc counts the reader's PIDs."""
+    before = node.last_pid()
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    after = node.last_pid()
+    assert after != before and (after >= proc.pid or after < before)  # or PIDs wrapped
+    assert node.shows_own_pid_ns()
+    assert not node.shows_own_pid_ns(str(tmp_path))  # a folder without a self link
+    (tmp_path / "loadavg").write_text("0.00 0.01 0.05 1/123 4567\n")
+    assert node.last_pid(str(tmp_path)) == 4567
+
+
 def test_reader_access_denied_is_typed() -> None:
     """Another user's environ is closed to a non-root reader: AccessDenied, not 'gone'."""
     if os.geteuid() != 0:

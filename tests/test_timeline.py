@@ -397,3 +397,122 @@ def test_a_costly_process_list_waits_while_memory_is_steady_and_not_when_it_move
     sampler.stop()
     assert len(listed["t"]) == 3, listed["t"]  # nothing read while steady in between
     assert sampler_module.STEADY_SPACING_S >= 5 * sampler_module.MAX_SPACING_S
+
+
+def test_proc_is_listed_again_only_after_the_kernel_allocated_a_pid(
+        monkeypatch: pytest.MonkeyPatch, sampler_cleanup: list[Sampler]) -> None:
+    """The search for new processes lists /proc only when /proc/loadavg's last PID moved since
+    the last listing (or a process seen young is due for its second look): a quiet node costs
+    one small read per search, not a listing. A process started afterwards is still found."""
+    listings: list[float] = []
+    hints: list[int] = []
+    real_list, real_last = node.list_pids, node.last_pid
+
+    def counted_list(proc_root: str = "/proc") -> list[int]:
+        listings.append(time.monotonic())
+        return real_list(proc_root)
+
+    def recorded_last(proc_root: str = "/proc") -> int:
+        hints.append(real_last(proc_root))
+        return hints[-1]
+
+    monkeypatch.setattr(node, "list_pids", counted_list)
+    monkeypatch.setattr(node, "last_pid", recorded_last)
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(rate_hz=50, scope={"tag": tag}, source="host-rss", rescan_s=0.05)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    deadline = time.monotonic() + 10  # searches are 50 ms apart once the first listings,
+    while len(hints) < 30 and time.monotonic() < deadline:  # which read every process, are
+        time.sleep(0.05)  # spaced by their cost
+    searches, listed = len(hints), len(listings)
+    moves = sum(1 for before, after in zip(hints, hints[1:]) if after != before)
+    assert searches >= 30, searches  # the hint was read at every search
+    # listed at the start, once more when the sampler's own threads took PIDs, then only when
+    # the kernel allocated one (another process on this machine forking)
+    assert listed <= moves + 2, (listed, moves, searches)
+    proc = _start(tag, "import time; time.sleep(60)")
+    try:
+        deadline = time.monotonic() + 5
+        while proc.pid not in sampler._tracked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.pid in sampler._tracked
+    finally:
+        _kill_and_reap([proc])
+    _wait_all_gone(sampler, 5)
+    sampler.stop()
+    assert proc.pid in sampler.processes and not sampler._tracked
+
+
+def test_after_an_activity_states_are_read_at_once_whatever_the_sweep_spacing(
+        sampler_cleanup: list[Sampler]) -> None:
+    """States of processes no fault touched are swept at most every SWEEP_SPACING_S; after an
+    activity (the control asks for a rescan) they are read at once: a rank stopped by the
+    activity shows T within a fraction of a second."""
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    proc = _start(tag, "import time; time.sleep(60)")
+    try:
+        # 10 Hz, states every 20 periods: the sweep is 2 s apart
+        sampler = Sampler(rate_hz=10, process_every=20, scope={"tag": tag}, source="host-rss")
+        sampler_cleanup.append(sampler)
+        sampler.start()
+        assert proc.pid in sampler._tracked
+        time.sleep(0.3)  # past the first sweep
+        os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5  # the activity ends when the kernel shows it stopped
+        while node.process_state(proc.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stopped_at = sampler.now()
+        sampler.request_rescan()
+        states = sampler.processes[proc.pid]["states"]
+        deadline = time.monotonic() + 1.5
+        while states[-1][1] != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert states[-1][1] == "T", states
+        assert states[-1][0] - stopped_at < 0.5, states
+        os.kill(proc.pid, signal.SIGCONT)
+    finally:
+        _kill_and_reap([proc])
+    _wait_all_gone(sampler, 5)
+    sampler.stop()
+    assert sampler.processes[proc.pid]["states"][-1][1] == "gone"
+
+
+def test_the_gpu_list_is_read_when_a_tracked_process_starts_though_memory_is_steady(
+        monkeypatch: pytest.MonkeyPatch, sampler_cleanup: list[Sampler]) -> None:
+    """A tracked process that starts using less than LIST_ON_CHANGE_MIB (an MPS client, a small
+    context) does not move device memory enough to ask for the list: its start does. Its memory
+    is listed within a second of being found, not after STEADY_SPACING_S."""
+    from chaosgpu.timeline import sampler as sampler_module
+
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    started: list[int] = []
+
+    def memory() -> list[dict[str, Any]]:
+        return [{"index": 0, "used_mib": 615.0 + 8.0 * len(started), "total_mib": 143771.0}]
+
+    def processes() -> list[dict[str, Any]]:
+        return [{"gpu_index": 0, "pid": pid, "used_mib": 8.0} for pid in started]
+
+    monkeypatch.setattr(node, "nvml_device_memory", memory)
+    monkeypatch.setattr(node, "nvml_gpu_processes", processes)
+    sampler = Sampler(rate_hz=100, process_every=5, scope={"tag": tag}, rescan_s=0.1)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    time.sleep(1.5)  # the first list is read; memory then stays steady
+    proc = _start(tag, "import time; time.sleep(60)")
+    started.append(proc.pid)
+    try:
+        deadline = time.monotonic() + 10
+        while (proc.pid not in sampler.processes or not sampler.processes[proc.pid]["mib"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        entry = sampler.processes[proc.pid]
+        assert entry["mib"] == [8.0], entry
+        found_at = entry["states"][0][0]
+        assert entry["t"][0] - found_at <= sampler_module.MAX_SPACING_S + 0.5, entry
+        assert sampler_module.STEADY_SPACING_S > 5 * (sampler_module.MAX_SPACING_S + 0.5)
+    finally:
+        _kill_and_reap([proc])
+    _wait_all_gone(sampler, 5)
+    sampler.stop()

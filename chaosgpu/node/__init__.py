@@ -39,7 +39,9 @@ read_pid_ns = _program.read_pid_ns
 read_proc_file = _program.read_proc_file
 read_stat = _program.read_stat
 read_status = _program.read_status
+last_pid = _program.last_pid
 read_sysctl = _program.read_sysctl
+shows_own_pid_ns = _program.shows_own_pid_ns
 rss_bytes = _program.rss_bytes
 uptime_s = _program.uptime_s
 
@@ -59,7 +61,9 @@ __all__ = [
     "read_proc_file",
     "read_stat",
     "read_status",
+    "last_pid",
     "read_sysctl",
+    "shows_own_pid_ns",
     "rss_bytes",
     "uptime_s",
     "SCHEMA",

@@ -93,17 +93,27 @@ def _rss_mib(pid: int, fds: dict[int, int] | None = None) -> float | None:
 
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-#: the share of one core the process-list and state sweeps may take (their cost is measured)
-PROCESS_BUDGET = 0.002
+#: the share of one core each background stream (the GPU-process list, the state sweep, the
+#: search for new processes) may take: their cost is measured and they are spaced to keep it
+PROCESS_BUDGET = 0.001
 #: ... but never spaced further than this: a slow NVML (seen on the H200: 16 ms of CPU per
 #: process-list call while CUDA contexts start) must not leave a new GPU process without its
 #: memory for seconds; the budget is then exceeded while it lasts
 MAX_SPACING_S = 1.0
 #: ... except the GPU-process list while device memory stays within LIST_ON_CHANGE_MIB of what
-#: it was at the last listing: no process can start on a GPU (a CUDA context alone is hundreds
-#: of MiB) or free memory without moving it, so the list waits up to this long
-STEADY_SPACING_S = 5.0
+#: it was at the last listing and no tracked process started or exited: no process can start
+#: on a GPU (a CUDA context alone is hundreds of MiB) or free memory without moving it, so the
+#: list waits up to this long
+STEADY_SPACING_S = 15.0
 LIST_ON_CHANGE_MIB = 64.0
+#: the state sweep's longest spacing (a stop or a freeze no activity of chaosgpu made is seen
+#: within it; an exit is seen at once through the pidfd, and every state is read at once
+#: after an activity)
+SWEEP_SPACING_S = 2.0
+#: /proc is listed again for new processes only when the kernel allocated a PID since the last
+#: listing (/proc/loadavg), a process seen young is due for its second look, or this long
+#: passed (a /proc of another PID namespace than the sampler's: the hint does not apply)
+FULL_RESCAN_S = 10.0
 
 
 def _spaced(base_s: float, cost_s: float, longest_s: float = MAX_SPACING_S) -> float:
@@ -169,8 +179,13 @@ class Sampler:
         self._poller = select.poll()
         self._ticks = 0  # memory samples taken (the memory thread's own count)
         self._listed_total: float | None = None  # device memory when the GPU list was read
-        self._memory_moved = threading.Event()  # device memory left LIST_ON_CHANGE_MIB of it
+        # device memory left LIST_ON_CHANGE_MIB of the last listing, or a tracked process came or went
+        self._list_due = threading.Event()
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
+        self._young_until = 0.0  # the latest of those: no second look is due after it
+        self._last_pid: int | None = None  # the kernel's last PID at the last listing of /proc
+        self._same_pid_ns = False  # /proc shows the sampler's own PID namespace
+        self._listed_at = 0.0  # when /proc was last listed (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
         self._sandbox_ns: str | None = None
@@ -214,7 +229,7 @@ class Sampler:
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread (waits at most `timeout_s`) and give back the GIL switch interval."""
         self._stop.set()
-        self._memory_moved.set()
+        self._list_due.set()
         self._wake()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
@@ -285,23 +300,52 @@ class Sampler:
                                          env.get("CHAOSGPU_JOB")))
         return False
 
+    def _new_since_listing(self) -> tuple[bool, range | None]:
+        """Whether /proc must be listed again now, and the PIDs the kernel allocated since the
+        last listing (None when unknown): a PID of that range may be a reused one, to look at
+        again whatever was seen under it before."""
+        now = time.monotonic()
+        try:
+            last = _node().last_pid()
+        except (OSError, ValueError, IndexError):
+            return True, None
+        previous, self._last_pid = self._last_pid, last
+        if previous == last and now < self._young_until and now - self._listed_at < FULL_RESCAN_S:
+            return True, range(0)  # nothing new, but a young process is due for its look
+        if previous == last and now - self._listed_at < FULL_RESCAN_S:
+            return False, range(0)
+        if previous is None or not self._same_pid_ns or last < previous:
+            return True, None  # first listing, another namespace's /proc, or PIDs wrapped
+        return True, range(previous + 1, last + 1)
+
     def _rescan(self) -> None:
         node = _node()
+        if self._last_pid is None:
+            self._same_pid_ns = node.shows_own_pid_ns()
+        needed, allocated = self._new_since_listing()
+        if not needed:
+            return
         pids = node.list_pids()
-        now = time.monotonic()
+        now = self._listed_at = time.monotonic()
         uptime = _uptime_ticks()
         for pid in pids:
             # A process caught between fork and exec still has its parent's environment: a
             # process younger than REEXAMINE_S when first seen is looked at again until then.
             seen = self._known.get(pid)
-            if pid in self._tracked or (seen is not None and now >= seen):
+            if pid in self._tracked:
+                continue
+            if seen is not None and allocated is not None and pid in allocated:
+                seen = None  # the PID was allocated again: another process than the one seen
+                del self._known[pid]
+            if seen is not None and now >= seen:
                 continue
             record = node.read_process(pid, env=True, fds=False)
             if record is None:
                 continue
             if seen is None:
                 age_s = (uptime - (record.get("starttime") or 0)) / _TICKS if uptime else 99.0
-                self._known[pid] = now + max(0.0, REEXAMINE_S - age_s)
+                until = self._known[pid] = now + max(0.0, REEXAMINE_S - age_s)
+                self._young_until = max(self._young_until, until)
             if pid != os.getpid() and self._matches(record):
                 pidfd = self._open_pidfd(pid, record.get("starttime"))
                 if pidfd is None:
@@ -311,6 +355,7 @@ class Sampler:
                 self._hold_stat(pid, record.get("starttime"))
                 self._poller.register(pidfd, select.POLLIN)
                 self._tracked[pid] = record.get("starttime")
+                self._list_due.set()  # its GPU memory, if any, is listed within a second
                 with self._data_lock:
                     entry = self.processes.setdefault(pid, {
                         "t": [], "mib": [], "tag": record.get("tag"),
@@ -342,7 +387,7 @@ class Sampler:
                 self.cpu_s_by_thread[threading.current_thread().name] = spent
                 self.wall_s = max(self.wall_s, time.monotonic() - self._m_wall0)
             self._stop.set()
-            self._memory_moved.set()
+            self._list_due.set()
             self._wake()
 
     def _record_error(self, error: Exception) -> None:
@@ -390,8 +435,8 @@ class Sampler:
             if self._listed_total is None:  # the first list came before the first sample
                 self._listed_total = total
             elif abs(total - self._listed_total) > LIST_ON_CHANGE_MIB and \
-                    not self._memory_moved.is_set():
-                self._memory_moved.set()  # the GPU-process thread lists again
+                    not self._list_due.is_set():
+                self._list_due.set()  # the GPU-process thread lists again
         else:  # the RSS of each process is read every tick anyway: kept every process_every
             self._sample_rss(t, self._ticks % self.process_every == 0)
         self._ticks += 1
@@ -416,12 +461,12 @@ class Sampler:
             if self._stop.wait(max(0.0, started + _spaced(base, cost) - time.monotonic())):
                 return
             steady_until = started + _spaced(base, cost, STEADY_SPACING_S)
-            self._memory_moved.wait(max(0.0, steady_until - time.monotonic()))
+            self._list_due.wait(max(0.0, steady_until - time.monotonic()))
 
     def _gpu_processes_step(self) -> None:
         with self._data_lock:
             self._listed_total = self.total[-1] if self.total else None
-        self._memory_moved.clear()
+        self._list_due.clear()
         t = time.monotonic() - self._m0
         per_pid: dict[int, float] = {}
         for entry in self._node.nvml_gpu_processes():
@@ -457,13 +502,14 @@ class Sampler:
                     if exited:
                         self._sample_states(t, exited)
                     now = time.monotonic()
-                    if now >= next_sweep:
+                    asked = self._rescan_now.is_set()  # after an activity: states and PIDs now
+                    self._rescan_now.clear()
+                    if asked or now >= next_sweep:
                         started = time.thread_time()
                         self._sample_states(t)
                         cost = time.thread_time() - started
-                        next_sweep = now + _spaced(period, cost)
-                    if self._rescan_now.is_set() or now >= next_rescan:
-                        self._rescan_now.clear()
+                        next_sweep = now + _spaced(period, cost, SWEEP_SPACING_S)
+                    if asked or now >= next_rescan:
                         started = time.thread_time()
                         self._rescan()  # O(processes on the node): cost-spaced too
                         cost = time.thread_time() - started
@@ -565,6 +611,7 @@ class Sampler:
                 # thread would spin while the zombie waits to be reaped
                 self._exited.add(pid)
                 self._poller.unregister(pidfd)
+                self._list_due.set()
             # Not exited: the PID is still this process's, its state is safe to read.
             # Exited: zombie until reaped, then gone (its PID may already be someone else's).
             state = node.process_state(pid, starttime=self._tracked.get(pid),
