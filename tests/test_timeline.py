@@ -426,7 +426,7 @@ def test_proc_is_listed_again_only_after_the_kernel_allocated_a_pid(
     while len(hints) < 30 and time.monotonic() < deadline:  # which read every process, are
         time.sleep(0.05)  # spaced by their cost
     searches, listed = len(hints), len(listings)
-    moves = sum(1 for before, after in zip(hints, hints[1:]) if after != before)
+    moves = sum(1 for before, after in zip(hints, hints[1:], strict=False) if after != before)
     assert searches >= 30, searches  # the hint was read at every search
     # listed at the start, once more when the sampler's own threads took PIDs, then only when
     # the kernel allocated one (another process on this machine forking)

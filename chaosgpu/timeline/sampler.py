@@ -179,7 +179,8 @@ class Sampler:
         self._poller = select.poll()
         self._ticks = 0  # memory samples taken (the memory thread's own count)
         self._listed_total: float | None = None  # device memory when the GPU list was read
-        # device memory left LIST_ON_CHANGE_MIB of the last listing, or a tracked process came or went
+        # device memory left LIST_ON_CHANGE_MIB of the last listing, or a tracked process came
+        # or went: the GPU-process thread lists again
         self._list_due = threading.Event()
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._young_until = 0.0  # the latest of those: no second look is due after it
