@@ -19,15 +19,17 @@ second while they are torn down: bench/results/nvml-calls-*):
 * memory (`rate_hz`): one NVML memory query per device, or the tracked processes' RSS;
 * GPU processes (NVML source only): the compute-process list every `process_every` periods,
   spaced further when its measured cost would exceed PROCESS_BUDGET of a core: at most to
-  MAX_SPACING_S while device memory moves (a process starting or freeing is seen within a
-  second), at most to STEADY_SPACING_S while it stays within LIST_ON_CHANGE_MIB of the last
-  listing (nothing to see: on the H200 one list of 100 processes costs ~8 ms of CPU);
+  MAX_SPACING_S while device memory moves or a tracked process comes or goes (a process
+  starting or freeing is seen within a second), at most to STEADY_SPACING_S while memory stays
+  within LIST_ON_CHANGE_MIB of the last listing and the tracked set is unchanged (nothing to
+  see: on the H200 one list of 100 processes costs ~8 ms of CPU);
 * exits: blocked in one poll() over the tracked processes' pidfds (a pidfd turns readable when
   its process exits; no /proc scan), so an exit is stamped when it happens, whatever the other
   threads wait on; between exits it reads the tracked processes' states (one pread each of
-  their stat, held open)
-  every `process_every` periods (cost-spaced the same way) and examines new PIDs every
-  `rescan_s` (cost-spaced too: listing /proc grows with the node) and after every activity.
+  their stat, held open) every `process_every` periods (cost-spaced the same way, at most to
+  SWEEP_SPACING_S; at once after an activity) and looks for new PIDs every `rescan_s` and
+  after every activity, listing /proc only when the kernel allocated a PID since the last
+  listing (FULL_RESCAN_S at the latest).
 
 Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's
 MASTER_ADDR:MASTER_PORT, PIDs), or every chaosgpu-tagged process when no scope is given. New
