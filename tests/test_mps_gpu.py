@@ -32,14 +32,15 @@ WORKER = (
 
 
 def _mps_processes() -> list[int]:
-    """PIDs of every MPS control daemon or server on this node."""
+    """PIDs of every MPS control daemon or server on this node, zombies included (by the
+    name the kernel keeps: `nvidia-cuda-mps`, cut to 15 characters)."""
     found = []
     for pid in node.list_pids():
         try:
-            cmdline = node.read_cmdline(pid)
+            name = node.read_stat(pid)["comm"]
         except node.ProcError:
             continue
-        if cmdline and os.path.basename(cmdline[0]).startswith("nvidia-cuda-mps"):
+        if name.startswith("nvidia-cuda-mps"):
             found.append(pid)
     return found
 
@@ -58,13 +59,25 @@ def mps_env(tmp_path: Path) -> Iterator[dict[str, str]]:
                CUDA_MPS_LOG_DIRECTORY=str(tmp_path / "log"))
     (tmp_path / "pipe").mkdir()
     (tmp_path / "log").mkdir()
-    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    # in the foreground, as this test's child: it is waited for here (a daemonised one would
+    # be left to this node's init to reap); it starts the server and reaps it
+    with open(tmp_path / "control.log", "wb") as log:
+        daemon = subprocess.Popen([control, "-f"], env=env, stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        wait_for(lambda: any((tmp_path / "pipe").iterdir()) or daemon.poll() is not None,
+                 timeout=30, what="the MPS control daemon's pipe")
+        assert daemon.poll() is None, (tmp_path / "control.log").read_text(errors="replace")
         yield env
     finally:
         subprocess.run([control], input="quit\n", text=True, env=env, timeout=60, check=False)
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait()
         wait_for(lambda: not _mps_processes(), timeout=30,
-                 what="the MPS daemon and server to quit")
+                 what="the MPS daemon and server to be gone")
 
 
 def test_an_mps_client_is_listed_and_attributed(mps_env: dict[str, str]) -> None:
