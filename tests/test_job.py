@@ -169,3 +169,31 @@ def test_a_job_and_a_tag_that_disagree_are_an_error(ring: tuple[str, RingLaunch]
     with pytest.raises(JobError, match="carries tag"):
         probes.job_hung(job=job_id, tag="another-tag")
     assert probes.job_state(tag=tag)["verdict"] == "running"  # nothing was signalled
+
+
+def test_a_job_seen_by_job_ranks_may_be_missing_once_it_ended(tmp_path: Path) -> None:
+    """job_ranks remembers the jobs it found: after the job ended (its ranks died, as in the
+    memory-pressure baseline), missing_ok "before-method" accepts it missing; a tag this run
+    never saw still fails (a typo is not an ended job)."""
+    from chaosgpu.timeline.sampler import Sampler, install, uninstall
+
+    tag = f"job-test-{uuid.uuid4().hex[:8]}"
+    launch = launch_ring(RingConfig(backend="gloo", world_size=2, ready_dir=str(tmp_path),
+                                    tag=tag, timeout_s=60, log_dir=str(tmp_path / "logs")),
+                         detach=True)
+    sampler = Sampler(rate_hz=10, source="host-rss", scope={"tag": tag})
+    try:
+        launch.wait_ready(90)
+        assert [r["rank"] for r in probes.job_ranks(tag=tag)] == [0, 1]
+        _stop(launch)
+        sampler.start()
+        install(sampler)
+        sampler.mark("method", "start")  # after the method started: only a seen job may miss
+        assert probes.job_ranks(tag=tag, missing_ok="before-method") == []
+        with pytest.raises(JobError, match="not running"):
+            probes.job_ranks(tag=f"nope-{uuid.uuid4().hex}", missing_ok="before-method")
+    finally:
+        uninstall(sampler)
+        sampler.stop()
+        _stop(launch)
+    assert all(proc.poll() is not None for proc in launch.processes)

@@ -38,6 +38,12 @@ class JobError(ActivityError, ValueError):
 _SEEN: set[tuple[str | None, str | None]] = set()
 
 
+def remember(job_id: str | None, tag: str | None) -> None:
+    """Note that this run saw the job `job_id` (tagged `tag`): once it ends, a probe with
+    missing_ok "before-method" may find it missing (see missing_allowed)."""
+    _SEEN.add((job_id, tag))
+
+
 def seen(job: str | None, tag: str | None) -> bool:
     """Whether a job matching this selection was found earlier in this process."""
     return any((job is None or job == j) and (tag is None or tag == t) for j, t in _SEEN)
@@ -205,7 +211,7 @@ class Observer:
                 if fault.get("job") == track.id:
                     track.helper_keys.update(tuple(h) for h in fault.get("helpers") or [])
             track.update_census(entry, processes, now)
-            _SEEN.add((track.id, entry.get("tag")))
+            remember(track.id, entry.get("tag"))
             for rank in entry.get("ranks") or []:
                 if rank.get("pid") is not None and rank.get("starttime") is not None:
                     self._frozen[(rank["pid"], rank["starttime"])] = rank.get("state") == "frozen"

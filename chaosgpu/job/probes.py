@@ -241,7 +241,8 @@ def job_ranks(job: Optional[str] = None, tag: Optional[str] = None,
               secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """The ranks of a job (by id or tag) as one census reading sees them now: rank, PID, state
     (alive, stopped, frozen, zombie, missing), restart count and GPU MiB (no verdict: see
-    job_state). Fails when nothing matches, unless missing_ok (then empty)."""
+    job_state). Fails when nothing matches, unless missing_ok (then empty; "before-method":
+    before the method, or a job this run saw, here or in another job probe, that ended)."""
     _observe.missing_allowed(missing_ok, job, tag)  # a bad value is refused first
     from chaosgpu.job import hang
 
@@ -255,6 +256,8 @@ def job_ranks(job: Optional[str] = None, tag: Optional[str] = None,
         what = f"job {job!r}" if job else f"a job tagged {tag!r}"
         raise _observe.JobError(f"{what} is not running on this node"
                                 + (f"; {note}" if note else ""))
+    for match in matches:
+        _observe.remember(match.get("id"), match.get("tag"))
     return [dict(r) for m in matches for r in m.get("ranks") or []]
 
 
