@@ -636,6 +636,7 @@ class Sampler:
                     states.append([t, label])
             if label == "gone":
                 del self._tracked[pid]
+                self._known.pop(pid, None)  # its PID, if it comes back, is another process
                 self._forget_pidfd(pid)
 
     # -- queries ---------------------------------------------------------------------------
