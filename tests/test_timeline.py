@@ -516,3 +516,30 @@ def test_the_gpu_list_is_read_when_a_tracked_process_starts_though_memory_is_ste
         _kill_and_reap([proc])
     _wait_all_gone(sampler, 5)
     sampler.stop()
+
+
+def test_a_pid_the_kernel_allocated_again_is_examined_anew(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PID seen before (and judged not in scope) that the kernel allocated again since the
+    last listing belongs to another process: it is examined anew, and tracked when it matches.
+    The kernel's PID reuse cannot be arranged here: the last PID is scripted, the processes
+    and /proc are real."""
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    proc = _start(tag, "import time; time.sleep(60)")
+    hint = [proc.pid - 10]
+    monkeypatch.setattr(node, "last_pid", lambda proc_root="/proc": hint[0])
+    sampler = Sampler(rate_hz=10, scope={"tag": tag}, source="host-rss")
+    try:
+        time.sleep(0.3)  # past exec: its environment carries the tag
+        sampler._known[proc.pid] = 0.0  # seen under this PID before, long ago, not in scope
+        sampler._rescan()  # the first listing: a known PID is not read again
+        assert proc.pid not in sampler._tracked
+        sampler._rescan()  # no PID allocated since: /proc is not even listed
+        assert proc.pid not in sampler._tracked
+        hint[0] = proc.pid + 5  # the kernel allocated PIDs up to past this one's
+        sampler._rescan()
+        assert proc.pid in sampler._tracked
+    finally:
+        _kill_and_reap([proc])
+        for fd in [*sampler._pidfds.values(), *sampler._stat_fds.values()]:
+            os.close(fd)
