@@ -187,7 +187,6 @@ class Sampler:
         self._known: dict[int, float] = {}  # pid -> examine again until (monotonic)
         self._young_until = 0.0  # the latest of those: no second look is due after it
         self._last_pid: int | None = None  # the kernel's last PID at the last listing of /proc
-        self._same_pid_ns = False  # /proc shows the sampler's own PID namespace
         self._listed_at = 0.0  # when /proc was last listed (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_master: str | None = None
@@ -199,6 +198,7 @@ class Sampler:
         self._wake_r, self._wake_w = -1, -1  # wakes the exit thread out of poll()
         self._data_lock = threading.Lock()
         self._node = _node()
+        self._same_pid_ns = self._node.shows_own_pid_ns()  # /proc counts the sampler's PIDs
         self._switch: float | None = None  # the GIL switch interval before start()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -313,18 +313,14 @@ class Sampler:
         except (OSError, ValueError, IndexError):
             return True, None
         previous, self._last_pid = self._last_pid, last
-        if previous == last and now < self._young_until and now - self._listed_at < FULL_RESCAN_S:
-            return True, range(0)  # nothing new, but a young process is due for its look
         if previous == last and now - self._listed_at < FULL_RESCAN_S:
-            return False, range(0)
+            return now < self._young_until, range(0)  # nothing new; a young one may be due
         if previous is None or not self._same_pid_ns or last < previous:
             return True, None  # first listing, another namespace's /proc, or PIDs wrapped
         return True, range(previous + 1, last + 1)
 
     def _rescan(self) -> None:
         node = _node()
-        if self._last_pid is None:
-            self._same_pid_ns = node.shows_own_pid_ns()
         needed, allocated = self._new_since_listing()
         if not needed:
             return
