@@ -263,6 +263,7 @@ def _wait_reaped(entries, end):
 
 def _send(pidfd, signum, entry):
     """Send one signal on an open pidfd; record it in the outcome `entry`; False when refused."""
+    at = time.time()  # before the send: its effects (an exit, memory freed) never precede it
     try:
         signal.pidfd_send_signal(pidfd, signum)
     except ProcessLookupError:
@@ -271,7 +272,7 @@ def _send(pidfd, signum, entry):
         entry.update(result="refused", reason_code="permission",
                      reason=f"the kernel refused: {error}")
         return False
-    entry["signals"].append({"signal": name_of(signum), "at": time.time()})
+    entry["signals"].append({"signal": name_of(signum), "at": at})
     return True
 
 

@@ -543,3 +543,24 @@ def test_a_pid_the_kernel_allocated_again_is_examined_anew(
         _kill_and_reap([proc])
         for fd in [*sampler._pidfds.values(), *sampler._stat_fds.values()]:
             os.close(fd)
+
+
+def test_a_rescan_asked_with_a_wait_tracks_the_new_process_before_it_returns(
+        sampler_cleanup: list[Sampler]) -> None:
+    """The control asks for a rescan at the end of every activity and waits for it: a process
+    the activity started is tracked before the next activity (a kill) runs, whatever the
+    periodic search's spacing (here 60 s apart)."""
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(rate_hz=50, scope={"tag": tag}, source="host-rss", rescan_s=60.0)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    time.sleep(0.2)
+    proc = _start(tag, "import time; time.sleep(60)")  # returns once it exec'd
+    try:
+        assert sampler.request_rescan(wait_s=5.0) is True
+        assert proc.pid in sampler._tracked
+    finally:
+        _kill_and_reap([proc])
+    _wait_all_gone(sampler, 5)
+    sampler.stop()
+    assert sampler.request_rescan(wait_s=5.0) is True  # stopped: nothing to wait for

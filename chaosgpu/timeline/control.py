@@ -57,6 +57,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("chaostoolkit")
+#: how long the end of an activity waits for the sampler to have looked for the processes the
+#: activity started (a look takes milliseconds; a listing of a busy node's /proc, tens of ms)
+RESCAN_WAIT_S = 1.0
 
 _settings: dict[str, Any] = {}
 _in_method = False
@@ -246,7 +249,9 @@ def after_activity_control(context: Any = None, state: Any = None, **kwargs: Any
         _close(str(context.get("name")), state)
     sampler = sampler_mod.current()
     if sampler is not None:
-        sampler.request_rescan()
+        # the processes the activity started are tracked before the next activity runs (a
+        # kill right after a start would otherwise find their memory missing from the totals)
+        sampler.request_rescan(wait_s=RESCAN_WAIT_S)
     if (_in_method and _settings.get("fail_on_failed_activity") and isinstance(state, dict)
             and state.get("status") == "failed" and isinstance(context, dict)):
         _fail_run_on_failed_activity(context, state)

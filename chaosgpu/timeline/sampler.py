@@ -192,7 +192,11 @@ class Sampler:
         self._job_master: str | None = None
         self._sandbox_ns: str | None = None
         self._stop = threading.Event()
-        self._rescan_now = threading.Event()
+        # rescans asked for (after activities) and done: an activity's caller can wait for the
+        # processes it started to be tracked before the next activity runs
+        self._rescans = threading.Condition()
+        self._rescans_asked = 0
+        self._rescans_done = 0
         self._threads: list[threading.Thread] = []
         self._m_wall0 = self._m0
         self._wake_r, self._wake_w = -1, -1  # wakes the exit thread out of poll()
@@ -257,10 +261,20 @@ class Sampler:
         """Seconds since the sampler's t0 (monotonic)."""
         return time.monotonic() - self._m0
 
-    def request_rescan(self) -> None:
-        """Ask the sampler to look for new processes now (after an activity)."""
-        self._rescan_now.set()
+    def request_rescan(self, wait_s: float = 0.0) -> bool:
+        """Ask the sampler to read the states and look for new processes now (after an
+        activity); with `wait_s`, wait up to that long for it to be done (the processes the
+        activity started are then tracked before the next one runs). True when done, or when
+        not asked to wait."""
+        with self._rescans:
+            self._rescans_asked += 1
+            wanted = self._rescans_asked
         self._wake()
+        if wait_s <= 0 or not self.running:
+            return True
+        with self._rescans:
+            return self._rescans.wait_for(
+                lambda: self._rescans_done >= wanted or self._stop.is_set(), timeout=wait_s)
 
     def mark(self, name: str, phase: str = "point", **extra: Any) -> dict[str, Any]:
         """Record an event on the timeline and return it."""
@@ -388,6 +402,8 @@ class Sampler:
             self._stop.set()
             self._list_due.set()
             self._wake()
+            with self._rescans:  # a caller waiting for a rescan goes on
+                self._rescans.notify_all()
 
     def _record_error(self, error: Exception) -> None:
         message = f"{type(error).__name__}: {error}"
@@ -421,10 +437,12 @@ class Sampler:
                 self._record_error(error)
 
     def _memory_step(self) -> bool:
-        t = time.monotonic() - self._m0
+        # a sample is stamped when its reading is complete: it never shows a change (memory
+        # freed by a kill) at an instant before that change happened
         if self.source == "nvml":
             total = 0.0
             devices = self._node.nvml_device_memory()
+            t = time.monotonic() - self._m0
             with self._data_lock:
                 for device in devices:
                     self.devices.setdefault(device["index"], []).append(device["used_mib"])
@@ -437,7 +455,7 @@ class Sampler:
                     not self._list_due.is_set():
                 self._list_due.set()  # the GPU-process thread lists again
         else:  # the RSS of each process is read every tick anyway: kept every process_every
-            self._sample_rss(t, self._ticks % self.process_every == 0)
+            self._sample_rss(self._ticks % self.process_every == 0)
         self._ticks += 1
         if len(self.t) >= self.max_samples:
             logger.error("chaosgpu timeline: %d samples reached, sampling stops",
@@ -466,9 +484,10 @@ class Sampler:
         with self._data_lock:
             self._listed_total = self.total[-1] if self.total else None
         self._list_due.clear()
-        t = time.monotonic() - self._m0
+        listed = self._node.nvml_gpu_processes()
+        t = time.monotonic() - self._m0  # when the reading is complete (see _memory_step)
         per_pid: dict[int, float] = {}
-        for entry in self._node.nvml_gpu_processes():
+        for entry in listed:
             if entry["pid"] in self._tracked or self.scope is None:
                 per_pid[entry["pid"]] = per_pid.get(entry["pid"], 0.0) + (
                     entry["used_mib"] or 0.0)
@@ -495,14 +514,15 @@ class Sampler:
                 t = time.monotonic() - self._m0
                 exited = [self._pid_of_fd[fd] for fd, _ in ready if fd in self._pid_of_fd
                           and self._pid_of_fd[fd] not in self._exited]
+                with self._rescans:  # after an activity: states and PIDs now
+                    asked_upto = self._rescans_asked
+                asked = asked_upto > self._rescans_done
                 try:
                     if any(fd == self._wake_r for fd, _ in ready):
                         os.read(self._wake_r, 4096)
                     if exited:
                         self._sample_states(t, exited)
                     now = time.monotonic()
-                    asked = self._rescan_now.is_set()  # after an activity: states and PIDs now
-                    self._rescan_now.clear()
                     if asked or now >= next_sweep:
                         started = time.thread_time()
                         self._sample_states(t)
@@ -516,6 +536,10 @@ class Sampler:
                 except Exception as error:  # keep watching; say so loudly, once per kind
                     self._record_error(error)
                     next_sweep = max(next_sweep, time.monotonic() + period)
+                if asked:  # done, or failed (recorded): a waiting caller goes on either way
+                    with self._rescans:
+                        self._rescans_done = asked_upto
+                        self._rescans.notify_all()
         finally:
             for fd in [*self._pidfds.values(), *self._stat_fds.values()]:
                 os.close(fd)
@@ -532,7 +556,7 @@ class Sampler:
         except OSError:  # closed (stopped) or full (already woken)
             pass
 
-    def _sample_rss(self, t: float, with_processes: bool) -> None:
+    def _sample_rss(self, with_processes: bool) -> None:
         total = 0.0
         readings = []
         for pid in list(self._tracked):
@@ -546,6 +570,7 @@ class Sampler:
                 os.close(self._fds.pop(pid))
         for pid in [pid for pid in self._fds if pid not in self._tracked]:
             os.close(self._fds.pop(pid))  # gone: the exit thread stopped tracking it
+        t = time.monotonic() - self._m0  # when the reading is complete (see _memory_step)
         with self._data_lock:
             self.t.append(t)
             self.total.append(total)
