@@ -35,8 +35,10 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Create the pod described by the YAML or JSON manifest at spec_path (one Pod; a relative
     path is read from the directory chaos runs in) in namespace `ns` and, with wait_running,
-    wait at most `timeout` seconds until it is Running with every container started; returns
-    the pod's summary (name, uid, node, GPUs, grace period) and how long it took.
+    wait at most `timeout` seconds until it is Running with every container started and ready
+    (a container with a readinessProbe is ready once it passes: give the workload one when a
+    fault must not reach it before it has set itself up, e.g. installed its SIGTERM handler);
+    returns the pod's summary (name, uid, node, GPUs, grace period) and how long it took.
     Before creating it: grace_period >= 0 replaces spec.terminationGracePeriodSeconds (-1 keeps
     the manifest's), `image` replaces every container's image, and spec_overrides (an object, or
     its JSON text) is merged into spec as a JSON merge patch (RFC 7386; null removes a key),
@@ -78,14 +80,17 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
     while wait_running:
         phase = (pod.get("status") or {}).get("phase")
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
-        if phase == "Running" and statuses and all(
-                (s.get("state") or {}).get("running") for s in statuses):
+        waiting_for = [s.get("name") for s in statuses if not (
+            (s.get("state") or {}).get("running") and s.get("ready"))]
+        if phase == "Running" and statuses and not waiting_for:
             break
         if phase in ("Failed", "Succeeded"):
             raise RuntimeError(f"pod {ns}/{name} ended ({phase}) before running")
         if time.monotonic() - started > timeout:
-            raise TimeoutError(f"pod {ns}/{name} not running after {timeout:g} s "
-                               f"(phase {phase})")
+            detail = (f"containers not running and ready: {', '.join(map(str, waiting_for))}"
+                      if phase == "Running" and waiting_for else f"phase {phase}")
+            raise TimeoutError(f"pod {ns}/{name} not running and ready after {timeout:g} s "
+                               f"({detail})")
         time.sleep(poll_interval)
         pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
     return {**selection.summarize(pod), "spec_path": spec_path, "spec_overrides": overrides,
