@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -388,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += _soak(args, agent, token, agent_process.pid)
     finally:
         left = _stop(started)
+        shutil.rmtree(folder, ignore_errors=True)
     errors = sum(1 for line in lines if "errors=" in line and "errors=0" not in line)
     lines += ["", f"processes left behind: {left or 'none'}; phases with errors: {errors}"]
     print(lines[-1], flush=True)

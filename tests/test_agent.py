@@ -870,15 +870,18 @@ def test_cli_takes_the_token_from_the_environment(tmp_path: Path) -> None:
 # -- load ----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_bench_load_and_soak_have_no_errors_and_leave_nothing_behind() -> None:
+def test_bench_load_and_soak_have_no_errors_and_leave_nothing_behind(tmp_path: Path) -> None:
     """bench/agent_bench.py against the real agent, briefly: bounded clients, every request
     answered (errors=0), the cached snapshot's p50 under 5 ms on loopback (issue 5), a short
-    soak with the RSS printed, and no process left behind."""
+    soak with the RSS printed, and no process nor temporary file left behind."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     result = subprocess.run(
         [sys.executable, str(HERE.parent / "bench" / "agent_bench.py"), "--clients", "2,8",
          "--requests", "400", "--fresh-requests", "16", "--soak-s", "8", "--no-write"],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ))
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TMPDIR": str(temporary)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert not list(temporary.iterdir()), list(temporary.iterdir())
     out = result.stdout
     assert "processes left behind: none; phases with errors: 0" in out
     line = next(x for x in out.splitlines() if "/v1/snapshot?processes=0" in x
