@@ -1078,19 +1078,26 @@ def _nvml() -> Tuple[Any, Optional[str]]:
     return _NVML["module"], _NVML["reason"]
 
 
+def _importable(name: str) -> bool:
+    """Whether a top-level module could be imported, asked of the import system's finders
+    without importing it (nor importlib.util: 5 ms of a snapshot's start)."""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        try:
+            if find_spec is not None and find_spec(name, None) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
 def _nvml_init() -> None:
     _NVML["tried"] = True
     _NVML["attempts"] += 1
     if "pynvml" not in sys.modules and not nvidia_registered():
         # no driver registered yet: NVML cannot work; say why without importing pynvml (10 ms a
         # snapshot), and try again after the backoff (a DaemonSet may start before the driver)
-        import importlib.util
-
-        try:
-            installed = importlib.util.find_spec("pynvml") is not None
-        except (ImportError, ValueError):
-            installed = False
-        if not installed:
+        if not _importable("pynvml"):
             _NVML.update(reason="pynvml (nvidia-ml-py) not installed", retry_at=None)
             return
         backoff = min(NVML_RETRY_MAX_S, max(NVML_RETRY_FIRST_S, 2.0 * _NVML["backoff_s"]))
