@@ -159,8 +159,11 @@ class PodEmulator(kmock.KubernetesEmulator):
         containers = (data.get("spec") or {}).get("containers") or []
         status = data.setdefault("status", {})
         status.setdefault("phase", "Running")
+        # no probe runs here: a readinessProbe whose command is ["false"] never passes
         status.setdefault("containerStatuses", [
-            {"name": c.get("name"), "ready": True, "restartCount": 0,
+            {"name": c.get("name"), "restartCount": 0,
+             "ready": ((c.get("readinessProbe") or {}).get("exec") or {}).get("command")
+             != ["false"],
              "image": c.get("image") or "", "imageID": "",
              "containerID": f"containerd://{uuid.uuid4().hex}",
              "state": {"running": {"startedAt": _now()}}} for c in containers])

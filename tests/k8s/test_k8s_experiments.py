@@ -7,10 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from chaosgpu.k8s import actions
 from k8s.cluster import Cluster
@@ -138,6 +140,23 @@ def test_create_gpu_pod_applies_grace_image_and_spec_overrides(cluster: Cluster)
     assert "restartPolicy" not in spec  # null removes (RFC 7386)
     assert spec["containers"][0]["image"] == "chaosgpu.test/node:1"
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+def test_create_gpu_pod_waits_until_its_containers_are_ready(cluster: Cluster,
+                                                             tmp_path: Path) -> None:
+    """A container that never passes its readinessProbe: create_gpu_pod waits for it (a fault
+    sent before the workload has set itself up measures something else), then says which."""
+    manifest = yaml.safe_load((REPO / "experiments/k8s/manifests/sigterm-handler-pod.yaml")
+                              .read_text())
+    manifest["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["false"]}}
+    path = tmp_path / "never-ready.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"gpu-sigterm not running and ready after 1 s "
+                                           r"\(containers not running and ready: main\)"):
+        actions.create_gpu_pod(spec_path=str(path), secrets=cluster.secrets, timeout=1,
+                               poll_interval=0.1)
+    assert time.monotonic() - began >= 1
 
 
 @pytest.mark.parametrize("manifest", ["report-pod.yaml", "init-pod.yaml", "prestop-pod.yaml",
