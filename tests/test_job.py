@@ -2,6 +2,7 @@
 resume, kill and fail a rank, the observed verdicts they lead to, hang cleanup that leaves
 nothing alive and is idempotent; bad and vacuous input."""
 
+import logging
 import os
 import time
 import uuid
@@ -12,6 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from chaosgpu import progress  # noqa: E402
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.job.observe import JobError  # noqa: E402
 from chaosgpu.workloads.ring import RingConfig, RingLaunch, launch_ring  # noqa: E402
@@ -98,7 +100,11 @@ def test_rank_frozen_by_the_freezer_is_a_frozen_culprit(ring: tuple[str, RingLau
     assert sorted(report["removed"]) == sorted(launch.pids)
 
 
-def test_survivors_end_by_themselves_with_a_short_group_timeout(tmp_path: Path) -> None:
+def test_survivors_end_by_themselves_with_a_short_group_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="chaostoolkit")
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.5)  # the wait's progress, seen below
     tag = f"job-test-{uuid.uuid4().hex[:8]}"
     launch = launch_ring(RingConfig(backend="gloo", world_size=3, ready_dir=str(tmp_path),
                                     tag=tag, timeout_s=3, log_dir=str(tmp_path / "logs")),
@@ -111,8 +117,14 @@ def test_survivors_end_by_themselves_with_a_short_group_timeout(tmp_path: Path) 
         assert len(resolve_scope({"job": job_id})) == 3
         short = probes.wait_survivors_exit(tag=tag, timeout_s=0.5)
         assert short["all_exited"] is False and short["survivors"] == [1, 2]
+        caplog.clear()
         waited = probes.wait_survivors_exit(tag=tag, timeout_s=60)
         assert waited["all_exited"] is True, waited
+        lines = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+        assert lines and all(line.startswith(
+            f"chaosgpu: still waiting for the survivors of the job tagged {tag!r} to end by "
+            "themselves: ") and
+            "of at most 60 s; " in line for line in lines), lines
         assert set(waited["exits"]) == {"1", "2"}
         assert all(e["exit"]["code"] not in (None, 0) for e in waited["exits"].values())
         report = actions.cleanup_hung_job(tag=tag, grace_s=1, deadline_s=20)

@@ -20,6 +20,7 @@ from chaosgpu.job import flight_recorder
 from chaosgpu.job.exits import ExitWatch, read_error
 from chaosgpu.job.stacks import take_samples
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack
+from chaosgpu.progress import Progress
 
 __all__ = ["JobError", "Observer", "observe", "select_jobs", "visibility_note", "seen",
            "missing_allowed"]
@@ -140,7 +141,7 @@ class Observer:
                             ("census_every_s", census_every_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        self.job, self.tag = job, tag
+        self.job, self.tag, self.all_jobs = job, tag, all_jobs
         self.window_s = float(window_s)
         self.tick_s = float(tick_s)
         self.stack_every_s = float(stack_every_s)
@@ -409,18 +410,30 @@ class Observer:
     # ---------------------------------------------------------------- the loop
 
     def run(self, until: Callable[["Observer"], bool], timeout_s: float,
-            min_s: float = 0.0) -> None:
-        """Tick until `until(self)` holds (after at least `min_s`) or `timeout_s` passes."""
+            min_s: float = 0.0, waiting_for: str = "a verdict on {jobs}") -> None:
+        """Tick until `until(self)` holds (after at least `min_s`) or `timeout_s` passes;
+        `waiting_for` says what for in the progress lines ({jobs}: the jobs watched)."""
         if timeout_s < 0 or min_s < 0:
             raise ValueError("timeout_s and min_s must be >= 0")
         start = time.monotonic()
+        jobs = ("every job on this node" if self.all_jobs
+                else f"job {self.job!r}" if self.job else f"the job tagged {self.tag!r}")
+        waiting = Progress(waiting_for.format(jobs=jobs), timeout_s)
         while True:
             began = time.monotonic()
             self.tick()
             elapsed = time.monotonic() - start
             if (elapsed >= min_s and until(self)) or elapsed >= timeout_s:
                 return
+            waiting.update(self._seen_now)
             time.sleep(max(0.0, self.tick_s - (time.monotonic() - began)))
+
+    def _seen_now(self) -> str:
+        """What the observed jobs are now, for a progress line."""
+        if not self.tracks:
+            return "no job seen now"
+        return "; ".join(f"{track.id}: {track.verdict} ({track.reason})"
+                         for track in self.tracks.values())
 
 
 def _partitions() -> list[dict[str, Any]]:
@@ -436,7 +449,7 @@ def observe(job: str | None = None, tag: str | None = None,
             until: Callable[[Observer], bool] | None = None, timeout_s: float = 10.0,
             min_s: float = 0.0, window_s: float = DEFAULT_WINDOW_S,
             appear_s: float = 5.0, missing_ok: bool = False, stacks: bool = True,
-            all_jobs: bool = False) -> Observer:
+            all_jobs: bool = False, waiting_for: str = "a verdict on {jobs}") -> Observer:
     """Watch a job (by id or tag; every job with `all_jobs`) until `until` holds or
     `timeout_s` passes. The job must appear within `appear_s`, or JobError is raised (with
     `missing_ok` the observer is returned with no job). Returns the observer (its `tracks`)."""
@@ -452,7 +465,7 @@ def observe(job: str | None = None, tag: str | None = None,
                     return observer
                 raise JobError(_not_found(job, tag, observer))
             time.sleep(observer.tick_s)
-        observer.run(until or (lambda o: False), timeout_s, min_s)
+        observer.run(until or (lambda o: False), timeout_s, min_s, waiting_for)
         return observer
     finally:
         observer.close()

@@ -185,7 +185,8 @@ def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
             r.live for t in observer.tracks.values() for r in t.ranks.values()
             if (r.pid, r.starttime) in survivors)
 
-    observer = _watch(job, tag, missing_ok, until=until, timeout_s=timeout)
+    observer = _watch(job, tag, missing_ok, until=until, timeout_s=timeout,
+                      waiting_for="the survivors of {jobs} to end by themselves")
     result = _one(observer, job, tag, missing_ok)
     if not result.get("found"):
         result.update(all_exited=True, still_alive=[], exits={}, survivors=[])

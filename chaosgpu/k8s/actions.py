@@ -19,6 +19,7 @@ from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, TEXT, checked
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s import exec as k8s_exec
 from chaosgpu.k8s.client import core_api, describe
+from chaosgpu.progress import Progress
 
 __all__ = ["create_gpu_pod", "delete_gpu_pods", "exec_in_pod", "kill_rank_in_pod",
            "freeze_rank_in_pod", "thaw_rank_in_pod"]
@@ -77,6 +78,7 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
         core.create_namespaced_pod(ns, manifest))  # type: ignore[arg-type]
     name = created["metadata"]["name"]
     pod = created
+    waiting = Progress(f"pod {ns}/{name} to run with every container ready", timeout)
     while wait_running:
         phase = (pod.get("status") or {}).get("phase")
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
@@ -87,14 +89,28 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
         if phase in ("Failed", "Succeeded"):
             raise RuntimeError(f"pod {ns}/{name} ended ({phase}) before running")
         if time.monotonic() - started > timeout:
-            detail = (f"containers not running and ready: {', '.join(map(str, waiting_for))}"
-                      if phase == "Running" and waiting_for else f"phase {phase}")
             raise TimeoutError(f"pod {ns}/{name} not running and ready after {timeout:g} s "
-                               f"({detail})")
+                               f"({_pod_wait(phase, statuses, waiting_for)})")
+        waiting.update(_pod_wait(phase, statuses, waiting_for))
         time.sleep(poll_interval)
         pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
     return {**selection.summarize(pod), "spec_path": spec_path, "spec_overrides": overrides,
             "running_after_s": round(time.monotonic() - started, 3) if wait_running else None}
+
+
+def _pod_wait(phase: Any, statuses: list[dict[str, Any]], waiting_for: list[Any]) -> str:
+    """What a pod being waited for shows: its phase, and each container not yet running and
+    ready with the reason the kubelet gives (ContainerCreating, ErrImagePull, ...)."""
+    parts = []
+    for status in statuses:
+        if status.get("name") not in waiting_for:
+            continue
+        state = status.get("state") or {}
+        reason = ((state.get("waiting") or {}).get("reason")
+                  or ("running, not ready" if state.get("running") else next(iter(state), "?")))
+        parts.append(f"{status.get('name')}: {reason}")
+    return f"phase {phase}" + (f"; containers not running and ready: {', '.join(parts)}"
+                               if parts else "")
 
 
 def _spec_overrides(value: Any) -> dict[str, Any]:

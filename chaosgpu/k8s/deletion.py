@@ -8,6 +8,7 @@ that a later probe can finish the wait or read the timings. Following is by poll
 deadline; it must never wait without one, and it selects nothing itself (see selection.py).
 """
 
+import functools
 import logging
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from chaosgpu import state
+from chaosgpu.progress import Progress
 
 __all__ = ["send_delete", "follow", "record_name", "save", "load", "public"]
 
@@ -96,16 +98,25 @@ def _observe(entry: dict[str, Any], pod: dict[str, Any], now: float) -> None:
                  "signal": t.get("signal")} for s, t in terminated]
 
 
+def _still_there(pending: list[dict[str, Any]]) -> str:
+    return "still there: " + ", ".join(
+        f"{e['namespace']}/{e['name']} (grace {e['grace_period_seconds']} s"
+        f"{', containers ended' if e['containers_terminated_s'] is not None else ''})"
+        for e in pending)
+
+
 def follow(core: client.CoreV1Api, entries: list[dict[str, Any]], timeout: float,
            poll_interval: float = 0.2) -> list[dict[str, Any]]:
     """Poll each pending pod until it is gone or `timeout` seconds pass; fill in the entries."""
     deadline = time.monotonic() + timeout
     for entry in entries:
         entry.setdefault("_t0", time.monotonic())
+    waiting = Progress(f"{len(entries)} deleted pod(s) to be gone", timeout)
     while True:
         pending = [e for e in entries if not e["gone"] and e["delete_status"] != "refused"]
         if not pending:
             break
+        waiting.update(functools.partial(_still_there, pending))
         for entry in pending:
             try:
                 raw = core.read_namespaced_pod(entry["name"], entry["namespace"],

@@ -13,12 +13,14 @@ Every waiting probe has its own deadline.
 This module owns these computations' public face and must not sample or signal anything.
 """
 
+import functools
 import logging
 import statistics
 import time
 from typing import Any, Dict, Optional
 
 from chaosgpu.arguments import MIB, SECONDS, TEXT, checked
+from chaosgpu.progress import Progress
 from chaosgpu.timeline import integral
 from chaosgpu.timeline import sampler as sampler_mod
 
@@ -82,8 +84,11 @@ def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
     assert sampler.baseline is not None
     base = float(sampler.baseline["total_mib"])
     deadline = time.monotonic() + timeout_s
+    waiting = Progress(f"GPU memory to fall within {tolerance_mib:g} MiB of the baseline",
+                       timeout_s)
     residual = _current_mib(sampler) - base
     while residual > tolerance_mib and time.monotonic() < deadline:
+        waiting.update(f"{residual:.1f} MiB above it")
         time.sleep(0.02)
         residual = _current_mib(sampler) - base
     residual = round(residual, 3)
@@ -125,9 +130,13 @@ def memory_release_time(after_event: str, threshold_mib: float = 64.0,
     t_event = _event_t(sampler, after_event, phase)
     limit = float(sampler.baseline["total_mib"]) + threshold_mib
     deadline = time.monotonic() + timeout_s
+    waiting = Progress(f"GPU memory to come back within {threshold_mib:g} MiB of the baseline "
+                       f"after {after_event}", timeout_s)
     checked = 0
     while True:
         t, total = sampler.snapshot()
+        if total:
+            waiting.update(f"{total[-1] - (limit - threshold_mib):.1f} MiB above it")
         for i in range(checked, len(t)):
             if t[i] >= t_event and total[i] <= limit:
                 value = round(t[i] - t_event, 4)
@@ -189,14 +198,22 @@ def termination_timings(after_event: str, phase: str = "start",
     if timeout_s < 0:
         raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
     deadline = time.monotonic() + timeout_s
+    waiting = Progress(f"the processes alive at {after_event} to die", timeout_s)
     while True:
         result = _termination(after_event, phase, threshold_mib)
         done = result["all_dead_after_s"] is not None or not result["processes"]
         if done or time.monotonic() >= deadline:
             break
+        waiting.update(functools.partial(_still_alive, result))
         time.sleep(0.02)
     _record(_sampler(), "termination_timings", result)
     return result
+
+
+def _still_alive(result: Dict[str, Any]) -> str:
+    alive = [pid for pid, entry in result["processes"].items() if entry["dead_after_s"] is None]
+    return f"{len(alive)} of {len(result['processes'])} still alive: PIDs {', '.join(alive[:10])}" \
+        + (" ..." if len(alive) > 10 else "")
 
 
 def _termination(after_event: str, phase: str, threshold_mib: float) -> Dict[str, Any]:

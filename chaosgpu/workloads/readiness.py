@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from chaosgpu.progress import Progress
+
 __all__ = ["write_ready", "read_ready", "wait_ready", "wait_all_ready"]
 
 POLL_INTERVAL_S = 0.01
@@ -57,6 +59,8 @@ def wait_ready(
     if timeout_s < 0:
         raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
     deadline = time.monotonic() + timeout_s
+    owner = f" of pid {pid}" if pid is not None else ""
+    waiting = Progress(f"the readiness file {os.fspath(path)}{owner}", timeout_s)
     while True:
         document = read_ready(path)
         if document is not None:
@@ -70,10 +74,10 @@ def wait_ready(
             )
         now = time.monotonic()
         if now >= deadline:
-            owner = f" from pid {pid}" if pid is not None else ""
             raise TimeoutError(
                 f"readiness file {os.fspath(path)}{owner} did not appear within {timeout_s:g} s"
             )
+        waiting.update("not written yet" + (", the process lives" if pid is not None else ""))
         time.sleep(min(interval_s, max(0.0, deadline - now)))
 
 

@@ -3,6 +3,7 @@ experiments run end to end with `chaos run` against the emulator (kubeconfig -> 
 every activity through chaosgpu's one client factory."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from chaosgpu import progress
 from chaosgpu.k8s import actions
 from k8s.cluster import Cluster
 
@@ -142,10 +144,14 @@ def test_create_gpu_pod_applies_grace_image_and_spec_overrides(cluster: Cluster)
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
-def test_create_gpu_pod_waits_until_its_containers_are_ready(cluster: Cluster,
-                                                             tmp_path: Path) -> None:
+def test_create_gpu_pod_waits_until_its_containers_are_ready(
+        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """A container that never passes its readinessProbe: create_gpu_pod waits for it (a fault
-    sent before the workload has set itself up measures something else), then says which."""
+    sent before the workload has set itself up measures something else), says what it waits
+    for while it waits, then which container it was at the deadline."""
+    caplog.set_level(logging.INFO, logger="chaostoolkit")
+    monkeypatch.setattr(progress, "PROGRESS_EVERY_S", 0.3)
     manifest = yaml.safe_load((REPO / "experiments/k8s/manifests/sigterm-handler-pod.yaml")
                               .read_text())
     manifest["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["false"]}}
@@ -153,10 +159,16 @@ def test_create_gpu_pod_waits_until_its_containers_are_ready(cluster: Cluster,
     path.write_text(yaml.safe_dump(manifest))
     began = time.monotonic()
     with pytest.raises(TimeoutError, match=r"gpu-sigterm not running and ready after 1 s "
-                                           r"\(containers not running and ready: main\)"):
+                                           r"\(phase Running; containers not running and "
+                                           r"ready: main: running, not ready\)"):
         actions.create_gpu_pod(spec_path=str(path), secrets=cluster.secrets, timeout=1,
                                poll_interval=0.1)
     assert time.monotonic() - began >= 1
+    lines = [r.getMessage() for r in caplog.records if "still waiting" in r.getMessage()]
+    assert lines and lines[0].startswith(
+        "chaosgpu: still waiting for pod default/gpu-sigterm to run with every container "
+        "ready: 0 s of at most 1 s; phase Running; containers not running and ready: main: "
+        "running, not ready"), lines
 
 
 @pytest.mark.parametrize("manifest", ["report-pod.yaml", "init-pod.yaml", "prestop-pod.yaml",
