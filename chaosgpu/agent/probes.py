@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional
 import requests
 
 from chaosgpu.arguments import INDEX, MIB, POSITIVE_SECONDS, SECONDS, TEXT, checked
+from chaosgpu.progress import Progress
 from chaosgpu.timeline.integral import gib_seconds
 
 __all__ = ["agent_snapshot", "pod_gpu_memory", "pod_release_time", "pod_gb_seconds"]
@@ -175,6 +176,8 @@ def pod_release_time(url: Optional[str] = None, pod_uid: Optional[str] = None,
         raise ValueError("poll_s must be > 0 and threshold_mib >= 0")
     base = _url(url, configuration)
     deadline = time.monotonic() + timeout_s
+    waiting = Progress(f"the GPU memory of pod {pod_uid} to be released (agent {base})",
+                       timeout_s)
     while True:
         remaining = max(0.5, deadline - time.monotonic())
         window = _get(base, "/v1/timeline", {"since": since - 2.0, "until": time.time(),
@@ -194,6 +197,8 @@ def pod_release_time(url: Optional[str] = None, pod_uid: Optional[str] = None,
             logger.warning("chaosgpu agent: pod %s memory not released %.1fs after %s",
                            pod_uid, timeout_s, since)
             return None
+        waiting.update(f"{len(window['processes'])} GPU process(es) of the pod on the agent's "
+                       "timeline, not released yet")
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
