@@ -87,7 +87,13 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
         if phase == "Running" and statuses and not waiting_for:
             break
         if phase in ("Failed", "Succeeded"):
-            raise RuntimeError(f"pod {ns}/{name} ended ({phase}) before running")
+            raise RuntimeError(f"pod {ns}/{name} ended ({phase}) before running: "
+                               f"{_container_ends(statuses)}")
+        hopeless = [f"{s.get('name')}: {_waiting(s)[0]} ({_waiting(s)[1]})" for s in statuses
+                    if _waiting(s)[0] in NEVER_STARTS]
+        if hopeless:
+            raise RuntimeError(f"pod {ns}/{name} cannot start, the kubelet will not retry: "
+                               f"{'; '.join(hopeless)} (left for the rollback to delete)")
         if time.monotonic() - started > timeout:
             raise TimeoutError(f"pod {ns}/{name} not running and ready after {timeout:g} s "
                                f"({_pod_wait(phase, statuses, waiting_for)})")
@@ -98,6 +104,26 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
             "running_after_s": round(time.monotonic() - started, 3) if wait_running else None}
 
 
+#: a container waiting for one of these reasons never starts by itself: no use waiting
+NEVER_STARTS = ("InvalidImageName", "ErrImageNeverPull")
+
+
+def _waiting(status: dict[str, Any]) -> tuple[str | None, str]:
+    """A container status's waiting reason and message (None, "" when not waiting)."""
+    waiting = (status.get("state") or {}).get("waiting") or {}
+    return waiting.get("reason"), waiting.get("message") or ""
+
+
+def _container_ends(statuses: list[dict[str, Any]]) -> str:
+    """How each container of an ended pod ended (exit code and reason), for an error."""
+    ends = []
+    for status in statuses:
+        ended = (status.get("state") or {}).get("terminated") or {}
+        ends.append(f"{status.get('name')} exited {ended.get('exitCode', '?')} "
+                    f"({ended.get('reason') or 'no reason given'})")
+    return ", ".join(ends) or "no container status"
+
+
 def _pod_wait(phase: Any, statuses: list[dict[str, Any]], waiting_for: list[Any]) -> str:
     """What a pod being waited for shows: its phase, and each container not yet running and
     ready with the reason the kubelet gives (ContainerCreating, ErrImagePull, ...)."""
@@ -106,7 +132,7 @@ def _pod_wait(phase: Any, statuses: list[dict[str, Any]], waiting_for: list[Any]
         if status.get("name") not in waiting_for:
             continue
         state = status.get("state") or {}
-        reason = ((state.get("waiting") or {}).get("reason")
+        reason = (_waiting(status)[0]
                   or ("running, not ready" if state.get("running") else next(iter(state), "?")))
         parts.append(f"{status.get('name')}: {reason}")
     return f"phase {phase}" + (f"; containers not running and ready: {', '.join(parts)}"

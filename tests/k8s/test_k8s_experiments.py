@@ -171,6 +171,35 @@ def test_create_gpu_pod_waits_until_its_containers_are_ready(
         "running, not ready"), lines
 
 
+_MAIN = {"name": "main", "ready": False, "image": "a::b", "imageID": "", "restartCount": 0}
+
+
+@pytest.mark.parametrize("status, message", [
+    ({"phase": "Pending", "containerStatuses": [{**_MAIN, "state": {
+        "waiting": {"reason": "InvalidImageName",
+                    "message": 'couldn\'t parse image name "a::b"'}}}]},
+     r"gpu-report cannot start, the kubelet will not retry: main: InvalidImageName "
+     r"\(couldn't parse image name \"a::b\"\) \(left for the rollback to delete\)"),
+    ({"phase": "Failed", "containerStatuses": [{**_MAIN, "state": {
+        "terminated": {"exitCode": 127, "reason": "Error"}}}]},
+     r"gpu-report ended \(Failed\) before running: main exited 127 \(Error\)"),
+])
+def test_create_gpu_pod_fails_at_once_for_a_pod_that_cannot_run(
+        cluster: Cluster, tmp_path: Path, status: dict[str, Any], message: str) -> None:
+    """A pod that will never run (an image name the runtime refuses, a container that ended):
+    an error at once that says why, not a wait to the deadline. (The emulator keeps a status
+    given at creation: that is how these states are set here.)"""
+    manifest = yaml.safe_load((REPO / "experiments/k8s/manifests/report-pod.yaml").read_text())
+    manifest["status"] = status
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match=message):
+        actions.create_gpu_pod(spec_path=str(path), secrets=cluster.secrets, timeout=30,
+                               poll_interval=0.1)
+    assert time.monotonic() - began < 10
+
+
 @pytest.mark.parametrize("manifest", ["report-pod.yaml", "init-pod.yaml", "prestop-pod.yaml",
                                       "sigterm-handler-pod.yaml"])
 def test_manifests_create_gpu_pods(cluster: Cluster, manifest: str) -> None:
