@@ -6,6 +6,7 @@ selection.py, the deletion record in deletion.py, the exec transport in exec.py 
 programs' combination in inpod.py; credentials come from client.py and never appear in a result.
 """
 
+import functools
 import json
 import logging
 import time
@@ -96,8 +97,8 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
                                f"{'; '.join(hopeless)} (left for the rollback to delete)")
         if time.monotonic() - started > timeout:
             raise TimeoutError(f"pod {ns}/{name} not running and ready after {timeout:g} s "
-                               f"({_pod_wait(phase, statuses, waiting_for)})")
-        waiting.update(_pod_wait(phase, statuses, waiting_for))
+                               f"({_pod_wait(pod.get('status') or {}, waiting_for)})")
+        waiting.update(functools.partial(_pod_wait, pod.get("status") or {}, waiting_for))
         time.sleep(poll_interval)
         pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
     return {**selection.summarize(pod), "spec_path": spec_path, "spec_overrides": overrides,
@@ -124,9 +125,14 @@ def _container_ends(statuses: list[dict[str, Any]]) -> str:
     return ", ".join(ends) or "no container status"
 
 
-def _pod_wait(phase: Any, statuses: list[dict[str, Any]], waiting_for: list[Any]) -> str:
-    """What a pod being waited for shows: its phase, and each container not yet running and
-    ready with the reason the kubelet gives (ContainerCreating, ErrImagePull, ...)."""
+def _pod_wait(pod_status: dict[str, Any], waiting_for: list[Any]) -> str:
+    """What a pod being waited for shows: its phase, why it is not scheduled yet (e.g. no node
+    with a free GPU), and each container not yet running and ready with the reason the kubelet
+    gives (ContainerCreating, ErrImagePull, ...)."""
+    phase = pod_status.get("phase")
+    statuses = pod_status.get("containerStatuses") or []
+    unscheduled = next((c for c in pod_status.get("conditions") or []
+                        if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
     parts = []
     for status in statuses:
         if status.get("name") not in waiting_for:
@@ -135,8 +141,10 @@ def _pod_wait(phase: Any, statuses: list[dict[str, Any]], waiting_for: list[Any]
         reason = (_waiting(status)[0]
                   or ("running, not ready" if state.get("running") else next(iter(state), "?")))
         parts.append(f"{status.get('name')}: {reason}")
-    return f"phase {phase}" + (f"; containers not running and ready: {', '.join(parts)}"
-                               if parts else "")
+    return (f"phase {phase}"
+            + (f"; not scheduled: {unscheduled.get('reason') or '?'}: "
+               f"{unscheduled.get('message') or 'no message'}" if unscheduled else "")
+            + (f"; containers not running and ready: {', '.join(parts)}" if parts else ""))
 
 
 def _spec_overrides(value: Any) -> dict[str, Any]:

@@ -171,6 +171,21 @@ def test_create_gpu_pod_waits_until_its_containers_are_ready(
         "running, not ready"), lines
 
 
+def test_create_gpu_pod_says_why_a_pod_is_not_scheduled(cluster: Cluster, tmp_path: Path) -> None:
+    """A GPU pod no node can take: the wait ends at its deadline with the scheduler's reason."""
+    manifest = yaml.safe_load((REPO / "experiments/k8s/manifests/report-pod.yaml").read_text())
+    manifest["status"] = {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}]}
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    with pytest.raises(TimeoutError, match=r"gpu-report not running and ready after 1 s \(phase "
+                                           r"Pending; not scheduled: Unschedulable: 0/1 nodes are "
+                                           r"available: 1 Insufficient nvidia.com/gpu.\)"):
+        actions.create_gpu_pod(spec_path=str(path), secrets=cluster.secrets, timeout=1,
+                               poll_interval=0.1)
+
+
 _MAIN = {"name": "main", "ready": False, "image": "a::b", "imageID": "", "restartCount": 0}
 
 
