@@ -8,6 +8,7 @@ Optional, may be None; any other None is refused. Signatures are left as they ar
 keeps `__wrapped__`), so `chaos discover` and `chaos validate` see the activity's own.
 """
 
+import argparse
 import functools
 import inspect
 import math
@@ -18,8 +19,8 @@ from typing import Any, TypeVar, cast
 
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["Rule", "checked", "rules_of", "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX",
-           "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "DEVICE"]
+__all__ = ["Rule", "checked", "rules_of", "option", "SECONDS", "POSITIVE_SECONDS", "COUNT",
+           "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "DEVICE", "ID", "PORT"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,8 +54,31 @@ INDEX = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
 MIB = Rule("a number of MiB >= 0", lambda v: _number(v) and v >= 0)
 PID = Rule("a positive host PID (an integer > 0)", lambda v: _integer(v) and v > 0)
 TEXT = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
+#: A user or group id: 0 .. 2**32 - 2 (2**32 - 1 is the kernel's "no id", -1 as unsigned).
+ID = Rule("a user or group id (an integer from 0 to 4294967294)",
+          lambda v: _integer(v) and 0 <= v <= 4294967294)
+PORT = Rule("a TCP port (an integer from 1 to 65535)", lambda v: _integer(v) and 0 < v < 65536)
 DEVICE = Rule("a GPU index (an integer >= 0) or a non-empty UUID or PCI bus id string",
               lambda v: (_integer(v) and v >= 0) or (isinstance(v, str) and bool(v.strip())))
+
+
+def option(rule: Rule, convert: Callable[[str], Any] = float) -> Callable[[str], Any]:
+    """An argparse `type=` for a command-line option checked by `rule`: the text is converted
+    (float by default; int for ids and counts) and refused, with argparse's usage error naming
+    the option, when it does not convert or the rule does not accept it (nan, inf, a negative
+    number of seconds, an id out of range)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {rule.what}, got {text!r}") from None
+        if not rule.accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {rule.what}, got {text!r}")
+        return value
+
+    parse.__name__ = rule.what  # argparse names the type in some messages
+    return parse
 
 
 def rules_of(activity: Callable[..., Any]) -> dict[str, Rule]:
