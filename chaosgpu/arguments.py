@@ -20,7 +20,8 @@ from typing import Any, TypeVar, cast
 from chaosgpu.errors import InvalidArgument
 
 __all__ = ["Rule", "checked", "rules_of", "option", "SECONDS", "POSITIVE_SECONDS", "COUNT",
-           "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "DEVICE", "ID", "PORT"]
+           "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID",
+           "PORT", "LISTEN_PORT"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,6 +49,7 @@ def _integer(value: Any) -> bool:
 SECONDS = Rule("a number of seconds >= 0", lambda v: _number(v) and v >= 0)
 POSITIVE_SECONDS = Rule("a number of seconds > 0", lambda v: _number(v) and v > 0)
 POSITIVE = Rule("a number > 0", lambda v: _number(v) and v > 0)
+NON_NEGATIVE = Rule("a number >= 0", lambda v: _number(v) and v >= 0)
 FRACTION = Rule("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
 COUNT = Rule(">= 1 (an integer)", lambda v: _integer(v) and v >= 1)
 INDEX = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
@@ -58,6 +60,9 @@ TEXT = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip(
 ID = Rule("a user or group id (an integer from 0 to 4294967294)",
           lambda v: _integer(v) and 0 <= v <= 4294967294)
 PORT = Rule("a TCP port (an integer from 1 to 65535)", lambda v: _integer(v) and 0 < v < 65536)
+#: A port to listen on or to give a launcher, where 0 asks for any free port.
+LISTEN_PORT = Rule("a TCP port (an integer from 0 to 65535; 0 = any free port)",
+                   lambda v: _integer(v) and 0 <= v < 65536)
 DEVICE = Rule("a GPU index (an integer >= 0) or a non-empty UUID or PCI bus id string",
               lambda v: (_integer(v) and v >= 0) or (isinstance(v, str) and bool(v.strip())))
 

@@ -4,6 +4,9 @@ nothing alive and is idempotent; bad and vacuous input."""
 
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -181,6 +184,59 @@ def test_a_job_and_a_tag_that_disagree_are_an_error(ring: tuple[str, RingLaunch]
     with pytest.raises(JobError, match="carries tag"):
         probes.job_hung(job=job_id, tag="another-tag")
     assert probes.job_state(tag=tag)["verdict"] == "running"  # nothing was signalled
+
+
+def test_a_healthy_job_fails_detect_hang_when_a_hang_is_expected(
+        ring: tuple[str, RingLaunch]) -> None:
+    """expect_hang (a game-day that goes on only with a confirmed hang) fails the activity
+    with the verdict it saw instead; without it the verdict is returned with a note."""
+    tag, _ = ring
+    found = probes.detect_hang(tag=tag, timeout_s=4)
+    assert found["verdict"] == "running" and "no hang confirmed" in found["note"]
+    with pytest.raises(JobError, match=r"no hang was confirmed.*running"):
+        probes.detect_hang(tag=tag, timeout_s=4, expect_hang=True)
+    with pytest.raises(ValueError, match="expect_hang must be true or false"):
+        probes.detect_hang(tag=tag, timeout_s=4, expect_hang="yes")  # type: ignore[arg-type]
+
+
+def _jobs_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chaosgpu.cli", "jobs", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_jobs_command_says_what_was_wrong(ring: tuple[str, RingLaunch]) -> None:
+    """`chaosgpu jobs`: a selection that matches nothing is an error (exit 1), not an empty
+    node; a job and tag that disagree and a non-finite window are usage errors (exit 2); no
+    traceback in any case; the ring is untouched."""
+    tag, _ = ring
+    job_id = probes.job_state(tag=tag)["id"]
+    missing = _jobs_cli("--tag", "no-such-tag-" + uuid.uuid4().hex[:6], "--observe", "0.5")
+    assert missing.returncode == 1 and "is not running on this node" in missing.stderr
+    assert "check the tag" in missing.stderr and "Traceback" not in missing.stderr
+    disagree = _jobs_cli("--job", job_id, "--tag", "another-tag", "--observe", "0.5")
+    assert disagree.returncode == 2 and "carries tag" in disagree.stderr, disagree.stderr
+    assert "Traceback" not in disagree.stderr
+    for option, value in (("--window", "nan"), ("--observe", "inf"), ("--window", "0")):
+        bad = _jobs_cli(option, value)
+        assert bad.returncode == 2 and f"argument {option}: must be" in bad.stderr, bad.stderr
+    assert probes.job_state(tag=tag)["verdict"] == "running"
+
+
+def test_jobs_watch_prints_verdict_changes_not_every_tick(ring: tuple[str, RingLaunch]) -> None:
+    """`chaosgpu jobs --watch` on a healthy ring: a line when the job is first seen and at most
+    one more (its first progress), not a line per tick as the reason's figures move."""
+    tag, _ = ring
+    watch = subprocess.Popen([sys.executable, "-m", "chaosgpu.cli", "jobs", "--watch",
+                              "--tag", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        time.sleep(8)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=20)
+    lines = out.splitlines()
+    assert 1 <= len(lines) <= 2 and "RUNNING" in lines[-1], (lines, err[-2000:])
+    assert watch.returncode == 0
 
 
 def test_a_job_seen_by_job_ranks_may_be_missing_once_it_ended(tmp_path: Path) -> None:

@@ -198,6 +198,22 @@ def test_ddp_hang_shows_the_main_thread_in_backward(workdir: Path, jobs: list[Jo
     assert "backward" in found["blocked"][0]["stack"]
 
 
+def test_ranks_blocked_in_ddps_constructor_are_hung_with_the_late_rank_as_culprit(
+        workdir: Path, jobs: list[Job]) -> None:
+    """DDP's constructor runs collectives of its own (parameter shapes verified across ranks,
+    module states broadcast): a rank that never gets there hangs its peers inside it."""
+    job = start_torchrun(workdir, ["--ddp", "--ddp-delay-rank", "1"])
+    jobs.append(job)
+    found = probes.wait_job_verdict(["hung", "failed"], job=job.run_id, timeout_s=90)
+    assert found["verdict"] == "hung", found["reason"]
+    assert found["blocked_in"]["kind"] == "collective", found["blocked_in"]
+    assert found["blocked_in"]["what"].startswith("DDP "), found["blocked_in"]
+    assert found["blocked_in"]["ranks"] == [0]
+    (culprit,) = found["culprit_ranks"]
+    assert culprit["rank"] == 1 and "time.sleep" in culprit["why"], culprit
+    assert "after_hang_began_s" in found["detection"]
+
+
 def test_an_elastic_restart_keeps_the_job_and_counts_restarts(workdir: Path,
                                                               jobs: list[Job]) -> None:
     job = start_torchrun(workdir, [], max_restarts=2)

@@ -234,3 +234,23 @@ def test_the_freeze_recovery_game_day_refuses_a_job_that_is_not_there(tmp_path: 
                                                         "recover_timeout_s": 5})
     assert code == 1, journal["status"]
     assert not any(e["activity"]["name"] == "freeze-rank" for e in journal.get("run", []))
+
+
+def test_the_freeze_recovery_game_day_fails_when_no_hang_is_confirmed(tmp_path: Path,
+                                                                      jobs: list[Job]) -> None:
+    """A game-day whose fault was never seen to hang the job proves nothing: with no time to
+    confirm the hang (hang_timeout_s 0), detect-hang fails (expect_hang) and the run is
+    interrupted (exit 1, not completed); the rollback still resumes the rank and the job
+    trains on."""
+    job = start_torchrun(tmp_path, [])
+    jobs.append(job)
+    job.wait_steps(3)
+    code, journal = run_experiment(RECOVERY, tmp_path, {"job": job.run_id,
+                                                        "hang_timeout_s": 0})
+    assert code == 1 and journal["status"] == "interrupted", journal["status"]
+    found = outputs(journal)["detect-hang"]
+    assert found["status"] == "failed"
+    assert "no hang was confirmed" in "".join(found.get("exception") or []), found
+    assert all(e["status"] == "succeeded" for e in journal["rollbacks"]), journal["rollbacks"]
+    before = max(p["step"] for p in job.progress().values())
+    job.wait_steps(before + 3, timeout_s=60)  # it trains on after the rollback

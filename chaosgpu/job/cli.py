@@ -10,7 +10,8 @@ import sys
 import time
 from typing import Any
 
-from chaosgpu.job.observe import JobError, Observer
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, option
+from chaosgpu.job.observe import JobError, Observer, not_found_message
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S, rank_name
 
 __all__ = ["main", "render"]
@@ -25,14 +26,14 @@ def _parser() -> argparse.ArgumentParser:
                     "invisible.")
     parser.add_argument("--job", help="only this job id (as listed)")
     parser.add_argument("--tag", help="only the job whose ranks carry this chaosgpu tag")
-    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S,
+    parser.add_argument("--window", type=option(POSITIVE_SECONDS), default=DEFAULT_WINDOW_S,
                         help="seconds without progress before a job is called hung "
                              f"(default {DEFAULT_WINDOW_S:g})")
-    parser.add_argument("--observe", type=float, default=None,
+    parser.add_argument("--observe", type=option(SECONDS), default=None,
                         help="seconds to observe before printing (default: the window + 1)")
     parser.add_argument("--watch", action="store_true",
-                        help="keep observing; print a line at every verdict change (Ctrl-C "
-                             "stops)")
+                        help="keep observing; print a line when a job appears and at every "
+                             "verdict change (Ctrl-C stops)")
     parser.add_argument("--json", action="store_true", help="print JSON (one document, or one "
                                                             "line per change with --watch)")
     return parser
@@ -73,9 +74,6 @@ def render(jobs: list[dict[str, Any]], note: str | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run `chaosgpu jobs` and return its exit code (2 for bad arguments)."""
     args = _parser().parse_args(argv)
-    if args.window <= 0 or (args.observe is not None and args.observe < 0):
-        print("chaosgpu jobs: --window must be > 0 and --observe >= 0", file=sys.stderr)
-        return 2
     try:
         observer = Observer(job=args.job, tag=args.tag, window_s=args.window, all_jobs=True)
     except (JobError, ValueError) as error:
@@ -91,18 +89,27 @@ def main(argv: list[str] | None = None) -> int:
                               "visibility": observer.visibility}, default=str))
         else:
             print(render(jobs, observer.visibility))
+        if not jobs and (args.job or args.tag):  # a typo'd selection is no empty node
+            print(f"chaosgpu jobs: {not_found_message(args.job, args.tag, observer)}",
+                  file=sys.stderr)
+            return 1
         return 0
+    except JobError as error:  # the selection turned out wrong while observing
+        print(f"chaosgpu jobs: {error}", file=sys.stderr)
+        return 2
     finally:
         observer.close()
 
 
 def _watch(observer: Observer, as_json: bool) -> int:
+    """Print a line when a job is first seen and when its verdict (or its restart count)
+    changes; a reason whose figures move ("progress 0.4 s ago") prints nothing new."""
     seen: dict[str, str] = {}
     try:
         while True:
             observer.run(lambda o: True, 0.0)
             for track in observer.tracks.values():
-                key = f"{track.verdict}:{track.reason.split(' for ')[0]}"
+                key = f"{track.verdict}:{track.restart_count()}"
                 if seen.get(track.id) == key:
                     continue
                 seen[track.id] = key

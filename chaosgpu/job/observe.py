@@ -22,8 +22,8 @@ from chaosgpu.job.stacks import take_samples
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack
 from chaosgpu.progress import Progress
 
-__all__ = ["JobError", "Observer", "observe", "select_jobs", "visibility_note", "seen",
-           "missing_allowed"]
+__all__ = ["JobError", "not_found_message", "Observer", "observe", "select_jobs",
+           "visibility_note", "seen", "missing_allowed"]
 
 DEFAULT_TICK_S = 0.2
 DEFAULT_STACK_EVERY_S = 0.5
@@ -463,7 +463,7 @@ def observe(job: str | None = None, tag: str | None = None,
             if time.monotonic() >= deadline:
                 if missing_ok:
                     return observer
-                raise JobError(_not_found(job, tag, observer))
+                raise JobError(not_found_message(job, tag, observer))
             time.sleep(observer.tick_s)
         observer.run(until or (lambda o: False), timeout_s, min_s, waiting_for)
         return observer
@@ -471,10 +471,12 @@ def observe(job: str | None = None, tag: str | None = None,
         observer.close()
 
 
-def _not_found(job: str | None, tag: str | None, observer: Observer) -> str:
+def not_found_message(job: str | None, tag: str | None, observer: Observer) -> str:
+    """Why a job selection matched nothing, with what to check (an id or a tag)."""
     what = f"job {job!r}" if job else f"a job tagged {tag!r}"
+    check = "the id" if job else "the tag (CHAOSGPU_TAG in the ranks' environment)"
     message = (f"{what} is not running on this node (no rank or launcher of it in the "
-               "census); check the id with `chaosgpu jobs`")
+               f"census); check {check} with `chaosgpu jobs`")
     if observer.visibility:
         message += "; " + observer.visibility
     if os.geteuid() != 0 and not observer.visibility:

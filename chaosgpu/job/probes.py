@@ -14,6 +14,7 @@ face; it signals nothing. Each function has its own deadline.
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
+from chaosgpu.errors import InvalidArgument
 from chaosgpu.job import observe as _observe
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S
 
@@ -60,7 +61,7 @@ def _one(observer: "_observe.Observer", job: str | None, tag: str | None,
                    else f"none is running (missing_ok={missing_ok!r})")
             return {"id": job, "tag": tag, "verdict": None, "found": False, "hung": False,
                     "reason": f"no such job: {why}", "visibility": observer.visibility}
-        raise _observe.JobError(_observe._not_found(job, tag, observer))
+        raise _observe.JobError(_observe.not_found_message(job, tag, observer))
     if len(tracks) > 1:
         raise _observe.JobError(f"{'job ' + repr(job) if job else 'tag ' + repr(tag)} matches "
                                 f"several jobs {[t.id for t in tracks]}: name one with job=<id>")
@@ -137,6 +138,7 @@ def job_running(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
 @checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
 def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s: float = 30.0,
                 window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
+                expect_hang: bool = False,
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Watch a training job (by id or tag) for up to `timeout_s` until a hang is confirmed (no
@@ -146,7 +148,12 @@ def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     backward()), since when, the culprit ranks (ended, stopped, frozen, partitioned, missing,
     or alive elsewhere with their stack), how long after the fault and after the last progress
     the hang was confirmed. "hung" is false when the job failed (gloo survivors of a killed
-    peer error out: that is "failed"), finished, or stayed healthy."""
+    peer error out: that is "failed"), finished, or stayed healthy. With `expect_hang` true (a
+    game-day that needs the hang to go on: freeze, observe, resume), a verdict other than
+    "hung" fails the activity, naming the verdict and its reason, instead of returning."""
+    if not isinstance(expect_hang, bool):
+        raise InvalidArgument(f"detect_hang: expect_hang must be true or false, "
+                              f"got {expect_hang!r}")
     timeout = _seconds("timeout_s", timeout_s, allow_zero=True)
     window = _seconds("window_s", window_s)
 
@@ -159,6 +166,11 @@ def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     if result.get("found") and result["verdict"] not in SETTLED:
         result["note"] = (f"no hang confirmed within {timeout:g} s: the job is "
                           f"{result['verdict']} ({result['reason']})")
+    if expect_hang and result.get("verdict") != "hung":
+        raise _observe.JobError(
+            "expect_hang: no hang was confirmed: "
+            + (result.get("note") or f"the job is {result.get('verdict')} "
+               f"({result.get('reason')})"))
     return result
 
 

@@ -47,6 +47,12 @@ _BACKWARD = (("torch/autograd/graph.py", "_engine_run_backward"),
              ("torch/autograd/__init__.py", "grad"))
 _GPU_SYNC = (("torch/cuda/__init__.py", "synchronize"), ("torch/cuda/streams.py", "synchronize"))
 _DDP = "torch/nn/parallel/distributed.py"
+#: torch.distributed's helpers that run a collective on every rank from Python (DDP's
+#: constructor verifies parameter shapes and broadcasts module states; FSDP syncs its params):
+#: named after what they do, wherever they live under torch/distributed/ or in DDP's module.
+_DIST_TREE = ("torch/distributed/", _DDP)
+_HELPER_COLLECTIVE = re.compile(
+    r"(^|_)(sync|broadcast|all_?reduce|all_gather|reduce_scatter|all_to_all|verify_param)")
 
 _SOURCE_WAIT = re.compile(r"\.wait\(|is_completed\(\)|\.get_future\(\)|\.value\(\)")
 _SOURCE_GPU = re.compile(r"\.item\(\)|\.cpu\(\)|\.tolist\(\)|synchronize\(")
@@ -65,8 +71,10 @@ class Frame:
     locals: tuple[tuple[str, str], ...] = ()
 
     def where(self) -> str:
-        """`file:line function`, with the file shortened to its last three parts."""
-        short = "/".join(self.filename.split("/")[-3:])
+        """`file:line function`, with the file shortened to its last three parts (a path of
+        three parts or fewer is kept whole, its leading slash included)."""
+        parts = self.filename.split("/")
+        short = "/".join(parts[-3:]) if len(parts) > 4 else self.filename
         return f"{short}:{self.line} {self.function}"
 
 
@@ -228,8 +236,10 @@ def _frame_site(frame: Frame) -> tuple[str, str] | None:
     for suffix, name in _GPU_SYNC:
         if path.endswith(suffix) and short == name:
             return "gpu-wait", "torch.cuda.synchronize"
-    if path.endswith(_DDP) and "sync" in short:
-        return "collective", f"DDP {short}"
+    if any(part in path for part in _DIST_TREE) and _HELPER_COLLECTIVE.search(short):
+        owner = "DDP" if path.endswith(_DDP) or "torch/distributed/utils.py" in path \
+            else "torch.distributed"
+        return "collective", f"{owner} {short}"
     return None
 
 

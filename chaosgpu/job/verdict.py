@@ -55,6 +55,8 @@ CPU_SPAN_S = 1.0
 COMPUTING_CORES = 0.1
 _HZ = os.sysconf("SC_CLK_TCK")
 _EVIDENCE_LIMIT = 60
+#: Exits seen this close together were seen by one reading: which came first is not known.
+_SAME_MOMENT_S = 0.001
 _LIVE = ("alive", "stopped", "frozen")
 
 
@@ -392,8 +394,10 @@ class JobTrack:
         site = classify(sample, self._sources, gpu=gpu)
         if site != track.site:
             if site is not None:
-                self.note(now, "py-spy", f"{track.label} waits in {site.kind} "
-                          f"{site.what} at {site.caller or site.frame}", track.rank,
+                what = site.what if site.what.startswith(site.kind) \
+                    else f"{site.kind} {site.what}"
+                self.note(now, "py-spy", f"{track.label} waits in {what} "
+                          f"at {site.caller or site.frame}", track.rank,
                           source_line=site.source)
                 track.site_since = now
             elif track.site is not None:
@@ -555,12 +559,23 @@ class JobTrack:
             return ("restarting", f"every rank of attempt {restarts or 0} ended; the elastic "
                     f"agent lives (max restarts {self.max_restarts})", first_end, {})
         if bad:
-            return "failed", self._failure_story(ranks, bad), first_end, {}
+            return ("failed", self._failure_story(ranks, bad), first_end,
+                    {"culprit_ranks": self._first_failures(bad)})
         if unknown:
             return ("unknown", "the ranks ended but their exit status is not visible: "
                     + "; ".join(f"{t.label}: {t.exit.describe() if t.exit else 'not seen'}"
                                 for t in unknown), first_end, {})
         return "finished", f"every rank exited 0 ({len(ranks)} ranks)", first_end, {}
+
+    @staticmethod
+    def _first_failures(bad: list[RankTrack]) -> list[dict[str, Any]]:
+        """The ranks whose failure was seen first (several when one reading saw them end):
+        the culprits of a failed job, as far as exits can tell."""
+        first = min((t.exited_at for t in bad if t.exited_at is not None), default=None)
+        return [{"rank": t.rank, "pid": t.pid,
+                 "why": f"failed first: {t.exit.describe() if t.exit else 'ended'}"}
+                for t in bad if first is None or t.exited_at is None
+                or t.exited_at - first < _SAME_MOMENT_S]
 
     def _failure_story(self, ranks: list[RankTrack], bad: list[RankTrack]) -> str:
         first = min(bad, key=lambda t: t.exited_at or 0)
@@ -572,8 +587,12 @@ class JobTrack:
                 who = " (chaosgpu's fault)" if by_us else " (not sent by chaosgpu)"
             after = ""
             if track is not first and first.exited_at and track.exited_at:
-                after = (f", {'gone by ' if track.exit_seen_late else ''}"
-                         f"{track.exited_at - first.exited_at:.2f} s after {first.label}")
+                gap = track.exited_at - first.exited_at
+                if gap < _SAME_MOMENT_S:  # seen ended by the same reading: no order is known
+                    after = f", seen ended together with {first.label}"
+                else:
+                    after = (f", {'gone by ' if track.exit_seen_late else ''}"
+                             f"{gap:.2f} s after {first.label}")
             parts.append(f"{track.label} "
                          f"{track.exit.describe() if track.exit else 'ended'}{who}{after}")
         return "; ".join(parts)
@@ -690,7 +709,7 @@ class JobTrack:
         details = self._details
         fault = self.faults[-1] if self.faults else None
         detection: dict[str, Any] = {}
-        if self.confirmed_at is not None and self.since is not None:
+        if self.verdict == "hung" and self.confirmed_at is not None and self.since is not None:
             detection["after_hang_began_s"] = round(self.confirmed_at - self.since, 4)
         if fault is not None and self.confirmed_at is not None \
                 and self.confirmed_at >= fault["t"]:

@@ -36,6 +36,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--delay-rank", type=int, default=-1,
                         help="this rank sleeps before init_process_group (never joins)")
     parser.add_argument("--delay-s", type=float, default=300.0)
+    parser.add_argument("--ddp-delay-rank", type=int, default=-1,
+                        help="with --ddp, this rank sleeps --delay-s after init_process_group, "
+                             "before building DDP: its peers wait in DDP's constructor")
     parser.add_argument("--pg-timeout-s", type=float, default=600.0)
     parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -68,6 +71,16 @@ def write_progress(args: argparse.Namespace, rank: int, step: int) -> None:
         os.replace(path + ".tmp", path)
 
 
+def build_ddp(args: argparse.Namespace, rank: int) -> tuple:
+    """A small DDP model, its optimizer and a batch (DDP's constructor runs collectives)."""
+    torch.manual_seed(0)
+    if rank == args.ddp_delay_rank:
+        time.sleep(args.delay_s)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.randn(32, 64)
+
+
 @record
 def main() -> int:
     args = parse()
@@ -89,11 +102,7 @@ def main() -> int:
     world = dist.get_world_size()
     held = torch.empty(args.mib * 2**20, dtype=torch.uint8, device=device) if args.mib else None
     if args.ddp:
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
-            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        batch = torch.randn(32, 64)
+        model, optimizer, batch = build_ddp(args, rank)
     tensor = torch.ones(4096, device=device)
     batches = None
     if args.loader_workers:
