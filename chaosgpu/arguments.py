@@ -86,6 +86,10 @@ def option(rule: Rule, convert: Callable[[str], Any] = float) -> Callable[[str],
     return parse
 
 
+#: What Chaos Toolkit passes to every activity: not worth listing as arguments.
+_CONTEXT = ("configuration", "secrets")
+
+
 def rules_of(activity: Callable[..., Any]) -> dict[str, Rule]:
     """The argument rules `checked` gave an activity ({} for one without)."""
     return dict(getattr(activity, "__chaosgpu_rules__", {}))
@@ -112,8 +116,16 @@ def checked(**rules: Rule) -> Callable[[F], F]:
             raise TypeError(f"{func.__qualname__} has no argument {unknown}")
         optional = {name for name in rules if _allows_none(signature.parameters[name])}
 
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                        for p in signature.parameters.values())
+
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            unknown = sorted(set(kwargs) - set(signature.parameters))
+            if unknown and not takes_any:  # a typo'd name, said before any missing one
+                raise InvalidArgument(
+                    f"{func.__name__}: unknown argument {', '.join(map(repr, unknown))}; it "
+                    f"takes {', '.join(n for n in signature.parameters if n not in _CONTEXT)}")
             bound = signature.bind(*args, **kwargs)  # a missing argument stays a TypeError
             bound.apply_defaults()
             for name, rule in rules.items():

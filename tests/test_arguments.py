@@ -33,6 +33,8 @@ BAD: dict[str, list[Any]] = {
     "PID": [0, -3, 1.0, True, "12"],
     "TEXT": ["", "   ", 3, ["x"]],
     "DEVICE": [-1, "", 1.5, True],
+    "ID": [-1, 4294967295, 2**40, 1.5, True, "0"],
+    "PORT": [0, 65536, -1, True, "80"],
 }
 RULE_NAMES = {id(getattr(arguments, name)): name for name in BAD}
 
@@ -129,8 +131,29 @@ def test_kill_rank_with_a_negative_wait_kills_nothing() -> None:
             kill_rank(rank=0, tag=tag, wait_s=-1)
         with pytest.raises(InvalidArgument, match="kill_rank: rank must be a non-negative"):
             kill_rank(rank=-1, tag=tag)
+        with pytest.raises(InvalidArgument, match=r"kill_rank: unknown argument 'rnk'; it "
+                                                  r"takes rank, job, tag, signal, wait_s"):
+            kill_rank(rnk=0, tag=tag)  # type: ignore[call-arg]
         time.sleep(0.2)
         assert target.poll() is None and _state(target.pid) == "S"
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
+
+
+@pytest.mark.parametrize(("rule", "convert", "text"), [
+    ("SECONDS", float, "nan"), ("SECONDS", float, "inf"), ("SECONDS", float, "-1"),
+    ("POSITIVE_SECONDS", float, "0"), ("ID", int, "-1"), ("ID", int, "4294967295"),
+    ("ID", int, "abc"), ("PORT", int, "70000")])
+def test_a_command_line_option_is_refused_by_its_rule(rule: str, convert: Any,
+                                                      text: str) -> None:
+    """arguments.option: the argparse type every command uses for numbers; a refused value is
+    argparse's usage error (exit 2) naming the option and the rule."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="x")
+    parser.add_argument("--value", type=arguments.option(getattr(arguments, rule), convert))
+    with pytest.raises(SystemExit) as stopped:
+        parser.parse_args(["--value", text])
+    assert stopped.value.code == 2
+    assert parser.parse_args(["--value", "1"]).value == 1
