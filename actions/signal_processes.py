@@ -38,6 +38,7 @@ and returns; otherwise it terminates (escalation, waits). Prints one JSON docume
 """
 
 import json
+import math
 import os
 import select
 import signal
@@ -156,7 +157,9 @@ def _validate_targets(targets):
 
 
 def _seconds(label, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+    """A finite number of seconds >= 0 (nan and inf refused: a wait must end)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
         raise SignalInputError(f"{label} must be a number of seconds >= 0, got {value!r}")
     return float(value)
 

@@ -19,9 +19,9 @@ from typing import Any, TypeVar, cast
 
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["Rule", "checked", "rules_of", "option", "SECONDS", "POSITIVE_SECONDS", "COUNT",
-           "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID",
-           "PORT", "LISTEN_PORT"]
+__all__ = ["Rule", "checked", "rules_of", "option", "missing_allowed", "SECONDS",
+           "POSITIVE_SECONDS", "COUNT", "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE",
+           "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,6 +35,12 @@ class Rule:
 
     def __repr__(self) -> str:
         return f"Rule({self.what!r})"
+
+    def require(self, label: str, value: Any) -> None:
+        """Raise InvalidArgument ("LABEL must be ..., got VALUE") unless the rule accepts
+        `value`: the check for library functions that are not `checked` activities."""
+        if not self.accepts(value):
+            raise InvalidArgument(f"{label} must be {self.what}, got {value!r}")
 
 
 def _number(value: Any) -> bool:
@@ -141,3 +147,24 @@ def checked(**rules: Rule) -> Callable[[F], F]:
         return cast(F, wrapper)
 
     return decorate
+
+
+def missing_allowed(missing_ok: Any, seen_in_this_run: bool) -> bool:
+    """The one rule for a probe whose selection (a job, a tag, a sandbox) matches nothing:
+    acceptable when `missing_ok` is true; with "before-method" (the catalog's form), before the
+    experiment's method has started (the timeline control marks it: the method starts what is
+    selected) and afterwards only for what this run has seen or created (it ended or was
+    removed); never for a selection this run never met once the method started (a typo).
+    Without the timeline control the method's start cannot be known: only what was seen
+    counts. A `missing_ok` other than true, false or "before-method" is InvalidArgument."""
+    if isinstance(missing_ok, bool):
+        return missing_ok
+    if missing_ok != "before-method":
+        raise InvalidArgument(f"missing_ok must be true, false or \"before-method\", got "
+                              f"{missing_ok!r}")
+    if seen_in_this_run:
+        return True
+    from chaosgpu.timeline.sampler import current
+
+    sampler = current()
+    return sampler is not None and sampler.event_time("method", "start") is None

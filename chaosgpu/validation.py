@@ -98,29 +98,60 @@ def before_experiment_control(context: Any = None, configuration: Any = None,
         raise InterruptExecution(str(error)) from None
 
 
+def _var(text: str) -> tuple[str, Any]:
+    """The argparse type of `--var`: `NAME=VALUE` or `NAME:TYPE=VALUE`, converted as
+    `chaos run --var` converts it (chaoslib's convert_vars: str, int, float, bool, bytes, json)."""
+    from chaoslib import convert_vars
+
+    usage = f"expects NAME=VALUE or NAME:TYPE=VALUE, got {text!r}"
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(usage)
+    try:
+        ((key, value),) = convert_vars([text]).items()
+    except ValueError as error:  # a bad type, or a value that is not of it (json's errors too)
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+    if not key:
+        raise argparse.ArgumentTypeError(usage)
+    return key, value
+
+
+def _load(source: str) -> Any:
+    """chaoslib's loading of an experiment (file or URL), every failure a ChaosException."""
+    from chaoslib.exceptions import InvalidSource
+    from chaoslib.loader import load_experiment
+    from requests import RequestException
+
+    try:
+        experiment = load_experiment(source, verify_tls=True)
+    except RequestException as error:  # a URL: unreachable, refused, bad TLS
+        raise InvalidSource(f"cannot be fetched: {error}") from None
+    except (OSError, ValueError) as error:  # a folder, bad JSON, an empty file
+        raise InvalidSource(f"cannot be read as an experiment: {error}") from None
+    if not isinstance(experiment, Mapping):
+        raise InvalidSource(f"is not an experiment: a JSON/YAML object is expected, got "
+                            f"{type(experiment).__name__}")
+    return experiment
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`chaosgpu validate EXPERIMENT [--var NAME=VALUE]...`: chaoslib's validation, then every
-    `${name}` must resolve. Exit 0 when valid, 1 with the reason on stderr when not."""
+    """`chaosgpu validate EXPERIMENT [--var NAME[:TYPE]=VALUE]...`: chaoslib's validation, then
+    every `${name}` must resolve. Exit 0 when valid, 1 with the reason on stderr when not."""
     parser = argparse.ArgumentParser(
         prog="chaosgpu validate",
         description="Validate an experiment as `chaos validate` does, and check that every "
                     "${name} it uses is a configuration key, a secret or a --var.")
     parser.add_argument("experiment", help="the experiment file (JSON or YAML)")
-    parser.add_argument("--var", action="append", default=[], metavar="NAME=VALUE",
-                        help="a variable the run will be given (as `chaos run --var`)")
+    parser.add_argument("--var", action="append", default=[], type=_var,
+                        metavar="NAME[:TYPE]=VALUE",
+                        help="a variable the run will be given (as `chaos run --var`; TYPE: "
+                             "str, int, float, bool, bytes or json)")
     args = parser.parse_args(argv)
     from chaoslib.exceptions import ChaosException
     from chaoslib.experiment import ensure_experiment_is_valid
-    from chaoslib.loader import load_experiment
 
-    extra = {}
-    for item in args.var:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--var expects NAME=VALUE, got {item!r}")
-        extra[name] = value
+    extra = dict(args.var)
     try:
-        experiment = load_experiment(args.experiment, verify_tls=True)
+        experiment = _load(args.experiment)
         ensure_experiment_is_valid(experiment)
         ensure_variables_resolve(experiment, set(extra))
     except ChaosException as error:

@@ -243,7 +243,12 @@ def test_probes_count_zombies_and_nothing_left(sleepers: tuple[str, list]) -> No
         proc.kill()
         proc.wait()
     assert probes.nothing_left({"tag": tag}) is True
-    assert probes.nothing_left({"sandbox": "never-created"}) is True
+    # a sandbox never created in this run is a typo, not an empty sandbox
+    with pytest.raises(ScopeError, match="no sandbox named 'never-created'"):
+        probes.nothing_left({"sandbox": "never-created"})
+    assert probes.nothing_left({"sandbox": "never-created"}, missing_ok=True) is True
+    with pytest.raises(ValueError, match="missing_ok must be true, false or"):
+        probes.nothing_left({"sandbox": "never-created"}, missing_ok="sometimes")
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,

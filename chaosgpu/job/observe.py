@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from chaosgpu import faultlog
+from chaosgpu import arguments, faultlog
 from chaosgpu.errors import ActivityError
 from chaosgpu.job import flight_recorder
 from chaosgpu.job.exits import ExitWatch, read_error
@@ -51,23 +51,10 @@ def seen(job: str | None, tag: str | None) -> bool:
 
 
 def missing_allowed(missing_ok: Any, job: str | None, tag: str | None) -> bool:
-    """Whether a selection that matches nothing is acceptable: `missing_ok` true, or
-    "before-method": before the experiment's method has started (the timeline control marks
-    it: the method starts the job), and after it only for a job this run has seen (it ended).
-    A selection never matched after the method started (a typo) is not acceptable."""
-    if isinstance(missing_ok, bool):
-        return missing_ok
-    if missing_ok != "before-method":
-        raise ValueError(f"missing_ok must be true, false or \"before-method\", got "
-                         f"{missing_ok!r}")
-    if seen(job, tag):
-        return True
-    from chaosgpu.timeline.sampler import current
-
-    sampler = current()
-    if sampler is None:
-        return False  # no timeline control: the method's start cannot be known
-    return sampler.event_time("method", "start") is None
+    """Whether a job selection that matches nothing is acceptable (chaosgpu.arguments'
+    missing_allowed: true, or "before-method" before the method starts and afterwards for a
+    job this run has seen, which then ended)."""
+    return arguments.missing_allowed(missing_ok, seen(job, tag))
 
 
 def _census() -> dict[str, Any]:

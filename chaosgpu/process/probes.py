@@ -7,9 +7,9 @@ processes and namespace inits are counted (they are refused only for signals).
 """
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.scope import describe_scope, resolve_scope_detail, validate_scope
+from chaosgpu.scope import ScopeError, describe_scope, resolve_scope_detail, validate_scope
 
 __all__ = ["processes_in_scope", "zombies_in_scope", "orphans_in_scope", "nothing_left"]
 
@@ -59,17 +59,23 @@ def orphans_in_scope(scope: Dict[str, Any],
     return len(orphans)
 
 
-def nothing_left(scope: Dict[str, Any],
+def nothing_left(scope: Dict[str, Any], missing_ok: Union[bool, str] = "before-method",
                  configuration: Optional[Dict[str, Any]] = None,
                  secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when a declared scope covers no process at all, zombies included: the steady state
-    "nothing the experiment started is left" (tolerance true). A sandbox that is no longer
-    recorded counts as empty. What is left is logged."""
+    "nothing the experiment started is left" (tolerance true). A scope's sandbox that is not
+    recorded counts as empty only where `missing_ok` allows it ("before-method", the default:
+    before the method starts, and afterwards for a sandbox this run created, since removed);
+    otherwise the probe fails, so a typo'd sandbox never passes. What is left is logged."""
+    sandbox = scope.get("sandbox") if isinstance(scope, dict) else None
     try:
         checked, processes = _observed(scope)
-    except ValueError as error:
-        if "no sandbox named" in str(error):
-            return True
+    except ScopeError as error:
+        if isinstance(sandbox, str) and "no sandbox named" in str(error):
+            from chaosgpu.sandbox.probes import missing_allowed
+
+            if missing_allowed(missing_ok, sandbox):
+                return True
         raise
     if processes:
         logger.info("chaosgpu: left in %s: %s", describe_scope(checked),

@@ -9,9 +9,21 @@ import json
 import sys
 from typing import Any
 
+from chaosgpu.arguments import ID, POSITIVE_SECONDS, SECONDS, option
 from chaosgpu.sandbox import runtime
 
 __all__ = ["main"]
+
+_id = option(ID, int)
+
+
+def _user(text: str) -> int | str:
+    """The argparse type of `--user`: a user id, or "uid:gid" (each an id in range)."""
+    if ":" in text:
+        uid, gid = text.split(":", 1)
+        return f"{_id(uid)}:{_id(gid)}"
+    return int(_id(text))
+
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -22,20 +34,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     create.add_argument("name")
     create.add_argument("--init", choices=runtime.INITS, default="sleep")
-    create.add_argument("--uid", type=int)
-    create.add_argument("--gid", type=int)
-    create.add_argument("--grace", type=float, default=30.0, help="grace period, seconds")
+    create.add_argument("--uid", type=_id)
+    create.add_argument("--gid", type=_id)
+    create.add_argument("--grace", type=option(SECONDS), default=30.0,
+                        help="grace period, seconds")
     create.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     run = sub.add_parser("exec", help="run `-- COMMAND` inside a pod (attached or --detach)")
     run.add_argument("name")
     run.add_argument("--detach", action="store_true", help="background it (orphan of PID 1)")
-    run.add_argument("--user", help="uid or uid:gid (default: the pod's user)")
-    run.add_argument("--timeout", type=float, default=60.0)
+    run.add_argument("--user", type=_user, help="uid or uid:gid (default: the pod's user)")
+    run.add_argument("--timeout", type=option(POSITIVE_SECONDS), default=60.0)
     run.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     term = sub.add_parser("terminate", help="SIGTERM, grace period, SIGKILL (like the kubelet)")
     term.add_argument("name")
-    term.add_argument("--grace", type=float, help="default: the pod's grace period")
-    term.add_argument("--deadline", type=float, default=10.0)
+    term.add_argument("--grace", type=option(SECONDS), help="default: the pod's grace period")
+    term.add_argument("--deadline", type=option(POSITIVE_SECONDS), default=10.0)
     rm = sub.add_parser("rm", help="remove a pod (kill it if alive); idempotent")
     rm.add_argument("names", nargs="*")
     rm.add_argument("--all", action="store_true")
@@ -62,12 +75,8 @@ def _run(args: argparse.Namespace) -> Any:
             env=_env(args.env), grace_s=args.grace,
         )  # fmt: skip
     if args.command == "exec":
-        argv = args.argv
-        user: Any = args.user
-        if user is not None and ":" not in user:
-            user = int(user)
         result = runtime.exec_in(
-            args.name, argv, detached=args.detach, user=user, env=_env(args.env),
+            args.name, args.argv, detached=args.detach, user=args.user, env=_env(args.env),
             timeout_s=args.timeout,
         )  # fmt: skip
         if not args.detach:

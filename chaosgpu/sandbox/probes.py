@@ -2,15 +2,23 @@
 
 This module owns only the probe signatures; the readings come from chaosgpu.sandbox.runtime and,
 for orphans, from the census (chaosgpu.node: the one orphan rule).
-A missing sandbox reads as absent (False, empty lists, 0), never as an error, so steady-state
-hypotheses can use it before and after an experiment.
+`sandbox_exists` answers False for a sandbox that is not recorded. The probes that read a
+sandbox's processes fail (ActivityError naming the sandbox) when no sandbox of that name is
+recorded, so a typo'd name never passes a steady state, unless `missing_ok` allows it: true
+(always: empty lists, 0) or "before-method" (the default, as the job probes' catalog form):
+before the experiment's method has started (the timeline control marks it), and afterwards
+for a sandbox this run asked to create (removed since, or never started).
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
+from chaosgpu import arguments
 from chaosgpu.arguments import TEXT, checked
+from chaosgpu.errors import ActivityError
 from chaosgpu.node import take_census
 from chaosgpu.sandbox import runtime
+
+MissingOk = Union[bool, str]
 
 __all__ = [
     "sandbox_exists",
@@ -22,10 +30,29 @@ __all__ = [
 ]
 
 
-def _processes(name: str) -> list[dict[str, Any]]:
-    if runtime.get_record(name) is None:
-        return []
-    return runtime.processes(name)
+def missing_allowed(missing_ok: Any, name: str) -> bool:
+    """Whether sandbox `name`, not recorded, may read as empty (chaosgpu.arguments'
+    missing_allowed; "before-method" accepts afterwards a sandbox this run asked to create). Not
+    a probe (left out of __all__): the rule for any activity that reads a sandbox by name."""
+    return arguments.missing_allowed(missing_ok, runtime.created_here(name))
+
+
+def _recorded(name: str, missing_ok: Any) -> bool:
+    """True when sandbox `name` is recorded; False when it is not and `missing_ok` allows it;
+    otherwise ActivityError naming the sandbox."""
+    allowed = missing_allowed(missing_ok, name)  # a bad missing_ok is refused either way
+    if runtime.get_record(name) is not None:
+        return True
+    if allowed:
+        return False
+    known = sorted(s["name"] for s in runtime.list_sandboxes())
+    raise ActivityError(f"no sandbox named {name!r} (recorded: {known or 'none'}): a typo? "
+                        "A sandbox that may be absent needs missing_ok true (or "
+                        "\"before-method\", the default, before the method starts)")
+
+
+def _processes(name: str, missing_ok: Any) -> list[dict[str, Any]]:
+    return runtime.processes(name) if _recorded(name, missing_ok) else []
 
 
 @checked(name=TEXT)
@@ -41,44 +68,52 @@ def sandbox_exists(
 @checked(name=TEXT)
 def sandbox_processes(
     name: str,
+    missing_ok: MissingOk = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> List[Dict[str, Any]]:
     """List the processes in sandbox `name`'s PID namespace: host pid, namespace pid, namespace
-    ppid, state (Z = zombie) and command line."""
-    return _processes(name)
+    ppid, state (Z = zombie) and command line. A sandbox not recorded: see `missing_ok` in the
+    module docstring."""
+    return _processes(name, missing_ok)
 
 
 @checked(name=TEXT)
 def sandbox_zombies(
     name: str,
+    missing_ok: MissingOk = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> List[int]:
-    """Host PIDs of the zombie processes in sandbox `name` (what `sleep` as PID 1 never reaps)."""
-    return [p["pid"] for p in _processes(name) if p["zombie"]]
+    """Host PIDs of the zombie processes in sandbox `name` (what `sleep` as PID 1 never reaps).
+    A sandbox not recorded: see `missing_ok` in the module docstring."""
+    return [p["pid"] for p in _processes(name, missing_ok) if p["zombie"]]
 
 
 @checked(name=TEXT)
 def sandbox_zombie_count(
     name: str,
+    missing_ok: MissingOk = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> int:
-    """How many zombie processes sandbox `name` holds (0 for a missing sandbox)."""
-    return len(sandbox_zombies(name))
+    """How many zombie processes sandbox `name` holds. A sandbox not recorded fails, or counts
+    0 where `missing_ok` allows it (see the module docstring)."""
+    return len(sandbox_zombies(name, missing_ok))
 
 
 @checked(name=TEXT)
 def sandbox_orphans(
     name: str,
+    missing_ok: MissingOk = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> List[int]:
     """Host PIDs of live processes in sandbox `name` that are orphans by the census's one rule
     (docs/census.md): reparented to the pod's PID 1 or a subreaper and not started by it (the
-    field report's orphaned workers); the same answer the census gives from inside the pod."""
-    if runtime.get_record(name) is None:
+    field report's orphaned workers); the same answer the census gives from inside the pod.
+    A sandbox not recorded: see `missing_ok` in the module docstring."""
+    if not _recorded(name, missing_ok):
         return []
     pids = runtime.host_pids(name)
     if not pids:

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosgpu import node, state
+from chaosgpu.arguments import ID, POSITIVE_SECONDS, SECONDS
 from chaosgpu.process import terminate as terminate_
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "children_of",
     "cleanup_all",
     "create",
+    "created_here",
     "exec_in",
     "get_record",
     "host_pids",
@@ -59,6 +62,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 KIND = "sandboxes"
 CREATE_TIMEOUT_S = 20.0
 KILL_DEADLINE_S = 10.0
+_ASKED: set[str] = set()  # the sandbox names this process asked `create` for
 
 
 class SandboxError(RuntimeError):
@@ -242,11 +246,11 @@ def user_namespaces_available() -> tuple[bool, str | None]:
 
 
 def _validate_ids(uid: Any, gid: Any) -> tuple[int | None, int | None]:
+    """Check a user and group id (each None or 0 .. 2**32 - 2: -1 would mean "no change" to
+    the kernel, a larger one would wrap); a lone uid gives its gid."""
     for label, value in (("uid", uid), ("gid", gid)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{label} must be an integer, got {value!r}")
-        if value is not None and value < 0:
-            raise ValueError(f"{label} must be >= 0, got {value}")
+        if value is not None:
+            ID.require(label, value)
     if gid is not None and uid is None:
         raise ValueError("gid given without uid")
     if uid is not None and gid is None:
@@ -267,8 +271,7 @@ def _validate_create(name: str, init: str, argv: list[str] | None,
     _validate_name(name)
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
-    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or grace_s < 0:
-        raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
+    SECONDS.require("grace_s", grace_s)
     if argv is not None and (
         not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)
     ):
@@ -351,6 +354,7 @@ def create(
     the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
     period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
     """
+    _ASKED.add(_validate_name(name))
     _validate_create(name, init, argv, env, grace_s)
     uid, gid = _validate_ids(uid, gid)
     existing = get_record(name)
@@ -405,13 +409,30 @@ def create(
         record = get_record(name)
         if record is not None:
             _remove_dead(name, record, force=True)
-        raise SandboxError(
-            f"sandbox {name!r} did not start within {timeout_s:g} s (see {log_path})"
-        )
+        raise SandboxError(f"sandbox {name!r} did not start within {timeout_s:g} s"
+                           + _printed(log_path))
     document = json.loads(line)
     if "error" in document:
-        raise SandboxError(f"sandbox {name!r} could not start: {document['error']}")
+        raise SandboxError(f"sandbox {name!r} could not start: {document['error']}"
+                           + _printed(log_path))
     return dict(document)
+
+
+def _printed(log_path: Path, limit: int = 2000) -> str:
+    """What a sandbox that failed to start printed (its PID 1's exec error, say), as the end of
+    an error message; its log is removed (no record refers to it)."""
+    try:
+        text = log_path.read_bytes()[-limit:].decode(errors="replace").strip()
+        log_path.unlink()
+    except OSError:
+        return ""
+    return f"; it printed: {text}" if text else ""
+
+
+def created_here(name: str) -> bool:
+    """Whether this process asked `create` for a sandbox called `name` (even if it failed):
+    the name is the experiment's own, not a typo, when its record is gone."""
+    return name in _ASKED
 
 
 def _owner(owner_pid: int | None) -> dict[str, Any] | None:
@@ -445,18 +466,30 @@ def _enter_prefix(record: dict[str, Any], user: Any) -> list[str]:
     if record.get("userns"):
         command += ["-U", "--preserve-credentials"]
     command += ["-p", "-m", "--"]
-    uid = record.get("uid") if user is None else user
+    if user is not None:
+        uid, gid = _user_ids(user)
+    else:
+        uid, gid = record.get("uid"), record.get("gid")
     if uid is not None and not record.get("userns"):
-        if isinstance(uid, str) and ":" in uid:
-            uid_part, gid_part = uid.split(":", 1)
-            uid_i, gid_i = int(uid_part), int(gid_part)
-        else:
-            uid_i = int(uid)
-            record_gid = record.get("gid")
-            gid_i = int(record_gid) if user is None and record_gid is not None else uid_i
+        uid_i = int(uid)
+        gid_i = int(gid) if gid is not None else uid_i
         if uid_i != 0 or os.geteuid() != 0:
             command += _setpriv(uid_i, gid_i)
     return command
+
+
+def _user_ids(user: Any) -> tuple[int | None, int | None]:
+    """The (uid, gid) of an exec's `user`: an id, or "uid:gid"; ValueError when out of range."""
+    if isinstance(user, str):
+        uid_text, _, gid_text = user.partition(":")
+        try:
+            uid = int(uid_text)
+            gid = int(gid_text) if gid_text else None
+        except ValueError:
+            raise ValueError(f"user must be a uid or \"uid:gid\" (integers), got {user!r}") \
+                from None
+        return _validate_ids(uid, gid)
+    return _validate_ids(user, None)
 
 
 def exec_in(
@@ -479,8 +512,9 @@ def exec_in(
     """
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    POSITIVE_SECONDS.require("timeout_s", timeout_s)
+    if user is not None:
+        _user_ids(user)  # a bad user is refused before the sandbox is looked up
     record = _live_record(name)
     command = _enter_prefix(record, user)
     child_env = dict(os.environ)
@@ -488,14 +522,17 @@ def exec_in(
     child_env.update(env or {})
     child_env["CHAOSGPU_SANDBOX"] = name
     if not detached:
-        rc, out, err = _run(command + argv, child_env, timeout_s)
+        rc, out, err = _run(command + argv, child_env, timeout_s, argv)
         return {"sandbox": name, "argv": argv, "rc": rc, "stdout": out, "stderr": err}
     marker = uuid.uuid4().hex
     child_env["CHAOSGPU_EXEC_ID"] = marker
     child_env["CHAOSGPU_EXEC_LOG"] = log_path or "/dev/null"
-    script = '"$@" </dev/null >>"$CHAOSGPU_EXEC_LOG" 2>&1 & echo $!; exit 0'
+    # A program that cannot be run is refused before the fork: its failed child would be a
+    # zombie of PID 1 (which `sleep` never reaps) and the exec would look successful.
+    script = ('command -v "$1" >/dev/null 2>&1 || { echo "$1: not found or not executable" >&2;'
+              ' exit 127; }; "$@" </dev/null >>"$CHAOSGPU_EXEC_LOG" 2>&1 & echo $!; exit 0')
     rc, out, err = _run(command + ["sh", "-c", script, "chaosgpu-exec", *argv], child_env,
-                        timeout_s)  # fmt: skip
+                        timeout_s, argv)  # fmt: skip
     if rc != 0 or not out.strip().isdigit():
         raise SandboxError(
             f"detached exec of {argv!r} in sandbox {name!r} failed (rc {rc}): {err.strip()}"
@@ -515,7 +552,10 @@ def exec_in(
     }
 
 
-def _run(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:
+def _run(command: list[str], env: dict[str, str], timeout_s: float,
+         shown: list[str]) -> tuple[int, str, str]:
+    """Run `command` (nsenter ... `shown`) in its own process group; kill the group and raise
+    SandboxError naming `shown` when it does not finish within `timeout_s`."""
     process = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
@@ -528,7 +568,8 @@ def _run(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[int
         except ProcessLookupError:
             pass
         process.communicate()
-        raise SandboxError(f"{command[-1]!r} did not finish within {timeout_s:g} s") from None
+        raise SandboxError(f"`{shlex.join(shown)}` did not finish within {timeout_s:g} s "
+                           "(killed)") from None
     return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
@@ -633,15 +674,17 @@ def terminate(
     `deadline_s` until it is gone (reaped). Times are unix times; `*_s` fields are seconds after
     SIGTERM. A sandbox already gone returns {"already_gone": true}.
     """
-    if deadline_s <= 0:
-        raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
+    POSITIVE_SECONDS.require("deadline_s", deadline_s)
+    if grace_s is not None:
+        SECONDS.require("grace_s", grace_s)
     record = get_record(name)
     if record is None:
         raise SandboxError(f"no sandbox named {name!r}")
     if grace_s is None:
-        grace_s = float(record.get("grace_s", 30.0))
-    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or grace_s < 0:
-        raise ValueError(f"grace_s must be a number >= 0, got {grace_s!r}")
+        grace_s = record.get("grace_s", 30.0)
+        if not SECONDS.accepts(grace_s):  # a record written before create refused it
+            raise SandboxError(f"sandbox {name!r} records grace_s {grace_s!r}, not "
+                               f"{SECONDS.what}: give grace_s")
     pid1, starttime = int(record["pid1"]), record.get("pid1_starttime")
     result: dict[str, Any] = {"sandbox": name, "pid1": pid1, "grace_s": float(grace_s)}
     outcome = None
@@ -713,10 +756,14 @@ def _remove_dead(name: str, record: dict[str, Any], force: bool = False) -> None
     state.remove_record(KIND, name)
     log = record.get("log")
     if log:
-        try:
-            os.unlink(log)
-        except OSError:
-            pass
+        _unlink(log)
+
+
+def _unlink(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def remove(name: str, deadline_s: float = KILL_DEADLINE_S) -> dict[str, Any]:
@@ -724,6 +771,7 @@ def remove(name: str, deadline_s: float = KILL_DEADLINE_S) -> dict[str, Any]:
     _validate_name(name)
     record = get_record(name)
     if record is None:
+        _unlink(state.state_dir() / KIND / f"{name}.log")  # a failed create's, if any
         return {"sandbox": name, "removed": False, "note": "no such sandbox"}
     termination = None
     if _is_alive(record):

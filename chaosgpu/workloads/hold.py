@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         "t_ready": time.time(),
     }
     if args.ready_file:
-        write_ready(args.ready_file, document)
+        try:
+            write_ready(args.ready_file, document)
+        except OSError as error:
+            print(f"hold: --ready-file {args.ready_file!r} cannot be written: {error}",
+                  file=sys.stderr)
+            return 2
     while True:
         signal.pause()

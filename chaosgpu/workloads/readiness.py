@@ -21,11 +21,16 @@ POLL_INTERVAL_S = 0.01
 
 
 def write_ready(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
-    """Atomically write the readiness document `data` to `path` (a reader never sees half)."""
+    """Atomically write the readiness document `data` to `path` (a reader never sees half).
+    OSError (its folder missing, not writable...) leaves no temporary file behind."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps(data, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 
