@@ -50,6 +50,21 @@ def test_gloo_with_cuda_tensors_a_stopped_rank_hangs_its_peer(tmp_path: Path,
     assert [c["rank"] for c in found["culprit_ranks"]] == [1]
 
 
+def test_ranks_blocked_in_ddps_constructor_on_the_gpu_are_hung(tmp_path: Path,
+                                                             jobs: list[Job]) -> None:
+    """A DDP model on the GPU (gloo, CUDA tensors): a rank that never builds its DDP hangs its
+    peer inside DDP's constructor (its parameter check and state broadcast), seen from
+    outside with the late rank as culprit."""
+    job = start_torchrun(tmp_path, ["--ddp", "--ddp-delay-rank", "1", "--device", "cuda"])
+    jobs.append(job)
+    found = probes.wait_job_verdict(["hung", "failed"], job=job.run_id, timeout_s=120)
+    keep("ddp-constructor-gpu-hung", found)
+    assert found["verdict"] == "hung", found["reason"]
+    assert found["blocked_in"]["kind"] == "collective", found["blocked_in"]
+    assert found["blocked_in"]["what"].startswith("DDP "), found["blocked_in"]
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1], found["culprit_ranks"]
+
+
 def test_a_spawn_job_on_the_gpu_its_ranks_memory_and_a_frozen_rank(tmp_path: Path,
                                                                     jobs: list[Job]) -> None:
     """The tutorial-shaped torch.multiprocessing.spawn DDP job (no RANK anywhere) with its

@@ -71,14 +71,18 @@ def write_progress(args: argparse.Namespace, rank: int, step: int) -> None:
         os.replace(path + ".tmp", path)
 
 
-def build_ddp(args: argparse.Namespace, rank: int) -> tuple:
-    """A small DDP model, its optimizer and a batch (DDP's constructor runs collectives)."""
+def build_ddp(args: argparse.Namespace, rank: int, device: torch.device) -> tuple:
+    """A small DDP model on `device`, its optimizer and a batch (DDP's constructor runs
+    collectives: parameter shapes verified, module states broadcast)."""
     torch.manual_seed(0)
     if rank == args.ddp_delay_rank:
         time.sleep(args.delay_s)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)))
-    return model, torch.optim.SGD(model.parameters(), lr=0.01), torch.randn(32, 64)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                 torch.nn.Linear(256, 8)).to(device)
+    model = torch.nn.parallel.DistributedDataParallel(
+        module, device_ids=[device.index] if device.type == "cuda" else None)
+    return (model, torch.optim.SGD(model.parameters(), lr=0.01),
+            torch.randn(32, 64, device=device))
 
 
 @record
@@ -102,7 +106,7 @@ def main() -> int:
     world = dist.get_world_size()
     held = torch.empty(args.mib * 2**20, dtype=torch.uint8, device=device) if args.mib else None
     if args.ddp:
-        model, optimizer, batch = build_ddp(args, rank)
+        model, optimizer, batch = build_ddp(args, rank, device)
     tensor = torch.ones(4096, device=device)
     batches = None
     if args.loader_workers:
