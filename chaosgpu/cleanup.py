@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Any
 
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, TEXT, option
+
 __all__ = ["cleanup_all", "main"]
 
 
@@ -110,20 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         prog="chaosgpu cleanup",
         description="Remove every sandbox and workload chaosgpu recorded (safe after a crashed "
                     "run, safe to run twice), and optionally every process carrying a tag.")
-    parser.add_argument("--grace-s", type=float, default=2.0,
+    parser.add_argument("--grace-s", type=option(SECONDS), default=2.0,
                         help="SIGTERM grace before SIGKILL (default 2)")
-    parser.add_argument("--deadline-s", type=float, default=30.0,
+    parser.add_argument("--deadline-s", type=option(POSITIVE_SECONDS), default=30.0,
                         help="how long to wait for processes to die after SIGKILL (default 30)")
-    parser.add_argument("--tag", action="append", default=[],
+    parser.add_argument("--tag", action="append", default=[], type=option(TEXT, str),
                         help="also remove live processes carrying CHAOSGPU_TAG=TAG (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    if args.grace_s < 0 or args.deadline_s <= 0:
-        print("chaosgpu cleanup: --grace-s must be >= 0 and --deadline-s > 0", file=sys.stderr)
-        return 2
     report = cleanup_all(args.grace_s, args.deadline_s, args.tag)
     if args.json:
         print(json.dumps(report, indent=2, default=str))

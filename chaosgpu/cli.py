@@ -28,13 +28,15 @@ def _usage() -> str:
     for name, (_, summary) in COMMANDS.items():
         lines.append(f"  {name.ljust(width)}  {summary}")
     lines.append("")
-    lines.append("`chaosgpu COMMAND --help` describes a command.")
+    lines.append("`chaosgpu COMMAND --help` (or `chaosgpu help COMMAND`) describes a command.")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `chaosgpu` command line and return its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["help"] and len(args) > 1:  # `chaosgpu help COMMAND`: COMMAND --help
+        args = [args[1], "--help"]
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0

@@ -74,6 +74,8 @@ __all__ = [
     "nvml_device_memory",
     "nvml_gpu_processes",
     "nvml_init_state",
+    "gpu_snapshot_problem",
+    "load_gpu_snapshot",
     "census",
     "main",
 ]
@@ -2174,17 +2176,77 @@ class _UsageError(Exception):
 
 def _load_snapshot(value: str) -> Dict[str, Any]:
     try:
+        return load_gpu_snapshot(value)
+    except ValueError as error:
+        raise _UsageError(str(error)) from None
+
+
+GPU_SNAPSHOT_SHAPE = ('the census\'s gpu section, {"available": true, "devices": [{"index": 0, '
+                      '"memory_used_mib": 1.0, "memory_total_mib": 2.0, "processes": '
+                      '[{"pid": 123, "used_mib": 1.0}]}]}, or a recording with it under "held"')
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def gpu_snapshot_problem(snapshot: Any) -> Optional[str]:
+    """What makes ``snapshot`` unusable as the census's ``gpu`` section (the shape
+    ``nvml_snapshot`` returns), or None when it is usable: the census, the table and the metrics
+    read ``devices`` (a list of objects with an integer ``index``, numbers or null for the
+    memory and a list of ``processes``, each an object with an integer ``pid`` and a number or
+    null ``used_mib``)."""
+    if not isinstance(snapshot, dict):
+        return "not a JSON object"
+    devices = snapshot.get("devices")
+    if not isinstance(devices, list):
+        return '"devices" is missing or not a list'
+    for n, device in enumerate(devices):
+        where = "devices[%d]" % n
+        if not isinstance(device, dict):
+            return "%s is not an object" % where
+        index = device.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            return "%s.index is not an integer >= 0 (got %r)" % (where, index)
+        for key in ("memory_used_mib", "memory_total_mib"):
+            if device.get(key) is not None and not _is_number(device[key]):
+                return "%s.%s is not a number (got %r)" % (where, key, device[key])
+        processes = device.get("processes")
+        if processes is None:
+            continue
+        if not isinstance(processes, list):
+            return "%s.processes is not a list" % where
+        for m, entry in enumerate(processes):
+            if not isinstance(entry, dict):
+                return "%s.processes[%d] is not an object" % (where, m)
+            pid = entry.get("pid")
+            if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                return "%s.processes[%d].pid is not an integer > 0 (got %r)" % (where, m, pid)
+            if entry.get("used_mib") is not None and not _is_number(entry["used_mib"]):
+                return "%s.processes[%d].used_mib is not a number (got %r)" % (
+                    where, m, entry["used_mib"])
+    return None
+
+
+def load_gpu_snapshot(value: str) -> Dict[str, Any]:
+    """Read a recorded ``gpu`` section from the file ``value`` (``-``: standard input), or from
+    the ``held`` key of a recording (tests/data/nvml_*.json); ValueError naming the file and
+    what is wrong when it cannot be read or has not the shape of ``nvml_snapshot``'s."""
+    try:
         if value == "-":
             snapshot = json.load(sys.stdin)
         else:
             with open(value) as handle:
                 snapshot = json.load(handle)
     except (OSError, ValueError) as error:
-        raise _UsageError("--gpu-snapshot %r: %s" % (value, error)) from None
+        raise ValueError("--gpu-snapshot %r: %s" % (value, error)) from None
+    where = ""
     if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
-        snapshot = snapshot["held"]
-    if not isinstance(snapshot, dict):
-        raise _UsageError("--gpu-snapshot %r is not a JSON object" % value)
+        snapshot, where = snapshot["held"], '"held": '
+    problem = gpu_snapshot_problem(snapshot)
+    if problem is not None:
+        raise ValueError("--gpu-snapshot %r: %s%s; expected %s"
+                         % (value, where, problem, GPU_SNAPSHOT_SHAPE))
     return snapshot
 
 

@@ -236,8 +236,10 @@ class _App:
 
     def _authorised(self, request: web.Request) -> bool:
         scheme, _, credential = (request.headers.get("Authorization") or "").partition(" ")
-        # compare_digest even when the scheme is wrong, so timing says nothing either way
-        ok = hmac.compare_digest(credential.strip().encode(), self.config.token)
+        # compare_digest even when the scheme is wrong, so timing says nothing either way; the
+        # parser keeps bytes that are not UTF-8 as surrogates: back to those bytes (no match)
+        ok = hmac.compare_digest(credential.strip().encode("utf-8", "surrogateescape"),
+                                 self.config.token)
         return ok and scheme.lower() == "bearer"
 
     async def dispatch(self, request: web.Request) -> web.Response:
@@ -245,13 +247,14 @@ class _App:
         config = self.config
         config.requests += 1
         if request.method not in ("GET", "HEAD"):
-            return _error(405, "the agent is read-only: use GET")
+            return _error(405, "the agent is read-only: use GET",
+                          headers={"Allow": "GET, HEAD"})
         route = self.routes.get(request.path)
         if route is None:
             return _error(404, f"no such endpoint {request.path!r}; endpoints: "
                                f"{', '.join(ENDPOINTS)}")
         if request.path == "/healthz":
-            return await route(request)
+            return await self._answer(route, request)
         if not self._authorised(request):
             return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
                           headers={"WWW-Authenticate": 'Bearer realm="chaosgpu-agent"'})
@@ -261,17 +264,24 @@ class _App:
                                "retry shortly", headers={"Retry-After": "1"})
         config.inflight += 1
         try:
+            return await self._answer(route, request)
+        finally:
+            config.inflight -= 1
+
+    async def _answer(self, route: Callable[[web.Request], Awaitable[web.Response]],
+                      request: web.Request) -> web.Response:
+        """The route's answer; a bad parameter is 400 naming it, any other failure 500."""
+        try:
             return await route(request)
         except BadParameter as error:
             return _error(400, str(error), error.parameter)
         except Exception as error:
             logger.error("chaosgpu agent: %s failed", request.path, exc_info=True)
             return _error(500, f"{type(error).__name__}: {error}")
-        finally:
-            config.inflight -= 1
 
     async def healthz(self, request: web.Request) -> web.Response:
-        """Liveness and what the agent sees (no auth, never refused for load)."""
+        """Liveness and what the agent sees (no auth, never refused for load; no parameters)."""
+        _params(request.query_string, ())
         config = self.config
         timeline = config.timeline
         jobs = config.jobs

@@ -182,25 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indent", type=int, default=None, metavar="N",
                         help="indent the JSON by N (default: 1 on a terminal, compact otherwise)")
     parser.add_argument("--gpu-snapshot", default=None, metavar="FILE",
-                        help="use a recorded NVML snapshot (JSON) instead of NVML")
+                        help="use a recorded NVML snapshot (JSON: the census's gpu section, or "
+                             "a recording with it under \"held\"; - reads standard input) "
+                             "instead of NVML")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     snapshot = None
     if args.gpu_snapshot:
+        from chaosgpu.node import census_module
+
         try:
-            with open(args.gpu_snapshot, encoding="utf-8") as handle:
-                snapshot = json.load(handle)
-        except (OSError, ValueError) as error:
-            print(f"chaosgpu snapshot: cannot read --gpu-snapshot {args.gpu_snapshot}: {error}",
-                  file=sys.stderr)
-            return 2
-        if isinstance(snapshot, dict) and "held" in snapshot and "devices" not in snapshot:
-            snapshot = snapshot["held"]
-        if not isinstance(snapshot, dict):
-            print(f"chaosgpu snapshot: --gpu-snapshot {args.gpu_snapshot} is not a JSON object",
-                  file=sys.stderr)
+            snapshot = census_module().load_gpu_snapshot(args.gpu_snapshot)
+        except ValueError as error:  # names the file and the shape expected
+            print(f"chaosgpu snapshot: {error}", file=sys.stderr)
             return 2
     if args.workers < 0:
         print(f"chaosgpu snapshot: --workers must be >= 0, got {args.workers}", file=sys.stderr)

@@ -27,6 +27,15 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
+from chaosgpu.arguments import (
+    COUNT,
+    INDEX,
+    LISTEN_PORT,
+    POSITIVE,
+    SECONDS,
+    Rule,
+    option,
+)
 from chaosgpu.workloads.readiness import wait_all_ready, write_ready
 
 __all__ = [
@@ -43,6 +52,8 @@ __all__ = [
 
 MIB = 1024 * 1024
 OWN_TIMEOUT_MARGIN_S = 2.0
+#: the longest process-group timeout (about 31 years): torch keeps it in milliseconds
+LONGEST_TIMEOUT_S = 1e9
 PROGRESS_EVERY_S = 0.25
 # Environment every rank gets: NVLink multicast off (see the project notes), quiet threads.
 RANK_ENV_DEFAULTS = {
@@ -76,25 +87,26 @@ class RingConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
+        """ValueError (InvalidArgument for numbers) naming the first field that is not valid
+        (nan and inf included)."""
         if self.backend not in ("nccl", "gloo", "auto"):
             raise ValueError(f"unknown backend {self.backend!r} (nccl, gloo or auto)")
         if self.launcher not in ("bare", "torchrun"):
             raise ValueError(f"unknown launcher {self.launcher!r} (bare or torchrun)")
-        if self.world_size < 1:
-            raise ValueError(f"world size must be >= 1, got {self.world_size}")
-        if self.timeout_s < 0:
-            raise ValueError(f"timeout must be >= 0 s, got {self.timeout_s}")
+        numbers: tuple[tuple[str, Rule, Any], ...] = (
+            ("world size", COUNT, self.world_size), ("timeout", SECONDS, self.timeout_s),
+            ("mib", INDEX, self.mib), ("iters per second", POSITIVE, self.iters_per_s),
+            ("matmul", INDEX, self.matmul), ("step_mib", INDEX, self.step_mib),
+            ("master port", LISTEN_PORT, self.master_port))
+        for name, rule, value in numbers:
+            rule.require(name, value)  # InvalidArgument, a ValueError
+        if self.timeout_s > LONGEST_TIMEOUT_S:
+            raise ValueError(f"timeout must be at most {LONGEST_TIMEOUT_S:g} s, "
+                             f"got {self.timeout_s:g}")
         if self.async_error_handling not in (0, 1, 2, 3):
             raise ValueError(f"async error handling must be 0-3, got {self.async_error_handling}")
         if self.sigterm_handler not in ("none", "destroy"):
             raise ValueError(f"unknown SIGTERM handler {self.sigterm_handler!r} (none or destroy)")
-        if self.mib < 0:
-            raise ValueError(f"mib must be >= 0, got {self.mib}")
-        if self.iters_per_s <= 0:
-            raise ValueError(f"iters per second must be > 0, got {self.iters_per_s}")
-        if self.matmul < 0 or self.step_mib < 0:
-            raise ValueError(f"matmul and step_mib must be >= 0, got {self.matmul}, "
-                             f"{self.step_mib}")
         if self.on_oom not in ("fail", "skip"):
             raise ValueError(f"unknown on_oom {self.on_oom!r} (fail or skip)")
 
@@ -259,32 +271,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a ring of ranks doing all_reduce in a loop (bare processes or torchrun).",
     )
     parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="auto")
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--world-size", type=option(COUNT, int), default=2)
     parser.add_argument("--launcher", choices=("torchrun", "bare"), default="bare")
     parser.add_argument(
-        "--timeout-s", type=float, default=60.0,
+        "--timeout-s", type=option(SECONDS), default=60.0,
         help="process-group timeout in seconds (0: torch's default and no enforcement of ours)",
     )  # fmt: skip
     parser.add_argument("--async-error-handling", type=int, choices=(0, 1, 2, 3), default=3)
     parser.add_argument("--sigterm-handler", choices=("none", "destroy"), default="none")
     parser.add_argument(
-        "--mib", type=int, default=0,
+        "--mib", type=option(INDEX, int), default=0,
         help="MiB each rank holds (GPU when there is one, host memory otherwise)",
     )  # fmt: skip
-    parser.add_argument("--iters-per-s", type=float, default=10.0)
+    parser.add_argument("--iters-per-s", type=option(POSITIVE), default=10.0)
     _add_step_options(parser)
     parser.add_argument("--ready-dir", help="each rank writes rank<R>.json here once running")
     parser.add_argument("--tag", help="CHAOSGPU_TAG for every rank")
     parser.add_argument("--job-id", help="CHAOSGPU_JOB for every rank (default: generated)")
     parser.add_argument("--master-addr", default="127.0.0.1")
-    parser.add_argument("--master-port", type=int, default=0, help="default: a free port")
+    parser.add_argument("--master-port", type=option(LISTEN_PORT, int), default=0,
+                        help="default (0): a free port")
     parser.add_argument("--log-dir", help="write each rank's (or torchrun's) output here")
     parser.add_argument(
         "--detach", action="store_true",
         help="start the ranks in their own sessions, print JSON with their pids and exit",
     )  # fmt: skip
     parser.add_argument(
-        "--wait-ready-s", type=float, default=0.0,
+        "--wait-ready-s", type=option(SECONDS), default=0.0,
         help="with --detach and --ready-dir: wait up to S seconds for every rank to be ready",
     )  # fmt: skip
     return parser
@@ -344,11 +357,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_step_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--matmul", type=int, default=0,
+    parser.add_argument("--matmul", type=option(INDEX, int), default=0,
                         help="each iteration also multiplies two NxN matrices on the rank's "
                              "device and waits for the result (GPU work a GPU fault can slow or "
                              "block)")
-    parser.add_argument("--step-mib", type=int, default=0,
+    parser.add_argument("--step-mib", type=option(INDEX, int), default=0,
                         help="each iteration allocates a fresh tensor of this many MiB on the "
                              "rank's device and empties torch's cache afterwards (a job whose "
                              "memory need varies, which memory pressure can hit)")
