@@ -9,6 +9,7 @@ this test's id) and no sandbox or workload record may be left in the state direc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,10 @@ EXPERIMENTS = sorted((REPO / "experiments").glob("*.json"))
 # run in tests/test_verdicts_foreign.py against jobs chaosgpu did not launch.
 SELF_CONTAINED = [p for p in EXPERIMENTS
                   if "target:existing-job" not in json.loads(p.read_text()).get("tags", [])]
-CHAOS = str(Path(sys.executable).with_name("chaos"))
+# The chaos CLI of this Python's environment, else the one on PATH (packages installed with
+# pip --target put it there).
+_BESIDE = Path(sys.executable).with_name("chaos")
+CHAOS = str(_BESIDE) if _BESIDE.exists() else (shutil.which("chaos") or str(_BESIDE))
 
 # Scaled for CI: what each experiment gets through --var.
 POD_DELETE = {"grace_s": 3.0, "mib": 64}
