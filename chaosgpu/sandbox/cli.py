@@ -25,21 +25,26 @@ def _user(text: str) -> int | str:
     return int(_id(text))
 
 
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chaosgpu sandbox", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     create = sub.add_parser(
-        "create", help="create a local pod (PID + mount namespace); [-- COMMAND] for its init"
-    )
+        "create", help="create a local pod (PID + mount namespace); [-- COMMAND] for its init",
+        usage="chaosgpu sandbox create [options] NAME [-- COMMAND [ARG ...]]",
+        description="Create a local pod: a PID and mount namespace whose PID 1 is --init: "
+                    "sleep (`sleep infinity`, which never reaps; takes no COMMAND), tini or "
+                    "dumb-init (COMMAND as their child, default `sleep infinity`), or none "
+                    "(COMMAND itself is PID 1; required).")
     create.add_argument("name")
-    create.add_argument("--init", choices=runtime.INITS, default="sleep")
-    create.add_argument("--uid", type=_id)
-    create.add_argument("--gid", type=_id)
+    create.add_argument("--init", choices=runtime.INITS, default="sleep",
+                        help="the pod's PID 1 (default sleep: it never reaps)")
+    create.add_argument("--uid", type=_id, help="run the pod as this user id")
+    create.add_argument("--gid", type=_id, help="and this group id (default: the uid)")
     create.add_argument("--grace", type=option(SECONDS), default=30.0,
                         help="grace period, seconds")
     create.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
-    run = sub.add_parser("exec", help="run `-- COMMAND` inside a pod (attached or --detach)")
+    run = sub.add_parser("exec", help="run `-- COMMAND` inside a pod (attached or --detach)",
+                         usage="chaosgpu sandbox exec [options] NAME -- COMMAND [ARG ...]")
     run.add_argument("name")
     run.add_argument("--detach", action="store_true", help="background it (orphan of PID 1)")
     run.add_argument("--user", type=_user, help="uid or uid:gid (default: the pod's user)")
