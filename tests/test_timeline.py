@@ -296,8 +296,8 @@ def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.Monke
         time.sleep(0.5)
         killed_at = {}
         for proc in procs:
-            proc.kill()  # not reaped yet: a zombie for a second
-            killed_at[proc.pid] = sampler.now()
+            killed_at[proc.pid] = sampler.now()  # before the kill: the exit thread may stamp
+            proc.kill()  # it before this thread runs again; not reaped yet: a zombie
             time.sleep(0.13)
         cpu_before, wall_before = time.process_time(), time.monotonic()
         time.sleep(1.0)
@@ -313,7 +313,7 @@ def test_a_blocked_nvml_query_does_not_delay_the_exits(monkeypatch: pytest.Monke
     for pid, at in killed_at.items():
         states = sampler.processes[pid]["states"]
         seen = next(t for t, label in states if label in ("Z", "gone"))
-        assert 0 <= seen - at < 0.25, (pid, at, states)  # not 400 ms behind a query
+        assert 0 <= seen - at < 0.35, (pid, at, states)  # not 400 ms behind a query
         assert states[-1][1] == "gone"
     assert spent < 0.3, spent  # no spinning on a readable pidfd while the zombie waits
 
@@ -422,9 +422,9 @@ def test_proc_is_listed_again_only_after_the_kernel_allocated_a_pid(
     sampler = Sampler(rate_hz=50, scope={"tag": tag}, source="host-rss", rescan_s=0.05)
     sampler_cleanup.append(sampler)
     sampler.start()
-    deadline = time.monotonic() + 10  # searches are 50 ms apart once the first listings,
+    deadline = time.monotonic() + 40  # searches are 50 ms apart once the first listings,
     while len(hints) < 30 and time.monotonic() < deadline:  # which read every process, are
-        time.sleep(0.05)  # spaced by their cost
+        time.sleep(0.05)  # spaced by their cost (seconds on a loaded machine)
     searches, listed = len(hints), len(listings)
     moves = sum(1 for before, after in zip(hints, hints[1:], strict=False) if after != before)
     assert searches >= 30, searches  # the hint was read at every search
