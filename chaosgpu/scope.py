@@ -6,8 +6,11 @@ exactly one of `{"sandbox": name}`, `{"job": id}`, `{"tag": tag}`, `{"pids": [..
 (both false by default). This module owns validating that dict (clear errors, nothing changed)
 and resolving it to the census's process dicts, minus what is never in scope: the host's PID 1,
 the runner and its ancestors, kernel threads, other users' processes and namespace inits unless
-allowed. It must not read /proc itself (the census does) nor send signals (the in-target program
-`actions/signal_processes.py` does, and re-checks every rule at send time).
+allowed. It also remembers which selections this run has met (a scope that matched a process, a
+workload started under a tag), so that a probe can tell a selection that ended from a typo
+(`resolve_observed`, with chaosgpu.arguments.missing_allowed). It must not read /proc itself (the
+census does) nor send signals (the in-target program `actions/signal_processes.py` does, and
+re-checks every rule at send time).
 """
 
 import logging
@@ -17,7 +20,8 @@ from typing import Any
 from chaosgpu.errors import InvalidArgument
 
 __all__ = ["ScopeError", "KINDS", "validate_scope", "resolve_scope", "resolve_scope_detail",
-           "describe_scope", "take_census"]
+           "describe_scope", "take_census", "remember", "seen_in_this_run", "tag_seen",
+           "resolve_observed"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -129,6 +133,83 @@ def _sandbox_init_starttime(name: str) -> int | None:
     return starttime if isinstance(starttime, int) else None
 
 
+# (kind, value) of every tag, job or pod uid this process has met: a scope that matched a process,
+# a workload it started. Once met, a selection that matches nothing has ended (not a typo).
+_SEEN_SELECTIONS: set[tuple[str, str]] = set()
+
+
+def remember(kind: str, value: str) -> None:
+    """Note that this run met the selection `kind`=`value` ("tag", "job" or "pod"): a workload
+    it started, or a scope that matched a process. When it later matches nothing, it ended."""
+    _SEEN_SELECTIONS.add((kind, value))
+
+
+def _workload_record(tag: str) -> dict[str, Any] | None:
+    from chaosgpu import state
+
+    try:
+        return state.read_record("workloads", tag)
+    except ValueError:
+        return None
+
+
+def _sampled_tags() -> set[str]:
+    """The tags of the processes the experiment's timeline has tracked (none without one)."""
+    from chaosgpu.timeline.sampler import current
+
+    sampler = current()
+    if sampler is None:
+        return set()
+    return {str(entry["tag"]) for entry in list(sampler.processes.values())
+            if isinstance(entry, dict) and entry.get("tag")}
+
+
+def _job_seen(job: str | None, tag: str | None) -> bool:
+    try:
+        from chaosgpu.job.observe import seen
+    except ImportError:  # pragma: no cover (the job modules ship with chaosgpu)
+        return False
+    return seen(job, tag)
+
+
+def tag_seen(tag: str) -> bool:
+    """Whether this run has met tag `tag`: a workload it started (or one recorded now), a process
+    carrying it seen by a scope, the timeline or the job probes. A tag met nowhere is a typo."""
+    return (("tag", tag) in _SEEN_SELECTIONS or tag in _SEEN_TAGS.values()
+            or _workload_record(tag) is not None or tag in _sampled_tags()
+            or _job_seen(None, tag))
+
+
+def _job_recorded(job: str) -> bool:
+    from chaosgpu import state
+
+    return any(isinstance(r, dict) and r.get("job_id") == job
+               for r in state.list_records("workloads").values())
+
+
+def seen_in_this_run(scope: dict[str, Any]) -> bool:
+    """Whether the selection of a validated scope is one this run has met (see `tag_seen`; a job
+    id, a pod uid likewise; a sandbox: recorded or created by this process). PIDs are numbers
+    taken from an earlier result, not names: always true (a PID that is gone has ended)."""
+    if "pids" in scope:
+        return True
+    if "tag" in scope:
+        return tag_seen(scope["tag"])
+    if "job" in scope:
+        return (("job", scope["job"]) in _SEEN_SELECTIONS or _job_seen(scope["job"], None)
+                or _job_recorded(scope["job"]))
+    if "sandbox" in scope:
+        from chaosgpu import state
+        from chaosgpu.sandbox import runtime
+
+        try:
+            recorded = state.read_record("sandboxes", scope["sandbox"]) is not None
+        except ValueError:
+            recorded = False
+        return recorded or runtime.created_here(scope["sandbox"])
+    return ("pod", scope["pod"]) in _SEEN_SELECTIONS
+
+
 # (pid, starttime) -> tag, for every tagged process this process has seen: a zombie's environment
 # cannot be read any more, so its tag is remembered from when it was alive.
 _SEEN_TAGS: dict[tuple[int, int], str] = {}
@@ -237,6 +318,9 @@ def resolve_scope_detail(scope: Any, census: dict[str, Any] | None = None,
     if census is None:
         census = take_census(gpu=False)
     candidates, missing = _candidates(checked, census)
+    kind = next(k for k in KINDS if k in checked)
+    if candidates and kind in ("tag", "job", "pod"):
+        remember(kind, checked[kind])
     protected = _protected()
     uid = os.getuid()
     kept: list[dict[str, Any]] = []
@@ -266,3 +350,38 @@ def resolve_scope(scope: Any, census: dict[str, Any] | None = None,
                   observe: bool = False) -> list[dict[str, Any]]:
     """Return the census process dicts a scope resolves to, minus those never in scope."""
     return resolve_scope_detail(scope, census, observe)["processes"]  # type: ignore[no-any-return]
+
+
+def resolve_observed(scope: Any, missing_ok: Any, census: dict[str, Any] | None = None,
+                     observe: bool = True) -> dict[str, Any]:
+    """resolve_scope_detail for an activity that reports on a scope (a probe, a rollback): a
+    scope that matches nothing (no process, none excluded) is accepted only where
+    chaosgpu.arguments' missing_allowed(missing_ok, seen) allows it, `seen` being whether this
+    run has met the selection (`seen_in_this_run`: a workload it started, a process once
+    matched); otherwise ScopeError, so a typo'd tag, job, pod or sandbox never reads as "nothing
+    there". A sandbox that is not recorded reads as empty on the same terms. A bad `missing_ok`
+    is refused before anything is read. The detail gains "matched" (false when nothing was)."""
+    from chaosgpu.arguments import missing_allowed
+
+    checked = validate_scope(scope)
+    missing_allowed(missing_ok, True)  # a bad value is refused whatever the scope matches
+    try:
+        detail = resolve_scope_detail(checked, census, observe)
+    except ScopeError as error:
+        if "sandbox" not in checked or "no sandbox named" not in str(error):
+            raise
+        if not missing_allowed(missing_ok, seen_in_this_run(checked)):
+            raise ScopeError(f"{error}: a typo? A sandbox that may be absent needs missing_ok "
+                             "true (or \"before-method\", the default, before the method "
+                             "starts)") from None
+        return {"scope": checked, "processes": [], "excluded": [], "matched": False,
+                "missing": [{"sandbox": checked["sandbox"], "reason": "not recorded"}]}
+    detail["matched"] = bool(detail["processes"] or detail["excluded"])
+    if detail["matched"] or missing_allowed(missing_ok, seen_in_this_run(checked)):
+        return detail
+    raise ScopeError(
+        f"scope {describe_scope(checked)} matches no process, and this run never met it (no "
+        f"workload it started, no process seen carrying it): a typo? Check it with `chaosgpu "
+        f"snapshot`. A selection that may be absent needs missing_ok true (or "
+        f"\"before-method\", the default, before the method starts); missing: "
+        f"{detail['missing']}")

@@ -294,14 +294,18 @@ def test_cuda_oom_seen_reads_the_injector_marks_of_a_tag(tmp_path: Path) -> None
     try:
         seen = probes.cuda_oom_seen("victim-a")
         assert seen["seen"] is True and len(seen["torch_observer"]) == 1
-        assert probes.cuda_oom_seen("nobody")["seen"] is False
+        with pytest.raises(ValueError, match="never met that tag"):
+            probes.cuda_oom_seen("nobody")  # a typo never reads as "no OOM"
+        assert probes.cuda_oom_seen("nobody", missing_ok=True)["seen"] is False
     finally:
         mark.unlink()
     with pytest.raises(ValueError, match="tag must be a non-empty string"):
         probes.cuda_oom_seen("")
     with pytest.raises(ValueError, match="no chaosgpu ring workload tagged"):
         probes.job_progress("nobody", window_s=0.1)
-    assert probes.job_stalled("nobody", window_s=0.1) is False
+    with pytest.raises(ValueError, match="never met that tag"):
+        probes.job_stalled("nobody", window_s=0.1)  # a typo never reads as "not stalled"
+    assert probes.job_stalled("nobody", window_s=0.1, missing_ok=True) is False
 
 
 # ------------------------------------------------------------- the CUDA injection library

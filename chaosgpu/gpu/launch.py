@@ -36,6 +36,9 @@ def check_tag(tag: str | None, prefix: str) -> str:
     if not isinstance(tag, str) or not TAG_RE.match(tag):
         raise ValueError(f"invalid tag {tag!r}: use 1-63 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit")
+    from chaosgpu import scope
+
+    scope.remember("tag", tag)  # the experiment's own tag, not a typo, once the program ends
     existing = state.read_record(KIND, tag)
     if existing is not None:
         if any(process_state(p["pid"]) not in (None, "Z", "X")

@@ -6,12 +6,18 @@ the thin layer for the readings the census does not take), and the victim's side
 fault: a ring job's progress and stragglers (its own step counter), CUDA out-of-memory seen in a
 job. It must not import pynvml itself, and must not signal or start anything. NVML absent is a
 normal state: `gpu_available` says so, NVML probes raise a clear error naming why.
+
+A probe that reads a workload by tag (job_stalled, cuda_oom_seen) fails when the tag is one this
+run never met (no workload recorded or started under it, no process seen carrying it: a typo)
+unless `missing_ok` allows it: true, or "before-method" (the default, the catalog's form: before
+the experiment's method starts the workload; chaosgpu.arguments.missing_allowed).
 """
 
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
+from chaosgpu import arguments
 from chaosgpu.arguments import (
     DEVICE,
     INDEX,
@@ -30,6 +36,21 @@ __all__ = ["gpu_available", "gpu_memory_used", "gpu_processes", "process_gpu_mem
            "job_slowdown", "cuda_oom_seen", "gpu_faults"]
 
 _baselines: dict[str, dict[str, Any]] = {}
+
+MissingOk = Union[bool, str]
+
+
+def _unknown_tag(tag: str, missing_ok: Any, what: str) -> ValueError | None:
+    """The error for a workload tag that reads as absent, or None where `missing_ok` allows it
+    (a tag this run met: it ended; or before the method, with "before-method")."""
+    from chaosgpu.scope import tag_seen
+
+    if arguments.missing_allowed(missing_ok, tag_seen(tag)):
+        return None
+    return ValueError(f"no {what} tagged {tag!r}, and this run never met that tag (no workload "
+                      "started or recorded under it, no process seen carrying it): a typo? A "
+                      "workload that may be absent needs missing_ok true (or \"before-method\", "
+                      "the default, before the method starts)")
 
 
 def _snapshot(device: int | None) -> dict[str, Any]:
@@ -146,14 +167,20 @@ def xid_events(device: Optional[Union[int, str]] = None, timeout_s: float = 5.0,
     """Wait up to `timeout_s` for XID events (NVML critical XID errors) on GPU `device` (all
     GPUs when None), from the moment the probe starts: {"xids": [{"t", "device", "xid"}],
     "registered": [devices], "unsupported": {device: why}}. An empty list after registration
-    means NVML delivered none in the window; where registration is refused, it says so."""
+    means NVML delivered none in the window; where registration is refused for some devices,
+    "unsupported" says so. Where NVML registered no device at all, nothing could be seen: the
+    probe fails (RuntimeError) rather than read as "no XID"."""
     from chaosgpu.gpu import nvml
 
     devices.check_number("timeout_s", timeout_s, minimum=0)
     indexes = None if device is None else [int(devices.resolve_device(device)["index"])]
     watch = nvml.XidWatch(indexes)
     try:
-        seen = watch.wait(timeout_s) if watch.registered else []
+        if not watch.registered:
+            raise RuntimeError(f"NVML registered no GPU for XID events (refused: "
+                               f"{watch.unsupported or watch.error or 'no GPU'}): no XID "
+                               "could be seen, so an empty list would prove nothing")
+        seen = watch.wait(timeout_s)
     finally:
         watch.stop()
     return {"xids": monitor.describe_xids(seen), "registered": watch.registered,
@@ -192,16 +219,22 @@ def job_progress(tag: str, window_s: float = 2.0, stall_factor: float = 0.5,
 
 
 @checked(tag=TEXT, window_s=POSITIVE_SECONDS)
-def job_stalled(tag: str, window_s: float = 2.0,
+def job_stalled(tag: str, window_s: float = 2.0, missing_ok: MissingOk = "before-method",
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> bool:
     """True when the chaosgpu ring `tag` runs (is recorded) and a rank did not advance during
     `window_s` (blocked on its GPU, holding the GIL, waiting for a stuck peer, or gone); false
-    when every rank advanced, or when there is no such ring. The steady state "no stalled
-    job" uses tolerance false."""
+    when every rank advanced. The steady state "no stalled job" uses tolerance false. No such
+    ring: false where `missing_ok` allows it (before the method starts it, with
+    "before-method", the default; or a ring this run started, since stopped), otherwise the
+    probe fails, so a typo'd tag never passes."""
+    arguments.missing_allowed(missing_ok, True)  # a bad missing_ok is refused either way
     try:
         folder = _ring_folder(tag)
     except ValueError:
+        refused = _unknown_tag(tag, missing_ok, "chaosgpu ring workload")
+        if refused is not None:
+            raise refused from None
         return False
     if not monitor.read_progress(folder):
         return False  # started but not stepping yet: nothing to judge
@@ -232,20 +265,28 @@ def job_slowdown(tag: str, window_s: float = 2.0,
 
 
 @checked(tag=TEXT)
-def cuda_oom_seen(tag: str, configuration: Optional[Dict[str, Any]] = None,
+def cuda_oom_seen(tag: str, missing_ok: MissingOk = "before-method",
+                  configuration: Optional[Dict[str, Any]] = None,
                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Whether processes tagged `tag` hit CUDA out-of-memory, from what reaches outside the job:
     torch's OOM observer (ranks started with chaosgpu's Python injector), allocations failed by
     chaosgpu's CUDA injector, the OOMs a chaosgpu ring reports in its step counter, and the
     lines of the workload's logs that name an OOM. Returns "seen" and each source's evidence;
-    a job reached by none of these paths reads "seen": false with "reached" saying so."""
+    a job reached by none of these paths reads "seen": false with "reached" saying so. A tag
+    known nowhere (no record, no injector file, never met by this run) fails unless
+    `missing_ok` allows it (see the module docstring): a typo never reads as "no OOM"."""
     from chaosgpu import state
     from chaosgpu.gpu import injector
 
     if not isinstance(tag, str) or not tag:
         raise ValueError("tag must name the workload (its CHAOSGPU_TAG)")
+    arguments.missing_allowed(missing_ok, True)  # a bad missing_ok is refused either way
     events = injector.tagged_events(tag)
     record = state.read_record("workloads", tag)
+    if record is None and not events["oom"] and not events["cuda"]:
+        refused = _unknown_tag(tag, missing_ok, "workload or injector mark")
+        if refused is not None:
+            raise refused
     logs: dict[str, list[str]] = {}
     progress_ooms: dict[str, Any] = {}
     reached = ["injector files"]

@@ -3,10 +3,13 @@ chaosgpu.job.probes.job_ranks).
 
 This module owns the probe functions that experiments call; every value comes from one census
 (`chaosgpu.node.take_census`), never from a reading of /proc of its own. The `scope` filter here
-is resolved by `chaosgpu.scope` (the one scope resolver).
+is resolved by `chaosgpu.scope` (the one scope resolver). A scope that matches no process fails
+unless this run has met its selection (it ended) or `missing_ok` allows it: true, or
+"before-method" (the default: before the experiment's method starts), so a typo'd tag never
+reads as "no zombies" (chaosgpu.scope.resolve_observed).
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu.arguments import POSITIVE_SECONDS, checked
 from chaosgpu.node import take_census
@@ -14,16 +17,20 @@ from chaosgpu.node import take_census
 __all__ = ["node_snapshot", "zombies", "orphans", "jobs", "hung_jobs"]
 
 
-def _select(flag: str, scope: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _select(flag: str, scope: dict[str, Any] | None, missing_ok: Any) -> list[dict[str, Any]]:
     """The census processes with `flag` set, within `scope` when one is given (resolved by
-    chaosgpu.scope, the one scope resolver: tag, sandbox, job, pids)."""
-    census = take_census(gpu=False, fds=False, cache=True)  # a polled census: stat per known PID
+    chaosgpu.scope, the one scope resolver: tag, sandbox, job, pids; a scope matching nothing
+    as `missing_ok` allows)."""
     if scope is None:
+        census = take_census(gpu=False, fds=False, cache=True)  # polled: stat per known PID
         processes = census["processes"]
     else:
-        from chaosgpu.scope import resolve_scope
+        from chaosgpu.scope import resolve_observed, validate_scope
 
-        processes = resolve_scope(scope, census=census)
+        validate_scope(scope)  # a bad scope is refused before the census is taken
+        census = take_census(gpu=False, fds=False, cache=True)
+        processes = resolve_observed(scope, missing_ok, census=census,
+                                     observe=False)["processes"]
     return [_described(p) for p in processes if p.get(flag)]
 
 
@@ -46,21 +53,25 @@ def node_snapshot(gpu: bool = True, env: bool = True, fds: bool = True,
 
 
 def zombies(scope: Optional[Dict[str, Any]] = None,
+            missing_ok: Union[bool, str] = "before-method",
             configuration: Optional[Dict[str, Any]] = None,
             secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the zombie processes (state Z: exited, not reaped by their parent) in `scope`
     (a dict with any of tag, sandbox, job, pids; none = the whole node), each with its host and
-    namespace PID, parent, owner, container and tag; an empty list is the healthy value."""
-    return _select("zombie", scope)
+    namespace PID, parent, owner, container and tag; an empty list is the healthy value. A
+    scope matching nothing: see `missing_ok` in the module docstring."""
+    return _select("zombie", scope, missing_ok)
 
 
 def orphans(scope: Optional[Dict[str, Any]] = None,
+            missing_ok: Union[bool, str] = "before-method",
             configuration: Optional[Dict[str, Any]] = None,
             secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the orphan processes (reparented to their PID namespace's init or a subreaper and
     not started by it on purpose; rule in docs/census.md) in `scope` (tag, sandbox, job, pids),
-    each with host and namespace PID, parent, container and the reason it counts as orphan."""
-    return _select("orphan", scope)
+    each with host and namespace PID, parent, container and the reason it counts as orphan. A
+    scope matching nothing: see `missing_ok` in the module docstring."""
+    return _select("orphan", scope, missing_ok)
 
 
 def jobs(configuration: Optional[Dict[str, Any]] = None,

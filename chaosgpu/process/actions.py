@@ -10,12 +10,18 @@ has its own deadline.
 
 import logging
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.process import freezer
 from chaosgpu.process.terminate import NULL_SIGNAL, Target, wait_exits
-from chaosgpu.scope import ScopeError, describe_scope, resolve_scope_detail, validate_scope
+from chaosgpu.scope import (
+    ScopeError,
+    describe_scope,
+    resolve_observed,
+    resolve_scope_detail,
+    validate_scope,
+)
 
 __all__ = ["signal_processes", "freeze_processes", "resume_processes"]
 
@@ -76,7 +82,9 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     pidfds after checking each process's identity; the host's PID 1, the runner, kernel threads,
     other users' processes and namespace inits (unless the scope allows them) are refused. With
     `wait_gone_s` > 0 it waits up to that long for the signalled processes to die. Raises when
-    the scope matches nothing and `require_match` is true. Returns the per-process results."""
+    the scope matches nothing, or when the signal reached none of the processes it matched
+    (every one refused, or already dead), and `require_match` is true: nothing sent is never a
+    success. Returns the per-process results."""
     checked = validate_scope(scope)
     _signaller().parse_signal(signal)  # bad signal name: fail before looking at anything
     if wait_gone_s < 0:
@@ -88,6 +96,11 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                          f"{detail['missing']})")
     report = send(detail["processes"], signal, checked)
     report.update(scope=checked, excluded=detail["excluded"], missing=detail["missing"])
+    if require_match and not report["sent"]:
+        why = "; ".join(f"PID {r['pid']}: {r['result']} ({r.get('reason')})"
+                        for r in report["results"])
+        raise ScopeError(f"{report['signal']} reached no process of scope "
+                         f"{describe_scope(checked)}: nothing was sent ({why})")
     if wait_gone_s > 0:
         sent = [r for r in report["results"] if r["result"] == "sent"]
         report["wait"] = wait_gone(sent, wait_gone_s)
@@ -153,14 +166,17 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
     return report
 
 
-def resume_processes(scope: Dict[str, Any],
+def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "before-method",
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume the frozen processes of a declared scope: thaw chaosgpu's freezer cgroups that
     hold them and send SIGCONT through pidfds. Safe to run twice and when nothing is frozen
-    (a rollback). Returns what was resumed."""
-    checked = validate_scope(scope)
-    detail = resolve_scope_detail(checked)
+    (a rollback), also once the processes are gone; but a scope this run never met (a typo'd
+    tag: it would leave the frozen processes frozen) fails, unless `missing_ok` is true (or
+    "before-method", the default, before the method starts; chaosgpu.scope.resolve_observed).
+    Returns what was resumed."""
+    detail = resolve_observed(scope, missing_ok, observe=False)
+    checked = detail["scope"]
     pids = {p["pid"] for p in detail["processes"]}
     thawed = _thaw_freezer_groups(pids) if pids else []
     report = send(detail["processes"], "SIGCONT", checked) if detail["processes"] else {

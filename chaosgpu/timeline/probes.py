@@ -17,9 +17,9 @@ import functools
 import logging
 import statistics
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
-from chaosgpu.arguments import MIB, SECONDS, TEXT, checked
+from chaosgpu.arguments import MIB, SECONDS, TEXT, checked, missing_allowed
 from chaosgpu.progress import Progress
 from chaosgpu.timeline import integral
 from chaosgpu.timeline import sampler as sampler_mod
@@ -110,19 +110,24 @@ def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
 
 @checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
 def memory_release_time(after_event: str, threshold_mib: float = 64.0,
-                        timeout_s: float = 30.0, phase: str = "start", missing_ok: bool = False,
+                        timeout_s: float = 30.0, phase: str = "start",
+                        missing_ok: Union[bool, str] = False,
                         configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> Optional[float]:
     """Seconds from an event on the timeline (an activity's name; its `phase` "start" by
     default) to the first sample where memory is back within `threshold_mib` of the baseline.
     Waits up to `timeout_s` for that to happen; returns None (and logs why) when it did not.
-    With `missing_ok`, an event not on the timeline yet (a steady state checked before the
-    method) gives 0.0: nothing has been released because nothing was faulted."""
+    An event not on the timeline fails (a typo'd name never reads as released), unless
+    `missing_ok` allows it: "before-method" (the catalog's form: a steady state checked before
+    the method, when nothing was faulted yet) or true (always); then it gives 0.0: nothing has
+    been released because nothing was faulted (chaosgpu.arguments.missing_allowed)."""
     if not after_event:
         raise ValueError("after_event must name an activity on the timeline")
+    missing_allowed(missing_ok, True)  # a bad missing_ok is refused whether or not it applies
     sampler = _sampler()
     assert sampler.baseline is not None
-    if missing_ok and sampler.event_time(after_event, phase) is None:
+    if sampler.event_time(after_event, phase) is None \
+            and missing_allowed(missing_ok, False):
         _record(sampler, "memory_release_time", {
             "after_event": after_event, "phase": phase, "seconds": 0.0, "value": 0.0, "unit": "s",
             "note": "event not on the timeline (yet): nothing to release"})

@@ -58,6 +58,9 @@ def _check_tag(tag: str | None, prefix: str) -> str:
             f"invalid tag {tag!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    from chaosgpu import scope
+
+    scope.remember("tag", tag)  # the experiment's own tag: once it ends, "nothing left" holds
     existing = state.read_record(KIND, tag)
     if existing is not None:
         runtime = _proc()
@@ -399,6 +402,9 @@ def start_ring(
     injector_env = _injector_env(inject)
     tag = _check_tag(tag, "ring")
     workdir = _workdir(tag, None)
+    from chaosgpu import scope
+
+    scope.remember("job", job_id or tag)
     config = RingConfig(
         backend=backend,
         world_size=world_size,
