@@ -255,6 +255,8 @@ class Observer:
             if activity is not None and activity.get("state") in ("Z", "X"):
                 self._exits.note_zombie(rank.pid, rank.starttime, activity.get("exit_code"))
             frozen = self._frozen.get((rank.pid, rank.starttime), False)
+            if rank.helpers:
+                track.update_helper_activity(rank, self._helper_ticks(rank.helpers), now)
             track.update_activity(rank, activity, sockets, now, frozen=frozen)
             if not rank.live:
                 self._record_exit(track, rank, now)
@@ -268,6 +270,19 @@ class Observer:
                 alive = False
             exit_info = None if alive else self._exits.exit_of(pid, start)
             track.update_launcher(alive, exit_info, now)
+
+    @staticmethod
+    def _helper_ticks(helpers: dict[int, int]) -> dict[int, int | None]:
+        """The CPU ticks of a rank's helpers (pid -> start time), None for one gone."""
+        from chaosgpu.node import process_activity
+
+        ticks: dict[int, int | None] = {}
+        for pid, start in helpers.items():
+            activity = process_activity(pid, threads=False, sockets=False)
+            alive = activity is not None and activity.get("starttime") == start \
+                and activity.get("state") not in ("Z", "X")
+            ticks[pid] = activity.get("cpu_ticks") if alive and activity else None
+        return ticks
 
     def _check_holders(self, track: JobTrack, rank: RankTrack, now: float) -> None:
         """An ended rank's helpers (forked copies: DataLoader workers) that still hold its

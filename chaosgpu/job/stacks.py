@@ -33,14 +33,17 @@ SITE_KINDS = ("collective", "barrier", "rendezvous", "backward", "gpu-wait", "wa
 _C10D = "torch/distributed/distributed_c10d.py"
 _COLLECTIVES = frozenset((
     "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
-    "all_gather_coalesced", "all_gather_object", "reduce_scatter", "reduce_scatter_tensor",
+    "all_gather_coalesced", "all_gather_object", "all_gather_single", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single",
     "broadcast", "broadcast_object_list", "reduce", "all_to_all", "all_to_all_single",
     "gather", "gather_object", "scatter", "scatter_object_list", "send", "recv",
     "batch_isend_irecv", "send_object_list", "recv_object_list",
 ))
 _BARRIERS = frozenset(("barrier", "monitored_barrier"))
 _RENDEZVOUS_C10D = frozenset(("init_process_group", "new_group", "_new_group_with_tag",
-                              "_store_based_barrier", "new_subgroups", "init_device_mesh"))
+                              "_store_based_barrier", "new_subgroups",
+                              "new_subgroups_by_enumeration", "split_group", "shrink_group",
+                              "init_device_mesh"))
 _RENDEZVOUS_FILES = ("torch/distributed/rendezvous.py", "torch/distributed/elastic/rendezvous/")
 _BACKWARD = (("torch/autograd/graph.py", "_engine_run_backward"),
              ("torch/autograd/__init__.py", "backward"),
@@ -110,7 +113,10 @@ class StackSample:
 @dataclass(frozen=True)
 class Site:
     """Where a thread waits: kind (one of SITE_KINDS), what (all_reduce, init_process_group,
-    `.wait()` ...), the frame that waits, its caller in user code, and the source line."""
+    `.wait()` ...), the frame that waits, its caller in user code, the source line, and `via`:
+    the outermost torch.distributed function between the two (the library that runs the
+    collective for the user's call: DCP's save, FSDP's unshard, gather_object), when there is
+    one other than the waiting frame."""
 
     kind: str
     what: str
@@ -118,11 +124,24 @@ class Site:
     caller: str | None
     source: str | None
     thread: str | None
+    via: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The site as a JSON-ready dict."""
         return {"kind": self.kind, "what": self.what, "frame": self.frame,
-                "caller": self.caller, "source": self.source, "thread": self.thread}
+                "caller": self.caller, "source": self.source, "thread": self.thread,
+                "via": self.via}
+
+    def describe(self) -> str:
+        """The site in words for a reason: `collective all_reduce`, `barrier`, `wait .wait()`,
+        with `via` where there is one."""
+        text = self.kind if self.what == self.kind or self.what.startswith(self.kind) \
+            else f"{self.kind} {self.what}"
+        if self.kind == "wait":
+            text = f"a wait on a collective ({self.what})"
+        if self.via:
+            text += f" (via {self.via})"
+        return text
 
 
 def py_spy_path() -> str | None:
@@ -251,7 +270,7 @@ def _source_site(source: str | None, gpu: bool) -> tuple[str, str] | None:
         return ("barrier" if match.group(1) == "barrier" else "collective"), match.group(1)
     match = _SOURCE_WAIT.search(source)
     if match:
-        return "wait", match.group(0).strip(".(")
+        return "wait", match.group(0) + ("" if match.group(0).endswith(")") else ")")
     if gpu and _SOURCE_GPU.search(source):
         return "gpu-wait", _SOURCE_GPU.search(source).group(0).strip(".(")  # type: ignore[union-attr]
     return None
@@ -262,6 +281,19 @@ def _user_caller(frames: list[Frame], start: int) -> str | None:
         if "/torch/" not in frame.filename and "/site-packages/" not in frame.filename:
             return frame.where()
     return None
+
+
+def _via(frames: list[Frame], start: int) -> str | None:
+    """The outermost named torch.distributed function above frames[start] and below the user's
+    code (wrappers and loggers skipped), or None when there is none."""
+    found = None
+    for frame in frames[start + 1:]:
+        if "/torch/" not in frame.filename and "/site-packages/" not in frame.filename:
+            break
+        if "torch/distributed/" in frame.filename and "<locals>" not in frame.function \
+                and not frame.filename.endswith(("c10d_logger.py", "/logger.py")):
+            found = frame
+    return found.where() if found is not None else None
 
 
 def is_dataloader_worker(sample: StackSample) -> bool:
@@ -294,7 +326,8 @@ def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool)
         found = _frame_site(frame)
         if found is not None:
             caller = _user_caller(frames, index + 1)
-            return Site(found[0], found[1], frame.where(), caller, None, thread.name)
+            return Site(found[0], found[1], frame.where(), caller, None, thread.name,
+                        _via(frames, index))
     if not frames:
         return None
     inner = frames[0]

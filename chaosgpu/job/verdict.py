@@ -58,6 +58,8 @@ _EVIDENCE_LIMIT = 60
 #: Exits seen this close together were seen by one reading: which came first is not known.
 _SAME_MOMENT_S = 0.001
 _LIVE = ("alive", "stopped", "frozen")
+#: Sites where a rank waits on its peers (a rank seen there since a peer stopped is tied to it).
+_BLOCKING = ("collective", "barrier", "backward", "wait")
 
 
 def _ranks_text(tracks: "list[RankTrack]") -> str:
@@ -114,6 +116,20 @@ class RankTrack:
     helpers: dict[int, int] = field(default_factory=dict)
     #: after its end, the helpers still holding its peer connections ({"pid", "connections"})
     holders: list[dict[str, int]] = field(default_factory=list)
+    #: when its state (alive, stopped, frozen) was first seen as it is now
+    state_since: float | None = None
+    #: the last progress that needs no stack: bytes to its peers, CPU time (its own or its
+    #: helpers'), a Flight Recorder collective completed (a stack that moves and written bytes
+    #: are also a loop retrying a collective that cannot complete, and its logging)
+    last_hard_progress: float | None = None
+    #: the last progress with its peers: bytes to them, a Flight Recorder collective completed
+    last_peer_progress: float | None = None
+    #: CPU use of its helpers (DataLoader workers) together, in cores, and their history
+    helper_cores: float | None = None
+    helper_cpu: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
+    #: the last collective, barrier or wait it was seen in, and when
+    last_wait: Site | None = None
+    last_wait_at: float | None = None
 
     @property
     def label(self) -> str:
@@ -287,6 +303,7 @@ class JobTrack:
             return
         ticks = activity.get("cpu_ticks")
         moved: list[str] = []
+        hard = False
         if ticks is not None:
             track.cpu_cores = _cpu_rate(track.cpu_history, now, ticks)
         wchar = activity.get("wchar")
@@ -298,6 +315,8 @@ class JobTrack:
             net_bytes = self._network(track, activity["socket_inodes"], sockets, now)
             if net_bytes:
                 moved.append(f"{net_bytes} bytes crossed its peer connections")
+                hard = True
+                track.last_peer_progress = now
         if track.state != "alive":
             return  # a stopped or frozen process makes no progress, whatever a counter says
         # CPU time is progress unless the rank waits where a loop may spin or poll (a collective,
@@ -307,10 +326,34 @@ class JobTrack:
         if not waiting and track.cpu_cores is not None and track.cpu_cores >= COMPUTING_CORES:
             moved.append(f"computing ({track.cpu_cores:.2f} cores"
                          + (", in backward)" if track.site is not None else ", not waiting)"))
+            hard = True
+        # a rank waiting for its DataLoader: its workers' CPU time is its step being prepared
+        if not waiting and track.helper_cores is not None \
+                and track.helper_cores >= COMPUTING_CORES:
+            moved.append(f"its helper processes (DataLoader workers) compute "
+                         f"({track.helper_cores:.2f} cores)")
+            hard = True
         if not waiting and wrote:
             moved.append("writing (bytes written, not waiting)")
         if moved:
-            self._progress(track, now, "; ".join(moved))
+            self._progress(track, now, "; ".join(moved), hard=hard)
+
+    def update_helper_activity(self, track: RankTrack, ticks: dict[int, int | None],
+                               now: float) -> None:
+        """The CPU ticks of a live rank's helpers (pid -> ticks, None: gone), read with its
+        own /proc sample (update_activity then counts their CPU use as its progress while the
+        rank itself waits for them, not in a collective)."""
+        rates = []
+        for pid, value in ticks.items():
+            if value is None:
+                track.helper_cpu.pop(pid, None)
+                continue
+            rate = _cpu_rate(track.helper_cpu.setdefault(pid, deque()), now, value)
+            if rate is not None:
+                rates.append(rate)
+        for pid in set(track.helper_cpu) - set(ticks):
+            del track.helper_cpu[pid]
+        track.helper_cores = sum(rates) if rates else None
 
     def _update_state(self, track: RankTrack, activity: dict[str, Any], now: float,
                       frozen: bool) -> bool:
@@ -325,6 +368,9 @@ class JobTrack:
             self.note(now, "proc", f"{track.label} is {new_state} (state {state})",
                       track.rank)
             track.state = new_state
+            track.state_since = now
+        elif track.state_since is None:
+            track.state_since = now
         if activity.get("stderr"):
             track.stderr = activity["stderr"]
         backend = _backend_from_threads(activity.get("threads"))
@@ -394,16 +440,16 @@ class JobTrack:
         site = classify(sample, self._sources, gpu=gpu)
         if site != track.site:
             if site is not None:
-                what = site.what if site.what.startswith(site.kind) \
-                    else f"{site.kind} {site.what}"
-                self.note(now, "py-spy", f"{track.label} waits in {what} "
+                self.note(now, "py-spy", f"{track.label} waits in {site.describe()} "
                           f"at {site.caller or site.frame}", track.rank,
                           source_line=site.source)
                 track.site_since = now
             elif track.site is not None:
-                self.note(now, "py-spy", f"rank {track.rank} left {track.site.what}", track.rank)
+                self.note(now, "py-spy", f"{track.label} left {track.site.what}", track.rank)
                 track.site_since = None
             track.site = site
+        if site is not None and site.kind in _BLOCKING and track.state == "alive":
+            track.last_wait, track.last_wait_at = site, now
         if not track.up and track.backend is not None and (site is None
                                                             or site.kind != "rendezvous"):
             track.up = True
@@ -431,7 +477,9 @@ class JobTrack:
         done = summary.get("last_completed_seq")
         if before is not None and done is not None and done > (before.get("last_completed_seq")
                                                                or -1):
-            self._progress(track, now, f"Flight Recorder: collective {done} completed")
+            self._progress(track, now, f"Flight Recorder: collective {done} completed",
+                           hard=True)
+            track.last_peer_progress = now
 
     def update_exit(self, track: RankTrack, exit_info: Exit, error: dict[str, Any] | None,
                     now: float) -> None:
@@ -472,11 +520,13 @@ class JobTrack:
         track.site = None
         self.note(now, source, f"rank {track.rank} (PID {track.pid}) {how}", track.rank)
 
-    def _progress(self, track: RankTrack, now: float, how: str) -> None:
+    def _progress(self, track: RankTrack, now: float, how: str, hard: bool = False) -> None:
         if track.last_progress is None or now - track.last_progress >= self.window_s / 2:
-            self.note(now, "progress", f"rank {track.rank}: {how}", track.rank)
+            self.note(now, "progress", f"{track.label}: {how}", track.rank)
         track.last_progress = now
         track.progress_how = how
+        if hard:
+            track.last_hard_progress = now
 
     # ---------------------------------------------------------------- the verdict
 
@@ -520,11 +570,16 @@ class JobTrack:
         if not live:
             return self._ended_verdict(ranks, restarts, now)
         last = max((t.last_progress for t in live if t.last_progress is not None), default=None)
+        never = last is None
+        stuck, soft_only, last, early = self._peer_cannot_answer(live, last, now)
+        if early is not None:
+            return early
         quiet_since = last if last is not None else max(self.first_seen,
                                                          min(t.first_seen for t in live))
         quiet_for = now - quiet_since
         if quiet_for >= self.window_s:
-            decided = self._no_progress(ranks, live, quiet_since, quiet_for, last is None)
+            decided = self._no_progress(ranks, live, quiet_since, quiet_for, never, stuck,
+                                        soft_only, now)
             if decided is not None:
                 return decided
         failed_here = [t for t in ranks if not t.live and t.exit is not None
@@ -597,11 +652,82 @@ class JobTrack:
                          f"{track.exit.describe() if track.exit else 'ended'}{who}{after}")
         return "; ".join(parts)
 
+    def _peer_cannot_answer(self, live: list[RankTrack], last: float | None, now: float
+                            ) -> tuple[list[RankTrack], list[RankTrack], float | None,
+                                       tuple[str, str, float | None, dict[str, Any]] | None]:
+        """With a rank that cannot answer (stopped, frozen, idle): the ranks stuck, those
+        moving only on their own, the last progress that counts, and a verdict to give now
+        (unknown, while a stop is younger than the window and the others move only so)."""
+        stuck = self._stuck(live, now)
+        stopped = [t for t in live if t.state in ("stopped", "frozen")]
+        soft_only: list[RankTrack] = []
+        if stuck or stopped:
+            # A peer stopped or frozen (or idle) cannot complete a collective: what the others
+            # show then counts only where it needs no peer (bytes between live ranks, CPU
+            # time, Flight Recorder). A stack that moves and log lines are also a loop
+            # retrying a collective that fails, which is no progress.
+            stopped_at = min(map(self._stuck_since, stuck or stopped))
+
+            def hard_of(track: RankTrack) -> float | None:
+                # seen in a collective since its peer stopped, and no byte crossed since: that
+                # collective failed, and the CPU time of its error handling is no progress
+                if track.last_wait_at is not None and track.last_wait_at >= stopped_at and (
+                        track.last_peer_progress is None
+                        or track.last_peer_progress <= track.last_wait_at):
+                    return track.last_peer_progress
+                return track.last_hard_progress
+
+            hard = max((h for h in map(hard_of, live) if h is not None), default=None)
+            soft_only = [t for t in live if t.last_progress is not None
+                         and now - t.last_progress < self.window_s
+                         and (hard_of(t) is None or now - (hard_of(t) or 0) >= self.window_s)]
+            if stuck:
+                last = hard
+            elif soft_only and (hard is None or now - hard >= self.window_s):
+                # stopped for less than the window yet: no "running" on such moves alone
+                why = (f"{_ranks_text(stopped)} stopped or frozen {now - stopped_at:.1f} s "
+                       f"ago; ranks {_ranks_text(soft_only)} move only on their own (a stack "
+                       "that moves, lines written), with no byte to their peers: watching for "
+                       f"{self.window_s:g} s")
+                return stuck, soft_only, last, ("unknown", why, None, {})
+        return stuck, soft_only, last, None
+
+    def _stuck(self, live: list[RankTrack], now: float) -> list[RankTrack]:
+        """The ranks that cannot answer a collective: stopped or frozen for at least the
+        window, or alive and idle outside any waiting place (no progress of any kind, its stack
+        read and unchanged) for at least the window. Their `state_since` says since when."""
+        found = [t for t in live if t.state in ("stopped", "frozen")
+                 and t.state_since is not None and now - t.state_since >= self.window_s]
+        for track in live:
+            if track.state != "alive" or track.site is not None or track.stack is None:
+                continue
+            if now - self._stuck_since(track) >= self.window_s:
+                found.append(track)
+        return found
+
+    @staticmethod
+    def _stuck_since(track: RankTrack) -> float:
+        """Since when a rank cannot answer: its stop, or the end of its last progress."""
+        if track.state != "alive" and track.state_since is not None:
+            return track.state_since
+        return max(track.last_progress or track.first_seen, track.state_since or 0.0)
+
     def _no_progress(self, ranks: list[RankTrack], live: list[RankTrack], since: float,
-                     quiet_for: float, never: bool
+                     quiet_for: float, never: bool, stuck: list[RankTrack] | None = None,
+                     soft_only: list[RankTrack] | None = None, now: float | None = None
                      ) -> tuple[str, str, float | None, dict[str, Any]] | None:
         alive = [t for t in live if t.state == "alive"]
         waiting = [t for t in alive if t.site is not None and t.site.kind != "gpu-wait"]
+        retrying: list[RankTrack] = []
+        if stuck:
+            # between two attempts at a collective that fails at once (its peer connection
+            # closed after a timeout), a rank sits in its own code: seen in the collective
+            # since its peer stopped, it is tied to that peer
+            stopped_at = min(map(self._stuck_since, stuck))
+            retrying = [t for t in alive if t not in waiting and t.site is None
+                        and t.last_wait is not None and t.last_wait_at is not None
+                        and t.last_wait_at >= stopped_at]
+            waiting = waiting + retrying
         gpu_waiting = [t for t in alive if t.site is not None and t.site.kind == "gpu-wait"]
         fr_pending = [t for t in alive if t.rank in self.flight_recorder
                       and self.flight_recorder[t.rank].get("pending")]
@@ -618,15 +744,27 @@ class JobTrack:
                         f"{_ranks_text(gpu_waiting)} wait on the GPU, and without Flight "
                         "Recorder a long kernel cannot be told from a hung one", since, {})
             return ("unknown", f"no progress for {quiet_for:.1f} s, but no rank waits in a "
-                    "collective, barrier or rendezvous (idle or sleeping?)", since, {})
+                    "collective, barrier or rendezvous (idle or sleeping?)"
+                    + "".join(f"; {t.label} {t.state}" for t in stuck or []
+                              if t.state != "alive"), since, {})
         blocked = waiting + [t for t in fr_pending if t not in waiting]
-        details = self._hang_details(ranks, live, blocked, since)
-        what = details["blocked_in"]
+        details = self._hang_details(ranks, live, blocked, since, retrying)
+        strongest = details.pop("site", None)
         if blocked:
-            reason = (f"ranks {_ranks_text(blocked)} wait in {what['kind']} "
-                      f"{what['what']} with no progress for {quiet_for:.1f} s")
+            where = strongest.describe() if strongest is not None \
+                else "collective (Flight Recorder: pending)"
+            reason = (f"ranks {_ranks_text(blocked)} wait in {where} "
+                      f"with no progress for {quiet_for:.1f} s")
         else:
             reason = f"every live rank is stopped or frozen, for {quiet_for:.1f} s"
+        if retrying and now is not None:
+            reason += ("; " + ", ".join(
+                f"{t.label} retries it (last seen in it {now - (t.last_wait_at or now):.1f} s "
+                "ago, in its own code between attempts)" for t in retrying))
+        if soft_only:
+            reason += (f"; ranks {_ranks_text(soft_only)} move only on their own (a stack that "
+                       "moves, lines written, error handling) with no byte to their peers, "
+                       "while " + ", ".join(t.label for t in stuck or []) + " cannot answer")
         if details["culprit_ranks"]:
             reason += "; culprits: " + "; ".join(
                 _culprit_text(c) for c in details["culprit_ranks"])
@@ -635,12 +773,20 @@ class JobTrack:
         return "hung", reason, since, details
 
     def _hang_details(self, ranks: list[RankTrack], live: list[RankTrack],
-                      blocked: list[RankTrack], since: float) -> dict[str, Any]:
+                      blocked: list[RankTrack], since: float,
+                      retrying: list[RankTrack] | None = None) -> dict[str, Any]:
+        retrying = retrying or []
+
+        def site_of(track: RankTrack) -> Site | None:
+            return track.last_wait if track in retrying else track.site
+
         blocked_in: dict[str, Any] = {"kind": None, "what": None, "frame": None, "ranks": []}
+        strongest: Site | None = None
         if blocked:
-            sites = [t.site for t in blocked if t.site is not None]
-            if sites:
-                strongest = min(sites, key=lambda s: ("collective", "barrier", "rendezvous",
+            sites = [site_of(t) for t in blocked]
+            known = [s for s in sites if s is not None]
+            if known:
+                strongest = min(known, key=lambda s: ("collective", "barrier", "rendezvous",
                                                       "backward", "wait").index(s.kind)
                                 if s.kind in ("collective", "barrier", "rendezvous", "backward",
                                               "wait") else 9)
@@ -683,14 +829,16 @@ class JobTrack:
                              "node, or the network between them)")
         else:
             culprits_note = None
-        return {"blocked_in": blocked_in,
+        return {"blocked_in": blocked_in, "site": strongest,
                 "blocked": [{"rank": t.rank, "pid": t.pid,
-                             "waiting_in": t.site.to_json() if t.site else None,
-                             "waiting_since": t.site_since, "network": t.net or None,
+                             "waiting_in": site.to_json() if site else None,
+                             "retrying": t in retrying,
+                             "waiting_since": t.last_wait_at if t in retrying else t.site_since,
+                             "network": t.net or None,
                              "stack": render(t.stack) if t.stack else None,
                              "flight_recorder": self.flight_recorder.get(t.rank)
                              if t.rank is not None else None}
-                            for t in blocked],
+                            for t, site in ((b, site_of(b)) for b in blocked)],
                 "culprit_ranks": culprits, "culprits_note": culprits_note}
 
     def _where(self, track: RankTrack) -> str:
@@ -699,7 +847,14 @@ class JobTrack:
             return ""
         inner = thread.frames[0]
         source = self._sources.line(track.pid, inner.filename, inner.line)
-        return f": at {inner.where()}" + (f" `{source}`" if source else "")
+        where = f": at {inner.where()}" + (f" `{source}`" if source else "")
+        loader = next((f for f in thread.frames
+                       if f.filename.endswith("torch/utils/data/dataloader.py")), None)
+        if loader is not None:
+            where += (f"; it waits for its DataLoader ({loader.where()})"
+                      + (f", whose workers {sorted(track.helpers)} use "
+                         f"{track.helper_cores or 0:.2f} cores" if track.helpers else ""))
+        return where
 
     # ---------------------------------------------------------------- reporting
 
