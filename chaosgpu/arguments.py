@@ -149,14 +149,17 @@ def checked(**rules: Rule) -> Callable[[F], F]:
     return decorate
 
 
-def missing_allowed(missing_ok: Any, seen_in_this_run: bool) -> bool:
+def missing_allowed(missing_ok: Any, seen_in_this_run: bool,
+                    method_started: bool | None = None) -> bool:
     """The one rule for a probe whose selection (a job, a tag, a sandbox) matches nothing:
     acceptable when `missing_ok` is true; with "before-method" (the catalog's form), before the
     experiment's method has started (the timeline control marks it: the method starts what is
     selected) and afterwards only for what this run has seen or created (it ended or was
     removed); never for a selection this run never met once the method started (a typo).
-    Without the timeline control the method's start cannot be known: only what was seen
-    counts. A `missing_ok` other than true, false or "before-method" is InvalidArgument."""
+    Without the timeline control the method's start is `method_started` where the caller can
+    tell (the Kubernetes activities: whether one of their actions has run), else unknown: then
+    only what was seen counts. A `missing_ok` other than true, false or "before-method" is
+    InvalidArgument."""
     if isinstance(missing_ok, bool):
         return missing_ok
     if missing_ok != "before-method":
@@ -167,4 +170,6 @@ def missing_allowed(missing_ok: Any, seen_in_this_run: bool) -> bool:
     from chaosgpu.timeline.sampler import current
 
     sampler = current()
-    return sampler is not None and sampler.event_time("method", "start") is None
+    if sampler is not None:
+        return sampler.event_time("method", "start") is None
+    return method_started is False

@@ -75,8 +75,10 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
     _quantities_as_strings(manifest)
     core = core_api(secrets)
     started = time.monotonic()
+    selection.note_action()
     created = core.api_client.sanitize_for_serialization(
         core.create_namespaced_pod(ns, manifest))  # type: ignore[arg-type]
+    selection.remember_created(created)
     name = created["metadata"]["name"]
     pod = created
     waiting = Progress(f"pod {ns}/{name} to run with every container ready", timeout)
@@ -205,6 +207,7 @@ def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional
         raise ValueError(f"grace_period must be an integer >= 0, or -1 for the pod's own, "
                          f"not {grace_period!r}")
     selection.validate(ns, label_selector, name_pattern)
+    selection.note_action()
     core = core_api(secrets)
     pods = selection.select_pods(core, ns, label_selector, name_pattern, gpu_only=gpu_only)
     if not pods and missing_ok:
@@ -258,6 +261,7 @@ def exec_in_pod(name: str, command: List[str], ns: str = "default",
     if not isinstance(command, list) or not command or not all(
             isinstance(part, str) for part in command):
         raise ValueError(f"command must be a non-empty list of strings, not {command!r}")
+    selection.note_action()
     core = core_api(secrets)
     result = k8s_exec.run_in_pod(core, name, ns, command, container=container, timeout=timeout)
     result = {"pod": f"{ns}/{name}", "container": container, **result}
@@ -272,6 +276,7 @@ def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,
                  python: str, secrets: dict[str, Any] | None) -> dict[str, Any]:
     selection.check_namespace(ns)
     selection.check_pod_name(name)
+    selection.note_action()
     core = core_api(secrets)
     result = inpod.signal_rank(core, name, ns, rank, signal, job=job, container=container,
                                timeout=timeout, allow_other_users=allow_other_users,

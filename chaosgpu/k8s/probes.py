@@ -6,12 +6,11 @@ the cluster; the in-pod census runs the read-only `probes/node_census.py` throug
 backed by the node agent live with the agent, not here.
 """
 
-import re
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
-from chaosgpu.arguments import POSITIVE_SECONDS, TEXT, checked
+from chaosgpu.arguments import POSITIVE_SECONDS, TEXT, checked, missing_allowed
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s.client import core_api
 
@@ -33,25 +32,49 @@ def gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] =
     return [selection.summarize(pod) for pod in pods]
 
 
+def _counted(label_selector: str | None, name_pattern: str | None, ns: str, gpu_only: bool,
+             missing_ok: Any, secrets: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """gpu_pods for a probe that counts: a selection that matches no pod is accepted only where
+    chaosgpu.arguments' missing_allowed allows it (this run met it: its pods are gone; or
+    before the method, known by whether a chaosgpu.k8s action has run), otherwise
+    SelectionError: a typo'd selector never reads as "no pod terminating"."""
+    missing_allowed(missing_ok, True)  # a bad value is refused whatever matches
+    pods = gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets)
+    if pods or missing_allowed(missing_ok, selection.met(ns, label_selector, name_pattern),
+                               method_started=selection.action_ran()):
+        return pods
+    raise selection.SelectionError(
+        f"no {'GPU ' if gpu_only else ''}pod in namespace {ns!r} matches "
+        f"label_selector={label_selector!r} name_pattern={name_pattern!r}, and this run never "
+        "met that selection (no pod it created or matched satisfies it): a typo? A selection "
+        "that may match nothing needs missing_ok true (or \"before-method\", the default, "
+        "before the method's first action)")
+
+
 @checked(ns=TEXT)
 def gpu_pod_count(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                   ns: str = "default", gpu_only: bool = True,
+                  missing_ok: Union[bool, str] = "before-method",
                   configuration: Optional[Dict[str, Any]] = None,
                   secrets: Optional[Dict[str, Any]] = None) -> int:
     """Count the pods gpu_pods would list (same selection rules), e.g. for a steady state that
-    expects the training pods to be there, or gone."""
-    return len(gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets))
+    expects the training pods to be there, or gone. A selection that matches nothing fails
+    unless `missing_ok` allows it: true, or "before-method" (the default) before the method's
+    first action and afterwards for a selection this run met (its pods were deleted)."""
+    return len(_counted(label_selector, name_pattern, ns, gpu_only, missing_ok, secrets))
 
 
 @checked(ns=TEXT)
 def gpu_pods_terminating(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                          ns: str = "default", gpu_only: bool = True,
+                         missing_ok: Union[bool, str] = "before-method",
                          configuration: Optional[Dict[str, Any]] = None,
                          secrets: Optional[Dict[str, Any]] = None) -> int:
     """Count the selected GPU pods that are being deleted (deletionTimestamp set) but still
     exist: a steady state of 0 holds before a deletion and after a clean one, and catches a pod
-    stuck in Terminating with its GPU."""
-    pods = gpu_pods(label_selector, name_pattern, ns, gpu_only, secrets=secrets)
+    stuck in Terminating with its GPU. A selection that matches nothing fails unless
+    `missing_ok` allows it (see gpu_pod_count): a typo'd selector never passes as 0."""
+    pods = _counted(label_selector, name_pattern, ns, gpu_only, missing_ok, secrets)
     return sum(1 for pod in pods if pod["deletion_timestamp"])
 
 
@@ -67,7 +90,7 @@ def pod_deletion_timings(label_selector: Optional[str] = None, name_pattern: Opt
     first follows pods not yet gone for at most `timeout` seconds (for a delete sent with
     wait=false). Raises when no deletion was recorded for the selection."""
     pattern = selection.validate(ns, label_selector, name_pattern)
-    wanted = _equality_terms(label_selector)
+    wanted = selection.equality_terms(label_selector) or {}
     records = [r for r in state.list_records(deletion.RECORD_KIND).values()
                if r.get("namespace") == ns
                and (pattern is None or pattern.fullmatch(r.get("name") or ""))
@@ -91,15 +114,6 @@ def pod_deletion_timings(label_selector: Optional[str] = None, name_pattern: Opt
     return {"namespace": ns, "pods": pods, "all_gone": len(gone) == len(pods),
             "max_gone_s": max(gone) if gone else None,
             "max_containers_terminated_s": max(terminated) if terminated else None}
-
-
-def _equality_terms(label_selector: str | None) -> dict[str, str]:
-    terms: dict[str, str] = {}
-    for term in (label_selector or "").split(","):
-        match = re.fullmatch(r"\s*([^\s!=]+)\s*==?\s*(\S*)\s*", term)
-        if match:
-            terms[match.group(1)] = match.group(2)
-    return terms
 
 
 @checked(name=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS)

@@ -4,7 +4,9 @@ This module owns the selection rules: a namespace, a label selector and/or a nam
 regular expression that must match the whole name), and by default only pods that request a GPU
 resource (`nvidia.com/gpu` in requests or limits of any container or init container). An empty
 selector is refused: chaostoolkit-kubernetes's `terminate_pods` would take every pod in the
-namespace. It reads pods; it must not change anything in the cluster.
+namespace. It reads pods; it must not change anything in the cluster. It also remembers what
+this run met (the selections that matched a pod, the pods it created, whether a chaosgpu.k8s
+action has run), so that a probe can tell a selection whose pods are gone from a typo.
 """
 
 import random
@@ -14,7 +16,8 @@ from typing import Any
 from kubernetes import client
 
 __all__ = ["SelectionError", "GPU_RESOURCE", "gpu_count", "summarize", "check_namespace",
-           "check_pod_name", "validate", "select_pods", "choose"]
+           "check_pod_name", "validate", "select_pods", "choose", "equality_terms",
+           "remember_created", "note_action", "action_ran", "met"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -22,6 +25,66 @@ _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 class SelectionError(ValueError):
     """The selection was refused (empty selector, bad pattern) or matched nothing."""
+
+
+# What this run met: (namespace, label selector, name pattern) of every selection that matched
+# a pod, (namespace, name, labels) of every pod created, and whether an action ran.
+_MET: set[tuple[str, str, str]] = set()
+_CREATED: list[tuple[str, str, dict[str, str]]] = []
+_ACTED: list[bool] = [False]
+
+
+def _key(ns: str, label_selector: str | None, name_pattern: str | None) -> tuple[str, str, str]:
+    return ns, (label_selector or "").strip(), (name_pattern or "").strip()
+
+
+def equality_terms(label_selector: str | None, strict: bool = False) -> dict[str, str] | None:
+    """The `key=value` (or `key==value`) terms of a label selector; the other terms (`!=`,
+    `in`, `notin`, existence) are left out, or with `strict` make the answer None (the
+    selector cannot be checked against labels by equality alone)."""
+    terms: dict[str, str] = {}
+    for term in (label_selector or "").split(","):
+        if not term.strip():
+            continue
+        match = re.fullmatch(r"\s*([^\s!=]+)\s*==?\s*(\S*)\s*", term)
+        if match:
+            terms[match.group(1)] = match.group(2)
+        elif strict:
+            return None
+    return terms
+
+
+def remember_created(pod: dict[str, Any]) -> None:
+    """Note a pod this run created (API dict): a selection its labels and name satisfy is one
+    this run met, even once the pod is gone."""
+    metadata = pod.get("metadata") or {}
+    _CREATED.append((str(metadata.get("namespace") or ""), str(metadata.get("name") or ""),
+                     dict(metadata.get("labels") or {})))
+
+
+def note_action() -> None:
+    """Note that a chaosgpu.k8s action ran in this run: the experiment's method has begun (the
+    Kubernetes experiments carry no timeline control to say so)."""
+    _ACTED[0] = True
+
+
+def action_ran() -> bool:
+    """Whether a chaosgpu.k8s action has run in this process (see note_action)."""
+    return _ACTED[0]
+
+
+def met(ns: str, label_selector: str | None, name_pattern: str | None) -> bool:
+    """Whether this run met the selection: it matched a pod here, or a pod this run created
+    satisfies it (by its labels, where every selector term is an equality, and its name)."""
+    if _key(ns, label_selector, name_pattern) in _MET:
+        return True
+    terms = equality_terms(label_selector, strict=True)
+    if terms is None:
+        return False
+    pattern = re.compile(name_pattern) if name_pattern and name_pattern.strip() else None
+    return any(created_ns == ns and all(labels.get(k) == v for k, v in terms.items())
+               and (pattern is None or pattern.fullmatch(name))
+               for created_ns, name, labels in _CREATED)
 
 
 def _quantity(value: Any) -> int:
@@ -122,6 +185,8 @@ def select_pods(core: client.CoreV1Api, ns: str = "default", label_selector: str
             continue
         selected.append(pod)
     selected.sort(key=lambda p: p["metadata"]["name"])
+    if selected:
+        _MET.add(_key(ns, label_selector, name_pattern))
     return selected
 
 

@@ -71,6 +71,38 @@ def test_secrets_win_and_never_appear_in_results(cluster: Cluster) -> None:
 
 # ---- selection ---------------------------------------------------------------------------------
 
+def test_a_typod_selector_never_reads_as_no_pod_terminating(
+        cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steady-state probes count 0 for a selection that matches nothing only before the
+    method's first action, or for a selection this run met (its pods were deleted); a typo'd
+    selector fails afterwards instead of passing as "no pod terminating"."""
+    from chaosgpu.errors import InvalidArgument
+    from chaosgpu.k8s import selection
+
+    monkeypatch.setattr(selection, "_ACTED", [False])  # a fresh run: nothing met, no action
+    monkeypatch.setattr(selection, "_MET", set())
+    monkeypatch.setattr(selection, "_CREATED", [])
+    _seed(cluster)
+    cluster.emulator.time_scale = 0.01
+    secrets = cluster.secrets
+    assert probes.gpu_pods_terminating(label_selector="app=trainr", secrets=secrets) == 0
+    result = actions.delete_gpu_pods(name_pattern="infer-0", secrets=secrets, timeout=10)
+    assert result["all_gone"]
+    # the method has begun: the deleted selection reads 0, a typo fails
+    assert probes.gpu_pods_terminating(name_pattern="infer-0", secrets=secrets) == 0
+    assert probes.gpu_pod_count(name_pattern="infer-0", secrets=secrets) == 0
+    with pytest.raises(SelectionError, match=r"app=trainr.*never met that selection"):
+        probes.gpu_pods_terminating(label_selector="app=trainr", secrets=secrets)
+    with pytest.raises(SelectionError, match="a typo"):
+        probes.gpu_pod_count(label_selector="app=trainr", secrets=secrets)
+    assert probes.gpu_pods_terminating(label_selector="app=trainr", secrets=secrets,
+                                       missing_ok=True) == 0
+    with pytest.raises(InvalidArgument, match="missing_ok must be"):
+        probes.gpu_pods_terminating(label_selector="app=trainer", secrets=secrets,
+                                    missing_ok="sometimes")
+    assert probes.gpu_pod_count(label_selector="app=trainer", secrets=secrets) == 2
+
+
 def test_gpu_selection_by_label_name_and_gpu_request(cluster: Cluster) -> None:
     _seed(cluster)
     secrets = cluster.secrets
