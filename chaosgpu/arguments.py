@@ -21,7 +21,7 @@ from chaosgpu.errors import InvalidArgument
 
 __all__ = ["Rule", "checked", "rules_of", "option", "missing_allowed", "SECONDS",
            "POSITIVE_SECONDS", "COUNT", "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE",
-           "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT"]
+           "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT", "LONGEST_WAIT_S"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,6 +62,9 @@ INDEX = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
 MIB = Rule("a number of MiB >= 0", lambda v: _number(v) and v >= 0)
 PID = Rule("a positive host PID (an integer > 0)", lambda v: _integer(v) and v > 0)
 TEXT = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
+#: The longest wait a command accepts (about 31 years): threads, timers and torch's
+#: millisecond timeouts cannot hold much more.
+LONGEST_WAIT_S = 1e9
 #: A user or group id: 0 .. 2**32 - 2 (2**32 - 1 is the kernel's "no id", -1 as unsigned).
 ID = Rule("a user or group id (an integer from 0 to 4294967294)",
           lambda v: _integer(v) and 0 <= v <= 4294967294)

@@ -14,13 +14,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
+from proc_helpers import wait_until
 
 from chaosgpu.agent import cli as agent_cli
 from chaosgpu.agent.server import AgentConfig, AgentServer, CensusCache
@@ -52,16 +52,6 @@ def _agent_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "CHAOSGPU_AGENT_TOKEN"}
     env["CHAOSGPU_STATE_DIR"] = str(tmp_path / "state")
     return env
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 # -- chaosgpu agent: numbers -----------------------------------------------------------------
@@ -121,7 +111,8 @@ def _start_agent(env: dict[str, str], ready: Path,
         [sys.executable, "-m", "chaosgpu.cli", "agent", "--listen", "127.0.0.1:0",
          "--rate-hz", "0", "--jobs-every", "0", "--ready-file", str(ready), *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    _wait(lambda: ready.exists() or process.poll() is not None, 30, "the agent to listen")
+    assert wait_until(lambda: ready.exists() or process.poll() is not None, 30), \
+        "the agent never listened"
     assert ready.exists(), process.communicate()
     return process, json.loads(ready.read_text())
 

@@ -46,15 +46,21 @@ def wait_ready(job: Job, timeout_s: float = 90.0) -> None:
         time.sleep(0.1)
 
 
+def freeze_rank_1_and_detect(workdir: Path, jobs: list[Job], shape: str) -> tuple[Job, dict]:
+    """Start `shape`, wait until it is ready, freeze rank 1; the job and detect_hang's
+    verdict."""
+    job = start(workdir, shape)
+    jobs.append(job)
+    wait_ready(job)
+    actions.freeze_rank(tag=job.tag, rank=1)
+    return job, probes.detect_hang(tag=job.tag, timeout_s=30)
+
+
 def test_a_retry_loop_around_a_collective_whose_peer_is_stopped_is_hung(
         tmp_path: Path, jobs: list[Job]) -> None:
     """Its survivor's all_reduce times out, is logged and retried: the stack moves and lines
     are written, but no byte reaches a peer: hung, not running, and it stays hung."""
-    job = start(tmp_path, "retry")
-    jobs.append(job)
-    wait_ready(job)
-    actions.freeze_rank(tag=job.tag, rank=1)
-    found = probes.detect_hang(tag=job.tag, timeout_s=30)
+    job, found = freeze_rank_1_and_detect(tmp_path, jobs, "retry")
     assert found["verdict"] == "hung", found["reason"]
     assert found["detection"]["after_fault_s"] < 8.0
     assert found["blocked_in"]["kind"] == "collective" and found["blocked_in"]["what"] == \
@@ -115,11 +121,7 @@ def test_a_rank_late_for_a_dcp_save_hangs_its_peer_inside_dcp(tmp_path: Path,
 
 def test_a_frozen_fsdp2_rank_hangs_its_peer_in_fsdps_all_gather(tmp_path: Path,
                                                                jobs: list[Job]) -> None:
-    job = start(tmp_path, "fsdp2")
-    jobs.append(job)
-    wait_ready(job)
-    actions.freeze_rank(tag=job.tag, rank=1)
-    found = probes.detect_hang(tag=job.tag, timeout_s=30)
+    _, found = freeze_rank_1_and_detect(tmp_path, jobs, "fsdp2")
     assert found["verdict"] == "hung", found["reason"]
     assert found["detection"]["after_fault_s"] < 6.0
     where = found["blocked_in"]

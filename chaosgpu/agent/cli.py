@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from chaosgpu.arguments import (
     COUNT,
+    LONGEST_WAIT_S,
     NON_NEGATIVE,
     POSITIVE_SECONDS,
     SECONDS,
@@ -37,8 +38,6 @@ __all__ = ["main", "resolve_token"]
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 TOKEN_ENV = "CHAOSGPU_AGENT_TOKEN"
-#: the longest --max-seconds and --jobs-every (about 31 years; threads cannot wait much longer)
-LONGEST_WAIT_S = 1e9
 
 
 class UsageError(ValueError):

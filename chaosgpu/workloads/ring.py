@@ -31,6 +31,7 @@ from chaosgpu.arguments import (
     COUNT,
     INDEX,
     LISTEN_PORT,
+    LONGEST_WAIT_S,
     POSITIVE,
     SECONDS,
     Rule,
@@ -52,8 +53,8 @@ __all__ = [
 
 MIB = 1024 * 1024
 OWN_TIMEOUT_MARGIN_S = 2.0
-#: the longest process-group timeout (about 31 years): torch keeps it in milliseconds
-LONGEST_TIMEOUT_S = 1e9
+#: the longest process-group timeout: torch keeps it in milliseconds
+LONGEST_TIMEOUT_S = LONGEST_WAIT_S
 PROGRESS_EVERY_S = 0.25
 # Environment every rank gets: NVLink multicast off (see the project notes), quiet threads.
 RANK_ENV_DEFAULTS = {

@@ -22,14 +22,7 @@ import time
 
 import torch
 import torch.distributed as dist
-
-
-def busy(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    x = 1.0001
-    while time.monotonic() < end:
-        for _ in range(10000):
-            x = x * 1.0000001 % 7.0
+from train import busy  # tests/jobs/train.py: the same CPU work per step
 
 
 class Slow(torch.utils.data.Dataset):  # type: ignore[type-arg]
