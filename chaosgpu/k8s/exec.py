@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
+from websocket import WebSocketConnectionClosedException
 
 from chaosgpu import intarget
 
@@ -112,19 +113,26 @@ def run_in_pod(core: client.CoreV1Api, name: str, ns: str, command: list[str],
                 ws.write_stdin(stdin)
             except Exception as error:  # the command may exit (and the stream close) first
                 logger.debug("exec in %s: stdin not fully written: %s", where, error)
-        while ws.is_open():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        try:
+            while ws.is_open():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    out.append(ws.read_channel(STDOUT))
+                    err.append(ws.read_channel(STDERR))
+                    raise ExecTimeout(
+                        f"exec in {where} timed out after {timeout:g} s: {command[0]!r} still "
+                        "running; the stream was closed",
+                        stderr=b"".join(err).decode("utf-8", "replace"))
+                ws.update(timeout=min(remaining, 0.25))
                 out.append(ws.read_channel(STDOUT))
                 err.append(ws.read_channel(STDERR))
-                raise ExecTimeout(
-                    f"exec in {where} timed out after {timeout:g} s: {command[0]!r} still "
-                    "running; the stream was closed",
-                    stderr=b"".join(err).decode("utf-8", "replace"))
-            ws.update(timeout=min(remaining, 0.25))
-            out.append(ws.read_channel(STDOUT))
-            err.append(ws.read_channel(STDERR))
-            status += ws.read_channel(ERROR)
+                status += ws.read_channel(ERROR)
+        except (OSError, WebSocketConnectionClosedException) as error:
+            # The connection dropped: a server or proxy may reset it right after its close
+            # frame, before the client's answering close is sent. What was received stays
+            # readable once the stream is marked closed; no exit status is an error below.
+            logger.debug("exec in %s: the connection dropped: %r", where, error)
+            ws.close()
         out.append(ws.read_channel(STDOUT))
         err.append(ws.read_channel(STDERR))
         status += ws.read_channel(ERROR)

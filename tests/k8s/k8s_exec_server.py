@@ -14,6 +14,8 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import struct
 from typing import Any
 
 import aiohttp
@@ -73,6 +75,10 @@ class ExecHandler:
         # v4 only by default; add V5_PROTOCOL to answer like API servers >= 1.30 (the client
         # offers both and takes the first the server accepts).
         self.protocols: tuple[str, ...] = (PROTOCOL,)
+        # "after-status": send the exit status and the close frame, then reset the connection
+        # at once, without waiting for the client's answering close (proxies can do this);
+        # "before-status": reset it when the command ends, before any exit status is sent.
+        self.abrupt_close: str | None = None
 
     async def _route(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         return await self.handle(request, request.match_info["ns"], request.match_info["name"])
@@ -148,6 +154,8 @@ class ExecHandler:
         if code < 0:  # killed by a signal: report it like a container runtime (128 + signal)
             code = 128 - code
         entry["exit_code"] = code
+        if self.abrupt_close == "before-status":
+            return self._reset(request, ws, feeder)
         if code == 0:
             await self._status(ws, {"metadata": {}, "status": "Success"})
         else:
@@ -156,7 +164,20 @@ class ExecHandler:
                 "message": f"command terminated with non-zero exit code: exit status {code}",
                 "reason": "NonZeroExitCode",
                 "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}})
+        if self.abrupt_close == "after-status":
+            await ws._writer.send_frame(b"\x03\xe8", aiohttp.WSMsgType.CLOSE)  # 1000, normal
+            return self._reset(request, ws, feeder)
         await ws.close()
+        feeder.cancel()
+        return ws
+
+    @staticmethod
+    def _reset(request: Any, ws: aiohttp.web.WebSocketResponse,
+               feeder: "asyncio.Future[None]") -> aiohttp.web.WebSocketResponse:
+        """Drop the connection with a TCP reset (linger 0), no closing handshake."""
+        sock = request.transport.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        request.transport.abort()
         feeder.cancel()
         return ws
 

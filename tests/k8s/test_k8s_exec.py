@@ -92,6 +92,23 @@ def test_failing_program_is_a_clear_error(core: client.CoreV1Api) -> None:
     assert refused.value.exit_code == 2 and refused.value.document["error"]
 
 
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_server_dropping_the_connection_after_its_close_frame_still_gives_the_status(
+        core: client.CoreV1Api, exec_server: ExecServer, code: int) -> None:
+    exec_server.abrupt_close = "after-status"
+    for _ in range(5):  # the client's answering close meets a reset socket: not an error
+        result = run_in_pod(core, "p", "default", ["sh", "-c", f"echo out; exit {code}"],
+                            timeout=20)
+        assert (result["exit_code"], result["stdout"]) == (code, "out\n")
+
+
+def test_a_connection_reset_before_the_exit_status_is_an_error(
+        core: client.CoreV1Api, exec_server: ExecServer) -> None:
+    exec_server.abrupt_close = "before-status"
+    with pytest.raises(ExecError, match="closed without an exit status"):
+        run_in_pod(core, "p", "default", ["sh", "-c", "echo out; exit 0"], timeout=20)
+
+
 def test_crashing_program_gives_its_traceback(core: client.CoreV1Api,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kexec.intarget, "source", lambda kind, name: "print(1/0)\n")
