@@ -1312,19 +1312,19 @@ def _observer(proc_root: str) -> Dict[str, Any]:
         observer["pid_ns"] = os.readlink("/proc/self/ns/pid")
     except OSError:
         pass
+    status = proc_root + "/self/status"
+    mounted = os.path.exists(status)  # a copied or recorded tree has no self: a live one does
     try:
-        status = proc_root + "/self/status"
-        if not os.path.exists(status):  # a fake proc root (tests): take the real one
-            status = "/proc/self/status"
-        _, nspid = _status_fields(_read_bytes(status))
+        _, nspid = _status_fields(_read_bytes(status if mounted else "/proc/self/status"))
         observer["nspid"] = nspid
     except OSError:
         pass
     # Host PIDs (what NVML reports) are what this /proc shows only when the observer sits in the
     # initial PID namespace, whose inode is a kernel constant (PROC_PID_INIT_INO, since 3.8),
-    # and this /proc is mounted from it (then our own NSpid there has a single field).
-    observer["host_view"] = (observer["pid_ns"] == INIT_PID_NS and observer["nspid"] is not None
-                             and len(observer["nspid"]) == 1)
+    # and this /proc is mounted from it (then our own NSpid there has a single field). A tree
+    # without self cannot say which namespace it shows: not a host view.
+    observer["host_view"] = (mounted and observer["pid_ns"] == INIT_PID_NS
+                             and observer["nspid"] is not None and len(observer["nspid"]) == 1)
     return observer
 
 
@@ -2121,6 +2121,9 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     except OSError as error:
         wanted = []
         errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
+    else:
+        if not wanted and pids is None:  # a live /proc always shows at least its reader
+            errors.append("no process directories under %s: not a /proc" % proc_root)
     processes, more, observer["readers"] = _read_all(wanted, proc_root, env, fd_mode, proc_ns,
                                                      detail == "lite", cache, workers,
                                                      gpu_reading)
@@ -2259,6 +2262,9 @@ def _option_value(options: Dict[str, Any], arg: str, value: str) -> None:
     elif arg == "--proc-root":
         if not os.path.isdir(value):
             raise _UsageError("--proc-root %r is not a directory" % value)
+        if not any(name.isdigit() for name in os.listdir(value)):
+            raise _UsageError("--proc-root %r holds no process directories: not a /proc"
+                              % value)
         options["proc_root"] = value.rstrip("/") or "/"
     elif arg in ("--indent", "--workers"):
         if not value.isdigit():

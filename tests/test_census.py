@@ -155,6 +155,23 @@ def test_fake_proc_root_unreadable_entries_are_marked(tmp_path: Path) -> None:
     assert node.read_process(300, proc_root=str(tmp_path)) is None
 
 
+def test_a_proc_root_without_processes_is_refused_and_a_copied_tree_is_no_host_view(
+        tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_program("--proc-root", str(empty), "--no-gpu")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["error"] == (
+        f"--proc-root {str(empty)!r} holds no process directories: not a /proc")
+    census = node.take_census(proc_root=str(empty), gpu=False)
+    assert census["errors"] == [f"no process directories under {empty}: not a /proc"]
+    (tmp_path / "copied").mkdir()
+    copied = node.take_census(proc_root=str(_fake_proc(tmp_path / "copied")), gpu=False)
+    assert copied["observer"]["host_view"] is False  # no self: which namespace is unknown
+    assert node.take_census(gpu=False)["observer"]["host_view"] is (
+        os.readlink("/proc/self/ns/pid") == "pid:[4026531836]")
+
+
 def test_missing_proc_root_is_an_error_not_a_crash(tmp_path: Path) -> None:
     census = node.take_census(proc_root=str(tmp_path / "nope"), gpu=False)
     assert census["processes"] == []
