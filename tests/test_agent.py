@@ -8,15 +8,18 @@ pod cgroup) and a real server; only NVML is replaced, by a recorded H200 snapsho
 
 import copy
 import json
+import logging
 import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import types
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,6 +160,34 @@ def test_unknown_path_is_404_and_writes_are_405(agent: Agent) -> None:
     post = requests.post(agent.url + "/v1/snapshot", headers={"Authorization": f"Bearer {TOKEN}"},
                          timeout=10)
     assert post.status_code == 405
+
+
+@pytest.mark.parametrize("request_bytes,named", [
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header Line\r\n\r\n",
+     "Invalid header token: b'Bad Header Line'"),
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n",
+     "Content-Length: b'Content-Length: zz'"),
+])
+def test_a_request_the_http_parser_rejects_is_400_and_one_log_line(
+        agent: Agent, caplog: pytest.LogCaptureFixture, request_bytes: bytes,
+        named: str) -> None:
+    host, port = urllib.parse.urlsplit(agent.url).netloc.rsplit(":", 1)
+    with caplog.at_level(logging.DEBUG, logger="chaostoolkit"):
+        with socket.create_connection((host, int(port)), timeout=10) as raw:
+            raw.sendall(request_bytes)
+            answer = b""
+            while chunk := raw.recv(4096):
+                answer += chunk
+        _wait(lambda: [r for r in caplog.records if "malformed" in r.getMessage()], 10,
+              "the agent to log the malformed request")
+    assert answer.startswith(b"HTTP/1.0 400 Bad Request\r\n")
+    [line] = [r for r in caplog.records
+              if r.name == "chaostoolkit" and r.levelno >= logging.WARNING]
+    assert line.levelno == logging.WARNING and line.exc_info is None
+    assert line.getMessage().startswith(
+        "agent: malformed HTTP request from 127.0.0.1 (answered 400)")
+    assert named in line.getMessage()
+    assert agent.get("/healthz").status_code == 200  # still serving
 
 
 # -- snapshot ----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from chaosgpu.agent.cache import CensusCache
 from chaosgpu.agent.jobs import JobWatch
@@ -53,6 +54,24 @@ ENDPOINTS = ("/healthz", "/v1/snapshot", "/v1/timeline", "/metrics")
 KEEPALIVE_S = 15.0
 #: a Prometheus exposition is reused for this many seconds (scrapes come every 15 s or more)
 METRICS_REUSE_S = 0.25
+
+
+class _RequestErrorLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's log for errors met while serving a request: a request its HTTP parser
+    rejects (answered 400 by aiohttp, before any handler) is the client's doing, so it gets
+    one warning line naming the client and the error, not a traceback per request that a
+    scanner could flood the log with; anything else keeps its traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else None
+        if isinstance(error, HttpProcessingError):
+            parts = [line.strip() for line in str(error.message).splitlines()]
+            self.warning("agent: malformed HTTP request from %s (answered %d): %s",
+                         args[0] if args else "?", error.code,
+                         " ".join(part for part in parts if part.strip("^"))[:300])
+            return
+        self.error(msg, *args, exc_info=exc_info, **kwargs)
 
 
 class BadParameter(ValueError):
@@ -405,7 +424,8 @@ class AgentServer:
         app = web.Application(client_max_size=4096)
         app.router.add_route("*", "/{tail:.*}", self._app.dispatch)
         runner = web.AppRunner(app, access_log=None, keepalive_timeout=KEEPALIVE_S,
-                               handle_signals=False, shutdown_timeout=2.0)
+                               handle_signals=False, shutdown_timeout=2.0,
+                               logger=_RequestErrorLog(logger, {}))
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, backlog=128, reuse_address=True)
         try:
