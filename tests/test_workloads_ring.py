@@ -61,6 +61,8 @@ def bare_ring(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
 
 def test_bare_ring_ready_files_and_env(bare_ring) -> None:  # type: ignore[no-untyped-def]
     launch = bare_ring(3, 30.0, job_id="job-env", tag="t-env")
+    # ready implies a step on record: a progress reading at once sees every rank
+    assert all(_progress(launch.ready_dir, rank) >= 1 for rank in range(3))
     documents = launch.wait_ready(5)
     assert sorted(d["rank"] for d in documents) == [0, 1, 2]
     assert {d["backend"] for d in documents} == {"gloo"}

@@ -4,8 +4,9 @@ This module owns the launcher (bare ranks started directly with RANK/WORLD_SIZE/
 like the report's exec'd ranks, or the real `torchrun`) and the rank program itself (backend
 nccl with one GPU per rank, or gloo on CPU, optionally holding GPU or host memory; a process-group
 timeout; TORCH_NCCL_ASYNC_ERROR_HANDLING; an optional SIGTERM handler that destroys the process
-group). Each rank writes `<ready-dir>/rank<R>.json` once its first all_reduce succeeded, and
-`<ready-dir>/rank<R>.progress` ({"iteration", "t"}) every 0.25 s while it makes progress. It must
+group). Each rank writes `<ready-dir>/rank<R>.progress` ({"iteration", "t"}) every 0.25 s while
+it makes progress, and `<ready-dir>/rank<R>.json` once its first all_reduce succeeded and its
+first progress record is written (ready implies a step on record). It must
 not signal processes it did not start and must not read /proc.
 
 A rank whose all_reduce fails (a peer died, the timeout elapsed) prints the error and exits 1. A
@@ -526,10 +527,6 @@ def rank_main(argv: list[str] | None = None) -> int:
         if args.matmul > 0 or args.step_mib > 0:
             ooms = _own_work(torch, step_device, args, operands, rank, iteration, ooms)
         _all_reduce(torch, dist, tensor, device, backend, rank, iteration, started, own_limit)
-        if iteration == 0 and args.ready_dir:
-            write_ready(os.path.join(args.ready_dir, f"rank{rank}.json"),
-                        _ready_record(args, rank, local_rank, world_size, backend, via,
-                                      device_index))
         iteration += 1
         if args.ready_dir and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
             last_progress = time.monotonic()
@@ -537,6 +534,12 @@ def rank_main(argv: list[str] | None = None) -> int:
                 os.path.join(args.ready_dir, f"rank{rank}.progress"),
                 {"iteration": iteration, "t": time.time(), "pid": os.getpid(), "ooms": ooms},
             )
+        if iteration == 1 and args.ready_dir:
+            # after the first progress record: a rank reported ready has a step on record,
+            # so a progress reading taken as soon as the ring is ready sees every rank
+            write_ready(os.path.join(args.ready_dir, f"rank{rank}.json"),
+                        _ready_record(args, rank, local_rank, world_size, backend, via,
+                                      device_index))
         rest = period - (time.monotonic() - started)
         if rest > 0:
             time.sleep(rest)
