@@ -2,8 +2,11 @@
 
 This program owns taking device memory from outside a job: through the CUDA driver API (ctypes,
 no torch), in chunks, so that "all but N MiB" gets as close as the driver allows; each chunk is
-written once so it is backed. It holds the memory until `--duration-s` has passed, SIGTERM
-(frees and exits 0 at once) or SIGKILL, and writes a readiness file once the memory is held.
+written once so it is backed. "All but N" also takes, for SETTLE_S after the first taking, what
+the device frees meanwhile (a job's step scratch held at the first reading), so the job is left
+with N MiB and not with N plus its transient peak. It holds the memory until `--duration-s` has
+passed, SIGTERM (frees and exits 0 at once) or SIGKILL, and writes a readiness file once the
+memory is held.
 `--backend host` holds host memory instead (for machines without a GPU: the start, readiness
 and rollback paths are the same). It must not start processes or signal anything.
 
@@ -25,6 +28,9 @@ __all__ = ["build_parser", "main", "wait_for_sigterm"]
 
 MIB = 1024 * 1024
 MIN_CHUNK_MIB = 2
+#: "all but N": for this long after the first taking, what the device frees is taken as well
+SETTLE_S = 0.5
+SETTLE_EVERY_S = 0.02
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,42 +48,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _take_driver(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    from chaosgpu.gpu.driver import Device
-
-    device = Device(uuid=args.uuid) if args.uuid else Device(ordinal=0)
-    free, total = device.mem_info()
-    if args.mib is not None:
-        target = args.mib
-    else:
-        target = int(free // MIB) - args.leave_mib
-    held = 0
-    chunk = args.chunk_mib
-    failures = 0
-    while held < target:
-        size = min(chunk, target - held)
+def _take_chunks(device: Any, want: int, chunk: int, exact: bool) -> tuple[int, int, int]:
+    """Take `want` MiB in chunks of at most `chunk` MiB, halving a refused chunk down to
+    MIN_CHUNK_MIB. Returns (MiB taken, allocations refused, the chunk size reached). With
+    `exact`, a refusal at the smallest chunk raises MemoryError; otherwise it ends the taking."""
+    held = failures = 0
+    while held < want:
+        size = min(chunk, want - held)
         pointer, code = device.try_alloc(size * MIB)
         if code:
             failures += 1
-            if args.mib is not None and chunk <= MIN_CHUNK_MIB:
-                device.close()
-                raise MemoryError(f"the driver refused {size} MiB after {held} MiB were taken "
-                                  f"(free was {free // MIB} MiB of {total // MIB})")
             if chunk <= MIN_CHUNK_MIB:
+                if exact:
+                    raise MemoryError(f"the driver refused {size} MiB after {held} MiB were "
+                                      "taken")
                 break  # all-but-N: as close as the driver allows
             chunk = max(MIN_CHUNK_MIB, chunk // 2)
             continue
         device.memset(pointer, 1, size * MIB)
         held += size
-    device.synchronize()
-    if args.mib is not None and held < args.mib:
+    return held, failures, chunk
+
+
+def _take_driver(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    from chaosgpu.gpu.driver import Device
+
+    device = Device(uuid=args.uuid) if args.uuid else Device(ordinal=0)
+    free, total = device.mem_info()
+    try:
+        if args.mib is not None:
+            held, failures, _ = _take_chunks(device, args.mib, args.chunk_mib, True)
+            top_ups = 0
+        else:
+            held, failures, _ = _take_chunks(device, int(free // MIB) - args.leave_mib,
+                                             args.chunk_mib, False)
+            # A job's memory moves (a step's scratch allocated and freed): what it held at the
+            # first reading and frees afterwards is taken too, for SETTLE_S, so the job is left
+            # with `leave_mib` and not with that plus its transient peak.
+            top_ups = 0
+            settle_until = time.monotonic() + SETTLE_S
+            while time.monotonic() < settle_until:
+                device.synchronize()
+                extra = int(device.mem_info()[0] // MIB) - args.leave_mib
+                if extra >= MIN_CHUNK_MIB:
+                    taken, refused, _ = _take_chunks(device, extra, args.chunk_mib, False)
+                    held, failures = held + taken, failures + refused
+                    top_ups += 1 if taken else 0
+                time.sleep(SETTLE_EVERY_S)
+    except MemoryError as error:
         device.close()
-        raise MemoryError(f"only {held} MiB of {args.mib} could be taken")
+        raise MemoryError(f"{error} (free was {free // MIB} MiB of {total // MIB})") from None
+    device.synchronize()
     free_after, _ = device.mem_info()
-    return device, {"held_mib": held, "target_mib": target, "free_mib_before": free // MIB,
+    return device, {"held_mib": held, "target_mib": args.mib if args.mib is not None
+                    else int(free // MIB) - args.leave_mib, "free_mib_before": free // MIB,
                     "free_mib_after": free_after // MIB, "total_mib": total // MIB,
                     "uuid": device.uuid, "ordinal": device.ordinal,
-                    "refused_allocations": failures}
+                    "refused_allocations": failures, "top_ups": top_ups}
 
 
 def _take_host(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
