@@ -502,7 +502,10 @@ def test_metrics_are_in_bytes_and_the_mib_names_are_deprecated() -> None:
         "gpu_processes": [{"gpu_index": 0, "host_pid": 7, "ns_pid": 1, "used_mib": 0.5,
                            "visible": True, "container": {"pod_uid": "p1", "id": "c1"}}],
         "processes": [], "zombies": [], "orphans": [], "jobs": [{"id": 'job"1'}]}
-    jobs = [{"id": 'job"1', "verdict": "hung", "since": 1000.0, "restart_count": None}]
+    jobs = [{"id": 'job"1', "verdict": "hung", "since": 1000.0, "since_known": True,
+             "restart_count": None},
+            {"id": "job2", "verdict": "running", "since": 2000.0, "since_known": False,
+             "restart_count": None}]
     text = render(census, jobs=jobs).decode()
     metrics = _parse(text)
     helps = _helps(text)
@@ -523,10 +526,14 @@ def test_metrics_are_in_bytes_and_the_mib_names_are_deprecated() -> None:
     # the verdict: one series per verdict, 1 for the current one
     verdicts = {line: value for line, value in metrics["chaosgpu_job_verdict"]}
     assert verdicts['chaosgpu_job_verdict{job="job\\"1",verdict="hung"}'] == 1
-    assert sum(verdicts.values()) == 1 and len(verdicts) == 6
+    assert verdicts['chaosgpu_job_verdict{job="job2",verdict="running"}'] == 1
+    assert sum(verdicts.values()) == 2 and len(verdicts) == 12
     assert metrics["chaosgpu_hung_jobs"][0][1] == 1
     assert metrics["chaosgpu_job_hang_suspected"][0][1] == 1
-    assert metrics["chaosgpu_job_verdict_since_timestamp_seconds"][0][1] == 1000.0
+    since = dict(metrics["chaosgpu_job_verdict_since_timestamp_seconds"])
+    assert since['chaosgpu_job_verdict_since_timestamp_seconds{job="job\\"1"}'] == 1000.0
+    # running already when first seen: when it began is unknown, not the first sight
+    assert math.isnan(since['chaosgpu_job_verdict_since_timestamp_seconds{job="job2"}'])
     assert math.isnan(metrics["chaosgpu_job_restarts"][0][1])  # not an elastic job
     # the old census field is gone: a census job alone says nothing of a hang
     assert "chaosgpu_hung_jobs" not in _parse(render(census).decode())

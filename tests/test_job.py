@@ -2,6 +2,7 @@
 resume, kill and fail a rank, the observed verdicts they lead to, hang cleanup that leaves
 nothing alive and is idempotent; bad and vacuous input."""
 
+import json
 import logging
 import os
 import signal
@@ -220,6 +221,20 @@ def test_the_jobs_command_says_what_was_wrong(ring: tuple[str, RingLaunch]) -> N
         bad = _jobs_cli(option, value)
         assert bad.returncode == 2 and f"argument {option}: must be" in bad.stderr, bad.stderr
     assert probes.job_state(tag=tag)["verdict"] == "running"
+
+
+def test_a_job_running_before_the_watch_began_says_so(ring: tuple[str, RingLaunch]) -> None:
+    """`chaosgpu jobs` on a ring that ran before it looked: "running" with `since` the first
+    sight and `since_known` false (the text says "already when first seen"), not a claim that
+    the job began running then."""
+    tag, _ = ring
+    text = _jobs_cli("--tag", tag, "--observe", "2")
+    assert text.returncode == 0, text.stderr
+    assert "RUNNING (already when first seen, " in text.stdout, text.stdout
+    document = _jobs_cli("--tag", tag, "--observe", "2", "--json")
+    [job] = json.loads(document.stdout)["jobs"]
+    assert job["verdict"] == "running" and job["since_known"] is False, job
+    assert time.time() - 10 < job["since"] <= time.time()
 
 
 def test_jobs_watch_prints_verdict_changes_not_every_tick(ring: tuple[str, RingLaunch]) -> None:

@@ -179,6 +179,7 @@ def test_a_rank_stalled_in_python_is_the_culprit_of_a_hang(workdir: Path,
     stalled_at = job.progress()[1]["t"]  # rank 1's last step: the hang began after it
     assert found["confirmed_at"] - stalled_at < 6.0
     assert found["detection"]["after_hang_began_s"] < 5.0
+    assert found["since_known"] is True  # the last progress was seen: the hang began then
     (culprit,) = found["culprit_ranks"]
     assert culprit["rank"] == 1 and culprit["why"].startswith("alive, not in a collective")
     assert "time.sleep" in culprit["why"] and "time.sleep" not in (found["blocked"][0]["stack"])

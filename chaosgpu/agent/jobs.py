@@ -79,7 +79,7 @@ class JobWatch:
                        and t.since is not None and now - t.since > self.keep_ended_s]:
             del tracks[job_id]
         jobs = [{"id": t.id, "verdict": t.verdict, "reason": t.reason, "since": t.since,
-                 "restart_count": t.restart_count(), "tag": t.tag,
+                 "since_known": t.since_known, "restart_count": t.restart_count(), "tag": t.tag,
                  "ranks": len(t.current_ranks())} for t in tracks.values()]
         with self._lock:
             self._jobs = jobs
@@ -87,6 +87,7 @@ class JobWatch:
 
     def jobs(self) -> list[dict[str, Any]]:
         """The jobs' verdicts at the last round: [{"id", "verdict", "reason", "since",
-        "restart_count", "tag", "ranks"}]."""
+        "since_known", "restart_count", "tag", "ranks"}] (since_known false: the verdict already
+        held when the job was first seen, and `since` is that first sight)."""
         with self._lock:
             return list(self._jobs)

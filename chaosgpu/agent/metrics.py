@@ -114,7 +114,8 @@ def _jobs(jobs: list[dict[str, Any]]) -> Iterator[Metric]:
         "chaosgpu_job_verdict", "the job's observed verdict (chaosgpu.job): 1 for the current "
         "one, 0 for the others", labels=["job", "verdict"])
     since = GaugeMetricFamily("chaosgpu_job_verdict_since_timestamp_seconds",
-                              "unix time the job's current verdict began", labels=["job"])
+                              "unix time the job's current verdict began (NaN: it already "
+                              "held when the agent first saw the job)", labels=["job"])
     restarts = GaugeMetricFamily("chaosgpu_job_restarts",
                                  "restarts of the job's ranks by the elastic agent",
                                  labels=["job"])
@@ -126,7 +127,8 @@ def _jobs(jobs: list[dict[str, Any]]) -> Iterator[Metric]:
         job_id = _label(job.get("id"))
         for name in VERDICTS:
             verdict.add_metric([job_id, name], 1.0 if job.get("verdict") == name else 0.0)
-        since.add_metric([job_id], _value(job.get("since")))
+        since.add_metric([job_id], _value(job.get("since") if job.get("since_known", True)
+                                          else None))
         restarts.add_metric([job_id], _value(job.get("restart_count")))
         hang.add_metric([job_id], 1.0 if job.get("verdict") == "hung" else 0.0)
     yield GaugeMetricFamily("chaosgpu_hung_jobs", "jobs whose observed verdict is hung",

@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _brief(job: dict[str, Any]) -> dict[str, Any]:
     return {"id": job["id"], "verdict": job["verdict"], "reason": job["reason"],
-            "since": job["since"], "confirmed_at": job["confirmed_at"],
+            "since": job["since"], "since_known": job["since_known"],
+            "confirmed_at": job["confirmed_at"],
             "culprit_ranks": job["culprit_ranks"],
             "blocked_in": job["blocked_in"], "restart_count": job["restart_count"],
             "evidence": job["evidence"], "ranks": job["ranks"], "detection": job["detection"],
@@ -49,13 +50,21 @@ def _brief(job: dict[str, Any]) -> dict[str, Any]:
             "sources": job["sources"]}
 
 
+def _since_text(job: dict[str, Any]) -> str:
+    """" since 12:00:01", or, for a verdict that already held when the watch began, when it
+    was first seen so (the job may have been in that state long before)."""
+    if not job["since"]:
+        return ""
+    clock = time.strftime("%H:%M:%S", time.localtime(job["since"]))
+    return f" since {clock}" if job.get("since_known") else f" (already when first seen, {clock})"
+
+
 def render(jobs: list[dict[str, Any]], note: str | None = None) -> str:
     """The jobs and their verdicts as text."""
     lines = [f"Jobs: {len(jobs)}"]
     for job in jobs:
-        since = time.strftime("%H:%M:%S", time.localtime(job["since"])) if job["since"] else "-"
         restart = f"  restart {job['restart_count']}" if job.get("restart_count") else ""
-        lines.append(f"  {job['id']}  {job['verdict'].upper()} since {since}{restart}  "
+        lines.append(f"  {job['id']}  {job['verdict'].upper()}{_since_text(job)}{restart}  "
                      f"({job['reason']})")
         for rank in job["ranks"]:
             where = rank["waiting_in"]

@@ -204,6 +204,9 @@ class JobTrack:
         self.verdict = "unknown"
         self.reason = "not observed yet"
         self.since: float | None = None
+        #: False when the verdict already held as this observer began to see the job: `since`
+        #: is then when it was first seen so, not when it began
+        self.since_known = False
         self.confirmed_at: float | None = None
         self.evidence: list[dict[str, Any]] = []
         self.history: list[dict[str, Any]] = []
@@ -550,6 +553,10 @@ class JobTrack:
             self.history.append({"t": round(now, 4), "verdict": verdict, "reason": reason})
             self.note(now, "verdict", f"{verdict}: {reason}")
             self.confirmed_at = now
+            # a time the evidence gives (a last progress, an exit) after the watch began, or a
+            # change seen from another verdict; not a first look that followed "unknown"
+            self.since_known = (since > self.first_seen if since is not None
+                                else self.verdict != "unknown")
             self.since = since if since is not None else now
         self.verdict, self.reason, self._details = verdict, reason, details
         return verdict
@@ -872,7 +879,8 @@ class JobTrack:
         return {
             "schema": "chaosgpu.job.verdict/1",
             "id": self.id, "verdict": self.verdict, "reason": self.reason,
-            "since": self.since, "confirmed_at": self.confirmed_at,
+            "since": self.since, "since_known": self.since_known,
+            "confirmed_at": self.confirmed_at,
             "window_s": self.window_s, "observed_for_s": round(now - self.first_seen, 3),
             "restart_count": self.restart_count(), "max_restarts": self.max_restarts,
             "world_size": self.world_size, "tag": self.tag,
