@@ -80,6 +80,14 @@ __all__ = [
     "main",
 ]
 
+#: What MPI and Slurm launchers give each task, as (rank, world size, local rank), in this
+#: order of trust: a trainer that sets RANK from them inside Python shows only these outside.
+LAUNCHER_RANK_KEYS = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+
 #: Environment keys the census reports (besides every ``CHAOSGPU_*`` key).
 ENV_KEYS = (
     "MASTER_ADDR",
@@ -100,7 +108,10 @@ ENV_KEYS = (
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
     "TORCH_FR_BUFFER_SIZE",
     "TORCH_NCCL_TRACE_BUFFER_SIZE",
-)
+) + tuple(key for keys in LAUNCHER_RANK_KEYS for key in keys)
+#: Process names of MPI and Slurm launchers that start a job's tasks as their children.
+TASK_LAUNCHERS = frozenset(("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
+                            "hydra_pmi_proxy", "mpiexec.hydra", "slurmstepd"))
 _ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
 
 #: Process names that act as subreapers (children of dead parents are reparented to them).
@@ -1432,9 +1443,12 @@ def _rank_state(proc: Dict[str, Any], cgroup_root: str) -> str:
 def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
               gpu_by_pid: Dict[int, float], errors: List[str], cgroup_root: str) -> None:
     pid = proc["pid"]
-    rank, bad_rank = _int_value(env, "RANK", pid, errors)
-    world, _ = _int_value(env, "WORLD_SIZE", pid, errors, minimum=1)
-    local_rank, _ = _int_value(env, "LOCAL_RANK", pid, errors)
+    numbering = _numbering(env) or ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    rank, bad_rank = _int_value(env, numbering[0], pid, errors)
+    world, _ = _int_value(env, "WORLD_SIZE" if "WORLD_SIZE" in env else numbering[1], pid,
+                          errors, minimum=1)
+    local_rank, _ = _int_value(env, "LOCAL_RANK" if "LOCAL_RANK" in env else numbering[2], pid,
+                               errors)
     lws, _ = _int_value(env, "LOCAL_WORLD_SIZE", pid, errors, minimum=1)
     group, _ = _int_value(env, "GROUP_RANK", pid, errors)
     restarts, _ = _int_value(env, "TORCHELASTIC_RESTART_COUNT", pid, errors)
@@ -1459,7 +1473,8 @@ def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
              "ns_pid": proc["nspid"][-1] if proc.get("nspid") else None,
              "state": _rank_state(proc, cgroup_root),
              "gpu_mib": gpu_by_pid.get(pid),
-             "rank_source": "env" if rank is not None else None,
+             "rank_source": None if rank is None else (
+                 "env" if numbering[0] == "RANK" else numbering[0]),
              "helpers": []}  # type: Dict[str, Any]
     if bad_rank is not None:
         entry["invalid_rank"] = bad_rank
@@ -1476,7 +1491,19 @@ def _spawned_child(proc: Dict[str, Any]) -> bool:
 
 def _rank_keys(proc: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
     env = proc.get("env") or {}
-    return env.get("RANK"), env.get("LOCAL_RANK")
+    keys = _numbering(env)
+    return env.get(keys[0]) if keys else None, env.get("LOCAL_RANK")
+
+
+def _numbering(env: Dict[str, str]) -> Optional[Tuple[str, str, str]]:
+    """The variables that number a task: torch's (RANK, WORLD_SIZE, LOCAL_RANK), else the
+    first MPI or Slurm launcher's present (LAUNCHER_RANK_KEYS); None when none is."""
+    if "RANK" in env:
+        return ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    for keys in LAUNCHER_RANK_KEYS:
+        if keys[0] in env:
+            return keys
+    return None
 
 
 def _is_copy_of(child: Dict[str, Any], parent: Dict[str, Any]) -> bool:
@@ -1546,15 +1573,31 @@ def _listening_on(proc: Dict[str, Any], port: str, proc_root: str) -> bool:
         return False
 
 
-def _set_spawn_parent(job: Dict[str, Any], parent: Dict[str, Any]) -> None:
-    """The parent of ranks that carry no RANK (torch.multiprocessing.spawn's main process):
-    it joins them and, when one fails, ends the others; it never restarts them."""
-    job["launcher"] = "multiprocessing"
+def _set_spawn_parent(job: Dict[str, Any], parent: Dict[str, Any],
+                      kind: str = "multiprocessing") -> None:
+    """The parent that started the ranks and never restarts them: torch.multiprocessing.spawn's
+    main process (ranks that carry no RANK; it joins them and, when one fails, ends the
+    others), or an MPI or Slurm launcher (`kind`: its process name)."""
+    job["launcher"] = kind
     job["launcher_pid"] = parent["pid"]
     job["launcher_starttime"] = parent["starttime"]
     job["max_restarts"] = 0
     if job["tag"] is None and parent.get("tag"):
         job["tag"] = parent["tag"]
+
+
+def _set_task_launcher(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                       ranks: List[Dict[str, Any]]) -> None:
+    """Ranks numbered by an MPI or Slurm launcher, all children of one such process (mpirun,
+    orted, slurmstepd...): that process launched them (it never restarts them)."""
+    if job["launcher_pid"] is not None or not ranks or any(
+            _numbering(p.get("env") or {}) in (None, ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+            for p in ranks):
+        return
+    parents = {p["ppid"] for p in ranks}
+    parent = processes.get(parents.pop()) if len(parents) == 1 else None
+    if parent is not None and not parent["zombie"] and parent["comm"] in TASK_LAUNCHERS:
+        _set_spawn_parent(job, parent, parent["comm"])
 
 
 def _set_launcher(job: Dict[str, Any], launcher: Dict[str, Any]) -> None:
@@ -1626,7 +1669,7 @@ def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[s
         env = proc.get("env") or {}
         job_id = _job_id(env) if env else None
         member = "RANK" in env or ("MASTER_PORT" in env and (
-            _spawned_child(proc) or "LOCAL_RANK" in env))
+            _spawned_child(proc) or "LOCAL_RANK" in env or _numbering(env) is not None))
         if job_id is None or not (_is_launcher(proc) or member):
             continue
         job = jobs.get(job_id)
@@ -1652,8 +1695,10 @@ def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
     env:// rendezvous makes rank 0 the server of the job's store: the one process listening on
     MASTER_PORT is rank 0 (``rank_source: "store host"``); the numbers of the others stay
     null."""
-    rankless = [r for r in job["ranks"] if "RANK" not in (processes[r["pid"]].get("env") or {})]
+    rankless = [r for r in job["ranks"] if _numbering(processes[r["pid"]].get("env") or {})
+                is None]
     if not rankless:
+        _set_task_launcher(job, processes, ranks)
         return
     for entry in rankless:
         env = processes[entry["pid"]].get("env") or {}

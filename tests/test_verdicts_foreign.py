@@ -16,10 +16,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import require_tool  # noqa: E402
 from jobs.launch import (  # noqa: E402
     Job,
     spawn_steps,
     start_lightning,
+    start_mpirun,
     start_spawn,
     start_torchrun,
     wait_spawn_steps,
@@ -119,6 +121,51 @@ def test_a_killed_spawn_rank_fails_the_job(tmp_path: Path, jobs: list[Job]) -> N
     assert ranks[0]["rank"] == 0 and ranks[0]["exit"]["signal"] == "SIGKILL"
     assert ranks[1]["rank"] is None and ranks[1]["exit"] is not None  # ended by mp.spawn
     assert job.wait_exit(30)[0] not in (None, 0)  # the main process raised
+
+
+def _mpirun_job(tmp_path: Path, jobs: list[Job]) -> tuple[Job, dict[int, int]]:
+    require_tool("mpirun", install="apt-get install openmpi-bin")
+    job = start_mpirun(tmp_path, [])
+    jobs.append(job)
+    trainers = {rank: p["pid"] for rank, p in job.wait_steps(3).items()}
+    return job, trainers
+
+
+def test_an_mpirun_job_is_found_by_its_launchers_task_numbers(tmp_path: Path,
+                                                               jobs: list[Job]) -> None:
+    """Ranks started by Open MPI's mpirun that set RANK inside Python show only
+    OMPI_COMM_WORLD_* outside: they are the job's ranks, numbered from those, mpirun their
+    launcher (which never restarts them), and the job runs."""
+    job, trainers = _mpirun_job(tmp_path, jobs)
+    found = census_job(job.run_id)
+    assert [(r["rank"], r["pid"], r["local_rank"]) for r in found["ranks"]] == [
+        (0, trainers[0], 0), (1, trainers[1], 1)], found
+    assert {r["rank_source"] for r in found["ranks"]} == {"OMPI_COMM_WORLD_RANK"}
+    assert found["world_size"] == 2 and found["expected_ranks"] == [0, 1]
+    assert found["launcher"] == "mpirun" and found["launcher_pid"] == job.processes[0].pid
+    assert found["max_restarts"] == 0 and found["tag"] == job.tag
+    state = probes.job_state(job=job.run_id)
+    assert state["verdict"] == "running", state["reason"]
+
+
+def test_a_frozen_mpirun_rank_hangs_the_job_and_a_killed_one_fails_it(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    """Faults by rank number reach an mpirun job's trainers; the verdicts hold: a frozen rank
+    hangs its peer in all_reduce (the culprit named), a killed rank fails the job."""
+    job, trainers = _mpirun_job(tmp_path, jobs)
+    frozen = actions.freeze_rank(job=job.run_id, rank=1)
+    assert frozen["pid"] == trainers[1], frozen
+    found = probes.detect_hang(job=job.run_id, timeout_s=30)
+    assert found["verdict"] == "hung", found["reason"]
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1], found["culprit_ranks"]
+    assert found["blocked_in"]["ranks"] == [0] and found["blocked_in"]["what"] == "all_reduce"
+    actions.resume_rank(job=job.run_id, rank=1)
+    killed = actions.kill_rank(job=job.run_id, rank=0, wait_s=5)
+    assert killed["pid"] == trainers[0], killed
+    ended = probes.detect_hang(job=job.run_id, timeout_s=30)
+    assert ended["verdict"] == "failed", ended["reason"]
+    assert ended["ranks"][0]["exit"]["signal"] == "SIGKILL", ended["ranks"]
+    assert job.wait_exit(30)[0] not in (None, 0)  # mpirun reports the lost rank
 
 
 def _record(pid: int, ppid: int, cmdline: list[str], env: dict[str, str]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """A small torch.distributed training job written for chaosgpu's verdict tests (gloo, CPU).
 
 It is an ordinary job: chaosgpu knows nothing of it and it knows nothing of chaosgpu. Launched
-by torchrun or bare (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment). Each step
+by torchrun or bare (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment), or by
+mpirun, whose task numbers it copies into RANK, WORLD_SIZE and LOCAL_RANK itself, inside
+Python, as trainers run under MPI or Slurm do. Each step
 does `--compute-s` of CPU work and one all_reduce (or a DDP forward/backward with `--ddp`).
 The behaviours the tests need are options: stall one rank in Python, fail one rank, save a
 checkpoint on one rank after destroy_process_group, delay a restarted rank before it joins.
@@ -85,9 +87,19 @@ def build_ddp(args: argparse.Namespace, rank: int, device: torch.device) -> tupl
             torch.randn(32, 64, device=device))
 
 
+def rank_from_launcher() -> None:
+    """Where no RANK was given, take the MPI launcher's task numbers (set in os.environ: the
+    process's environment as /proc shows it keeps only the launcher's variables)."""
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ.update(RANK=os.environ["OMPI_COMM_WORLD_RANK"],
+                          WORLD_SIZE=os.environ["OMPI_COMM_WORLD_SIZE"],
+                          LOCAL_RANK=os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+
+
 @record
 def main() -> int:
     args = parse()
+    rank_from_launcher()
     rank = int(os.environ["RANK"])
     if rank == args.delay_rank:
         time.sleep(args.delay_s)  # a rank that never joins: its peers wait in the rendezvous
