@@ -112,6 +112,10 @@ ENV_KEYS = (
 #: Process names of MPI and Slurm launchers that start a job's tasks as their children.
 TASK_LAUNCHERS = frozenset(("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted",
                             "hydra_pmi_proxy", "mpiexec.hydra", "slurmstepd"))
+#: Processes that carry a launcher's task numbers without being a trainer: shells (a Slurm
+#: batch script is task 0 of its own step), the launchers themselves, srun's client.
+NOT_TASKS = TASK_LAUNCHERS | frozenset(("srun", "sbatch", "salloc", "bash", "sh", "dash", "zsh",
+                                        "ksh", "mksh", "tcsh", "csh", "fish", "busybox"))
 _ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
 
 #: Process names that act as subreapers (children of dead parents are reparented to them).
@@ -1588,14 +1592,24 @@ def _set_spawn_parent(job: Dict[str, Any], parent: Dict[str, Any],
 
 def _set_task_launcher(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                        ranks: List[Dict[str, Any]]) -> None:
-    """Ranks numbered by an MPI or Slurm launcher, all children of one such process (mpirun,
-    orted, slurmstepd...): that process launched them (it never restarts them)."""
+    """Ranks numbered by an MPI or Slurm launcher, all started by one such process (mpirun,
+    orted, slurmstepd..., directly or through a wrapper shell): that process launched them (it
+    never restarts them)."""
     if job["launcher_pid"] is not None or not ranks or any(
             _numbering(p.get("env") or {}) in (None, ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
             for p in ranks):
         return
-    parents = {p["ppid"] for p in ranks}
-    parent = processes.get(parents.pop()) if len(parents) == 1 else None
+    parents = []  # type: List[Optional[int]]
+    for proc in ranks:
+        parent = processes.get(proc["ppid"])
+        for _ in range(3):  # up through wrapper shells (`srun bash -c "python train.py"`)
+            if parent is None or parent["comm"] in TASK_LAUNCHERS \
+                    or parent["comm"] not in NOT_TASKS:
+                break
+            parent = processes.get(parent["ppid"])
+        parents.append(parent["pid"] if parent is not None else None)
+    only = parents[0] if len(set(parents)) == 1 else None
+    parent = processes.get(only) if only is not None else None
     if parent is not None and not parent["zombie"] and parent["comm"] in TASK_LAUNCHERS:
         _set_spawn_parent(job, parent, parent["comm"])
 
@@ -1669,7 +1683,8 @@ def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[s
         env = proc.get("env") or {}
         job_id = _job_id(env) if env else None
         member = "RANK" in env or ("MASTER_PORT" in env and (
-            _spawned_child(proc) or "LOCAL_RANK" in env or _numbering(env) is not None))
+            _spawned_child(proc) or "LOCAL_RANK" in env
+            or (_numbering(env) is not None and proc["comm"] not in NOT_TASKS)))
         if job_id is None or not (_is_launcher(proc) or member):
             continue
         job = jobs.get(job_id)

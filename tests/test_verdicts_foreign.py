@@ -193,6 +193,35 @@ def test_a_shell_wrapper_is_not_the_rank_its_child_is() -> None:
     assert jobs[0]["launcher_pid"] == 10
 
 
+def test_a_slurm_batch_shell_and_srun_are_not_ranks_the_tasks_are() -> None:
+    """sbatch runs its script as task 0 of the batch step (SLURM_PROCID=0, MASTER_PORT
+    exported), and srun inherits that: neither is a rank. The tasks srun starts under their
+    step's slurmstepd are, numbered by SLURM_PROCID, with that slurmstepd as launcher; a
+    wrapper shell a task runs is no rank either, its trainer child is."""
+    base = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "SLURM_NTASKS": "2"}
+    task = ["python3", "train.py"]
+    processes = {
+        20: _record(20, 1, ["slurmstepd: [7.batch]"], {}),
+        21: _record(21, 20, ["bash", "/var/spool/slurmd/job7/slurm_script"],
+                    dict(base, SLURM_PROCID="0", SLURM_LOCALID="0")),
+        22: _record(22, 21, ["srun", "python3", "train.py"],
+                    dict(base, SLURM_PROCID="0", SLURM_LOCALID="0")),
+        30: _record(30, 1, ["slurmstepd: [7.0]"], {}),
+        31: _record(31, 30, task, dict(base, SLURM_PROCID="0", SLURM_LOCALID="0")),
+        32: _record(32, 30, ["bash", "-c", "python3 train.py"],
+                    dict(base, SLURM_PROCID="1", SLURM_LOCALID="1")),
+        33: _record(33, 32, task, dict(base, SLURM_PROCID="1", SLURM_LOCALID="1")),
+    }
+    for pid in (20, 30):
+        processes[pid]["comm"] = "slurmstepd"
+    [job] = census_module()._jobs(processes, {}, [], "/nonexistent", "host")
+    assert [(r["rank"], r["pid"], r["rank_source"]) for r in job["ranks"]] == [
+        (0, 31, "SLURM_PROCID"), (1, 33, "SLURM_PROCID")], job["ranks"]
+    assert job["world_size"] == 2 and job["id"] == "10.0.0.1:29500"
+    # the step's slurmstepd started both, one through a wrapper shell: it is the launcher
+    assert (job["launcher"], job["launcher_pid"], job["max_restarts"]) == ("slurmstepd", 30, 0)
+
+
 def test_a_lightning_job_is_found_with_its_main_process_as_rank_0(tmp_path: Path,
                                                                   jobs: list[Job]) -> None:
     pytest.importorskip("lightning")
