@@ -87,6 +87,8 @@ LAUNCHER_RANK_KEYS = (
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
 )
+#: torch's own (rank, world size, local rank): trusted before any launcher's.
+TORCH_RANK_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 #: Environment keys the census reports (besides every ``CHAOSGPU_*`` key).
 ENV_KEYS = (
@@ -1447,7 +1449,7 @@ def _rank_state(proc: Dict[str, Any], cgroup_root: str) -> str:
 def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
               gpu_by_pid: Dict[int, float], errors: List[str], cgroup_root: str) -> None:
     pid = proc["pid"]
-    numbering = _numbering(env) or ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    numbering = _numbering(env) or TORCH_RANK_KEYS
     rank, bad_rank = _int_value(env, numbering[0], pid, errors)
     world, _ = _int_value(env, "WORLD_SIZE" if "WORLD_SIZE" in env else numbering[1], pid,
                           errors, minimum=1)
@@ -1500,11 +1502,9 @@ def _rank_keys(proc: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
 
 
 def _numbering(env: Dict[str, str]) -> Optional[Tuple[str, str, str]]:
-    """The variables that number a task: torch's (RANK, WORLD_SIZE, LOCAL_RANK), else the
-    first MPI or Slurm launcher's present (LAUNCHER_RANK_KEYS); None when none is."""
-    if "RANK" in env:
-        return ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    for keys in LAUNCHER_RANK_KEYS:
+    """The variables that number a task: torch's (TORCH_RANK_KEYS), else the first MPI or
+    Slurm launcher's present (LAUNCHER_RANK_KEYS); None when none is."""
+    for keys in (TORCH_RANK_KEYS,) + LAUNCHER_RANK_KEYS:
         if keys[0] in env:
             return keys
     return None
@@ -1596,7 +1596,7 @@ def _set_task_launcher(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]]
     orted, slurmstepd..., directly or through a wrapper shell): that process launched them (it
     never restarts them)."""
     if job["launcher_pid"] is not None or not ranks or any(
-            _numbering(p.get("env") or {}) in (None, ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+            _numbering(p.get("env") or {}) in (None, TORCH_RANK_KEYS)
             for p in ranks):
         return
     parents = []  # type: List[Optional[int]]

@@ -48,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _take_chunks(device: Any, want: int, chunk: int, exact: bool) -> tuple[int, int, int]:
+def _take_chunks(device: Any, want: int, chunk: int, exact: bool) -> tuple[int, int]:
     """Take `want` MiB in chunks of at most `chunk` MiB, halving a refused chunk down to
-    MIN_CHUNK_MIB. Returns (MiB taken, allocations refused, the chunk size reached). With
+    MIN_CHUNK_MIB. Returns (MiB taken, allocations refused). With
     `exact`, a refusal at the smallest chunk raises MemoryError; otherwise it ends the taking."""
     held = failures = 0
     while held < want:
@@ -67,7 +67,7 @@ def _take_chunks(device: Any, want: int, chunk: int, exact: bool) -> tuple[int, 
             continue
         device.memset(pointer, 1, size * MIB)
         held += size
-    return held, failures, chunk
+    return held, failures
 
 
 def _take_driver(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -75,23 +75,22 @@ def _take_driver(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
     device = Device(uuid=args.uuid) if args.uuid else Device(ordinal=0)
     free, total = device.mem_info()
+    top_ups = 0
     try:
         if args.mib is not None:
-            held, failures, _ = _take_chunks(device, args.mib, args.chunk_mib, True)
-            top_ups = 0
+            held, failures = _take_chunks(device, args.mib, args.chunk_mib, True)
         else:
-            held, failures, _ = _take_chunks(device, int(free // MIB) - args.leave_mib,
-                                             args.chunk_mib, False)
+            held, failures = _take_chunks(device, int(free // MIB) - args.leave_mib,
+                                          args.chunk_mib, False)
             # A job's memory moves (a step's scratch allocated and freed): what it held at the
             # first reading and frees afterwards is taken too, for SETTLE_S, so the job is left
             # with `leave_mib` and not with that plus its transient peak.
-            top_ups = 0
             settle_until = time.monotonic() + SETTLE_S
             while time.monotonic() < settle_until:
                 device.synchronize()
                 extra = int(device.mem_info()[0] // MIB) - args.leave_mib
                 if extra >= MIN_CHUNK_MIB:
-                    taken, refused, _ = _take_chunks(device, extra, args.chunk_mib, False)
+                    taken, refused = _take_chunks(device, extra, args.chunk_mib, False)
                     held, failures = held + taken, failures + refused
                     top_ups += 1 if taken else 0
                 time.sleep(SETTLE_EVERY_S)
