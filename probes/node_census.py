@@ -126,6 +126,8 @@ KNOWN_SUBREAPERS = frozenset((
     "tini", "tini-static", "dumb-init", "catatonit", "docker-init", "s6-svscan", "runsvdir",
 ))
 
+#: Process names of Python trainers (torch renames its main thread pt_main_thread).
+_WORKER_NAMES = re.compile(r"^(python|pt_|torchrun|ray::)")
 _PF_KTHREAD = 0x00200000
 _NVML_MIB = 1024.0 * 1024.0
 
@@ -166,8 +168,10 @@ class AccessDenied(ProcError):
 
 
 def _read_bytes(path: str) -> bytes:
-    """Read a whole (/proc) file with raw os calls: ~40% cheaper than open() objects, which
-    matters at 10,000 processes."""
+    """Read a whole /proc file that the kernel serves in one read (stat, status, cmdline,
+    environ, cgroup, io: a short read is its end) with raw os calls: ~40% cheaper than open()
+    objects, which matters at 10,000 processes. Files served a page at a time are read with
+    ``_read_pages``."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = os.read(fd, 65536)
@@ -178,6 +182,22 @@ def _read_bytes(path: str) -> bytes:
             data = os.read(fd, 65536)
             chunks.append(data)
         return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_pages(path: str) -> bytes:
+    """Read a /proc file that the kernel serves a page at a time (a seq_file: net/tcp, maps,
+    children, /proc/devices) to its end: one read returns at most about a page of it, so a
+    short read is not its end there (``_read_bytes`` would keep only the first 4 KiB)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []  # type: List[bytes]
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                return b"".join(chunks)
+            chunks.append(data)
     finally:
         os.close(fd)
 
@@ -288,7 +308,7 @@ def read_children(pid: int, proc_root: str = "/proc") -> List[int]:
     kids = []  # type: List[int]
     for task in tasks:
         try:
-            kids.extend(int(x) for x in _read_bytes(base + "/" + task + "/children").split())
+            kids.extend(int(x) for x in _read_pages(base + "/" + task + "/children").split())
         except (FileNotFoundError, ProcessLookupError):
             continue  # that thread ended while we listed
         except OSError as error:
@@ -724,7 +744,7 @@ def nvidia_registered(proc_root: str = "/proc") -> bool:
     device, so the census skips the fd scan and reports ``nvidia_fds: []`` as a fact. A /proc
     that cannot tell (unreadable, or a fake proc root in tests) counts as registered."""
     try:
-        data = _read_bytes(proc_root + "/devices")
+        data = _read_pages(proc_root + "/devices")
     except OSError:
         return True
     return b"nvidia" in data or b"Character devices" not in data
@@ -1434,7 +1454,7 @@ def _new_job(job_id: str) -> Dict[str, Any]:
             "launcher_pid": None, "launcher_starttime": None, "ranks": [],
             "expected_ranks": None, "restart_count": None, "max_restarts": None,
             "survivors": [], "dead": [], "frozen": [], "stopped": [], "tag": None,
-            "_lws": None, "_group": None}
+            "found_by": FOUND_BY_ENV, "_lws": None, "_group": None}
 
 
 def _rank_state(proc: Dict[str, Any], cgroup_root: str) -> str:
@@ -1561,7 +1581,7 @@ def _listening_on(proc: Dict[str, Any], port: str, proc_root: str) -> bool:
     inodes = set()
     for name in ("tcp", "tcp6"):
         try:
-            lines = _read_bytes(base + "/net/" + name).splitlines()[1:]
+            lines = _read_pages(base + "/net/" + name).splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -1746,6 +1766,221 @@ def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
         hosts[0]["rank_source"] = "store host"
 
 
+# --------------------------------------------------------------------------------------------
+# jobs whose environment says nothing: found by their rendezvous store's connections
+
+#: A job's ``found_by``: its ranks' environment (RANK, MASTER_PORT, a launcher's task numbers)
+#: or, where no environment names it (MASTER_ADDR/MASTER_PORT set inside Python, as PyTorch's
+#: DDP tutorial does; ``init_method="tcp://..."``), the connections to its TCPStore.
+FOUND_BY_ENV = "environment"
+FOUND_BY_STORE = "store connections"
+#: Torch's libraries in a process's memory map (libtorch_cpu.so, libtorch_python.so ...).
+_TORCH_LIBRARY = b"/libtorch"
+#: (proc_root, pid, start time) -> None for a process seen with torch loaded (a library stays
+#: mapped for the process's life), or when it was last seen without (looked at again after
+#: TORCH_RECHECK_S: a Python program may import torch late).
+_TORCH_SEEN = {}  # type: Dict[Tuple[str, int, int], Optional[float]]
+TORCH_RECHECK_S = 5.0
+
+
+def _endpoint(text: bytes) -> Tuple[bytes, int]:
+    """(address bytes, port) of a /proc/net/tcp{,6} endpoint (``0100007F:3039``); an IPv4
+    address mapped into IPv6 (``::ffff:127.0.0.1``) is given as IPv4, so that both tables
+    name one connection alike."""
+    import struct
+
+    address, _, port = text.partition(b":")
+    raw = b"".join(struct.pack("<I", int(address[i:i + 8], 16))
+                   for i in range(0, len(address), 8))
+    if len(raw) == 16 and raw[:12] == b"\0" * 10 + b"\xff\xff":
+        raw = raw[12:]
+    return raw, int(port, 16)
+
+
+def _address_text(raw: bytes) -> str:
+    import socket
+
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def _store_ports(base: str) -> Dict[int, Dict[str, Any]]:
+    """In the network namespace of the process at ``base``: every listening TCP port with at
+    least two connections from this namespace (both ends seen), as ``{port: {"listeners":
+    {inode}, "clients": {client inode: server inode}, "address": what the clients dialled}}``."""
+    listeners = {}  # type: Dict[int, set]
+    connections = []  # type: List[Tuple[Tuple[bytes, int], Tuple[bytes, int], int]]
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = _read_pages(base + "/net/" + name).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            if fields[3] == b"0A":
+                listeners.setdefault(_endpoint(fields[1])[1], set()).add(int(fields[9]))
+            elif fields[3] == b"01":
+                connections.append((_endpoint(fields[1]), _endpoint(fields[2]), int(fields[9])))
+    by_ends = {(local, remote): inode for local, remote, inode in connections}
+    ports = {}  # type: Dict[int, Dict[str, Any]]
+    for local, remote, inode in connections:
+        if remote[1] not in listeners:
+            continue
+        server = by_ends.get((remote, local))  # the accepted end: a connection within the node
+        if server is None:
+            continue
+        entry = ports.setdefault(remote[1], {"listeners": listeners[remote[1]], "clients": {},
+                                             "address": _address_text(remote[0])})
+        entry["clients"][inode] = server
+    return {port: entry for port, entry in ports.items() if len(entry["clients"]) >= 2}
+
+
+def _torch_loaded(proc: Dict[str, Any], proc_root: str) -> bool:
+    """Whether torch's libraries are mapped in ``proc`` (its memory map; a yes is kept for the
+    process's life, a no for ``TORCH_RECHECK_S``)."""
+    key = (proc_root, proc["pid"], proc["starttime"])
+    now = time.monotonic()
+    if key in _TORCH_SEEN:
+        seen = _TORCH_SEEN[key]
+        if seen is None or now - seen < TORCH_RECHECK_S:
+            return seen is None
+    try:
+        loaded = _TORCH_LIBRARY in _read_pages("%s/%d/maps" % (proc_root, proc["pid"]))
+    except OSError:
+        return False
+    if len(_TORCH_SEEN) > 8192:
+        _TORCH_SEEN.clear()
+    _TORCH_SEEN[key] = None if loaded else now
+    return loaded
+
+
+def _store_candidates(processes: Dict[int, Dict[str, Any]], launchers: Dict[int, Dict[str, Any]],
+                      proc_root: str) -> List[Dict[str, Any]]:
+    """Live Python processes with torch loaded, other than torchrun's agents (whose ranks'
+    environment names their job)."""
+    found = []
+    for pid, proc in processes.items():
+        if pid in launchers or proc["kthread"] or proc["state"] in ("Z", "X") \
+                or proc.get("exiting"):
+            continue
+        program = (proc.get("cmdline") or [""])[0].rsplit("/", 1)[-1]
+        if (_WORKER_NAMES.match(proc["comm"]) or program.startswith("python")) \
+                and _torch_loaded(proc, proc_root):
+            found.append(proc)
+    return found
+
+
+def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
+                launchers: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
+                errors: List[str], cgroup_root: str, proc_root: str) -> None:
+    """Find torch.distributed jobs by their rendezvous store, where no environment names them
+    or names the wrong processes: a TCPStore is served by one rank (rank 0) and every rank,
+    that one included, holds a connection to it. So a listening port of a Python process with
+    torch loaded that this same process and at least one other such process are connected to,
+    within the node, is a job: those processes are its ranks, the store's host is rank 0
+    (``rank_source: "store host"``), the other numbers are not known from outside. The job's
+    id and ``master`` are the address and port the ranks dialled. Where processes share a
+    socket (a DataLoader worker forked by its rank), the oldest holds it and the others are its
+    helpers. A job found by environment is kept as it is when its ranks carry their numbers
+    or are these same processes; otherwise (ranks that set MASTER_PORT in os.environ: only the
+    DataLoader workers they spawn show it) the store's job replaces it."""
+    candidates = _store_candidates(processes, launchers, proc_root)
+    if len(candidates) < 2:
+        return
+    member_of = {}  # type: Dict[int, str]
+    for job in jobs.values():  # every process of a job found by environment
+        for rank in job["ranks"]:
+            for pid in [rank["pid"], job["launcher_pid"]] + list(rank.get("helpers") or []):
+                if pid is not None:
+                    member_of[pid] = job["id"]
+    by_netns = {}  # type: Dict[int, List[Dict[str, Any]]]
+    for proc in candidates:
+        try:
+            netns = os.stat("%s/%d/ns/net" % (proc_root, proc["pid"])).st_ino
+        except OSError:
+            continue
+        by_netns.setdefault(netns, []).append(proc)
+    for members in by_netns.values():
+        if len(members) < 2:
+            continue
+        # any member's view of the namespace will do: one read of its TCP tables
+        ports = _store_ports("%s/%d" % (proc_root, members[0]["pid"]))
+        if not ports:
+            continue
+        holder = _socket_holders(members, proc_root)
+        # the oldest listener first (socket inodes grow): a job's TCPStore, opened by
+        # init_process_group, names it, not NCCL's bootstrap root (the same shape, for a moment)
+        for port in sorted(ports, key=lambda p: min(ports[p]["listeners"])):
+            store = ports[port]
+            hosts = {holder[i]["pid"] for i in store["listeners"] if i in holder}
+            hosts |= {holder[s]["pid"] for s in store["clients"].values() if s in holder}
+            clients = {holder[c]["pid"]: holder[c] for c in store["clients"] if c in holder}
+            if len(hosts) != 1 or min(hosts) not in clients or len(clients) < 2:
+                continue  # no store served and used by these processes
+            _add_store_job("%s:%d" % (store["address"], port), processes[min(hosts)], clients,
+                           processes, jobs, member_of, gpu_by_pid, errors, cgroup_root)
+
+
+def _socket_holders(members: List[Dict[str, Any]], proc_root: str) -> Dict[int, Dict[str, Any]]:
+    """Socket inode -> the process holding it; of processes sharing one (a forked copy holds
+    its parent's), the oldest."""
+    holder = {}  # type: Dict[int, Dict[str, Any]]
+    for proc in members:
+        try:
+            inodes = _socket_inodes("%s/%d/fd" % (proc_root, proc["pid"]))
+        except OSError:
+            continue
+        for inode in inodes:
+            known = holder.get(inode)
+            if known is None or (proc["starttime"], proc["pid"]) < (known["starttime"],
+                                                                     known["pid"]):
+                holder[inode] = proc
+    return holder
+
+
+def _add_store_job(job_id: str, host: Dict[str, Any], clients: Dict[int, Dict[str, Any]],
+                   processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
+                   member_of: Dict[int, str], gpu_by_pid: Dict[int, float],
+                   errors: List[str], cgroup_root: str) -> None:
+    """Add the job of a store (see ``_store_jobs``) unless a job found by environment already
+    names these ranks."""
+    known = {member_of[pid] for pid in clients if pid in member_of}
+    if job_id in jobs:
+        known.add(job_id)
+    for other in known:
+        ranks = jobs[other]["ranks"]
+        if jobs[other]["found_by"] == FOUND_BY_STORE \
+                or any(r["rank_source"] not in (None, "store host") for r in ranks) \
+                or {r["pid"] for r in ranks} == set(clients):
+            return  # another store of a job found already, or named by its environment
+    tag = next((jobs[other]["tag"] for other in sorted(known) if jobs[other]["tag"]), None)
+    for other in known:
+        del jobs[other]
+    job = jobs[job_id] = _new_job(job_id)
+    job["master"] = job_id
+    job["found_by"] = FOUND_BY_STORE
+    ranks = sorted(clients.values(), key=lambda p: p["pid"])
+    for proc in ranks:  # numbered where a launcher's variables show (mpirun, srun)
+        _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root)
+        entry = job["ranks"][-1]
+        entry["helpers"] = _copies_of(proc, processes, clients)
+        if proc is host and entry["rank"] is None:
+            entry["rank"], entry["rank_source"] = 0, "store host"
+        for pid in [proc["pid"]] + entry["helpers"]:
+            member_of[pid] = job_id
+    job["tag"] = job["tag"] or tag
+    _set_task_launcher(job, processes, ranks)
+    parents = {proc["ppid"] for proc in ranks}
+    parent = processes.get(parents.pop()) if len(parents) == 1 else None
+    if job["launcher_pid"] is None and parent is not None and not (
+            parent["zombie"] or parent["ns_init"] or parent["pid"] == 1
+            or parent["comm"] in KNOWN_SUBREAPERS or parent["comm"] in NOT_TASKS) \
+            and all(_spawned_child(proc) or proc.get("cmdline") == parent.get("cmdline")
+                    for proc in ranks):
+        _set_spawn_parent(job, parent)  # torch.multiprocessing's main process
+
+
 def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
           errors: List[str], cgroup_root: str, hostname: str,
           proc_root: str = "/proc") -> List[Dict[str, Any]]:
@@ -1791,6 +2026,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         _set_launcher(job, launcher)
         job["hidden_ranks"] = sum(1 for p in processes.values() if p["ppid"] == pid
                                   and "env" in (p.get("unreadable") or []))
+    _store_jobs(processes, jobs, launchers, gpu_by_pid, errors, cgroup_root, proc_root)
     local_masters = ("127.0.0.1", "localhost", "::1", hostname)
     for job in jobs.values():
         _finish_ranks(job, processes, local_masters)
@@ -1959,9 +2195,6 @@ def auto_workers(count: int) -> int:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return max(1, min(cpus, 8, count // PROCESSES_PER_READER))
-
-
-_WORKER_NAMES = re.compile(r"^(python|pt_|torchrun|ray::)")
 
 
 def _lite_candidates(processes: Dict[int, Dict[str, Any]], gpu: Dict[str, Any]) -> List[int]:

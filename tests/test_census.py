@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -639,3 +640,52 @@ def test_a_leader_that_ended_before_its_threads_is_exiting_not_a_zombie() -> Non
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_files_served_a_page_at_a_time_are_read_to_their_end() -> None:
+    """/proc/PID/task/*/children and /proc/PID/net/tcp are seq files: one read returns about a
+    page of them. A parent of 900 children and a listener past the first page of the TCP table
+    are still seen whole."""
+    census = node.census_module()
+    listeners = []
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal, sys\n"
+         "kids = []\n"
+         "for _ in range(900):\n"
+         "    pid = os.fork()\n"
+         "    if pid == 0:\n"
+         "        signal.pause()\n"
+         "        os._exit(0)\n"
+         "    kids.append(pid)\n"
+         "print(len(kids), flush=True)\n"
+         "sys.stdin.read()\n"
+         "for pid in kids:\n"
+         "    os.kill(pid, signal.SIGKILL)\n"
+         "for pid in kids:\n"
+         "    os.waitpid(pid, 0)\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "900"
+        kids = node.read_children(parent.pid)
+        assert len(kids) == 900, len(kids)
+        started = {pid: node.process_starttime(pid) for pid in kids}
+        for _ in range(80):  # 80 lines of ~150 bytes: the last is well past the first page
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            listeners.append(sock)
+        with open(f"/proc/{os.getpid()}/net/tcp", "rb") as handle:
+            table = handle.read()
+        assert len(table) > 3 * 4096
+        last_port = listeners[-1].getsockname()[1]
+        me = {"pid": os.getpid()}
+        assert census._listening_on(me, str(last_port), "/proc")
+    finally:
+        for sock in listeners:
+            sock.close()
+        assert parent.stdin is not None
+        parent.stdin.close()
+        assert parent.wait(timeout=60) == 0
+    # every child was killed and reaped by the parent: none is left
+    assert [pid for pid, start in started.items()
+            if node.process_state(pid, starttime=start) is not None] == []

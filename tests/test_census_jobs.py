@@ -113,3 +113,80 @@ def test_job_ranks_of_an_unknown_job_is_empty_and_no_selector_is_refused() -> No
         job_probes.job_ranks(job="nope-nope")
     with pytest.raises(ValueError):
         job_probes.job_ranks()
+
+
+# A stand-in for a rendezvous store's shape, without torch.distributed: "host" opens STORES
+# listeners and (unless told "alone") connects to each itself, as a TCPStore's rank 0 does;
+# "client PORT..." connects to each.
+STORE_SHAPE = r"""
+import select, socket, sys
+if sys.argv[1] == "torch":
+    import torch  # noqa: F401  (its libraries mapped, as a trainer has them)
+held = []
+if sys.argv[2] == "host":
+    servers = []
+    for _ in range(int(sys.argv[4])):
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        servers.append(server)
+        if sys.argv[3] == "self":
+            held.append(socket.create_connection(("127.0.0.1", server.getsockname()[1])))
+    print(" ".join(str(server.getsockname()[1]) for server in servers), flush=True)
+    while True:
+        for server in select.select(servers, [], [])[0]:
+            held.append(server.accept()[0])
+else:
+    for port in sys.argv[3:]:
+        held.append(socket.create_connection(("127.0.0.1", int(port))))
+    print("connected", flush=True)
+    sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def store_shape(torch: bool, self_connected: bool, stores: int = 1) -> Iterator[list[int]]:
+    """A host of `stores` listeners and two clients of each; yields the ports, in the order
+    they were opened; kills the processes after."""
+    mode = "torch" if torch else "plain"
+    started: list[subprocess.Popen[str]] = []
+    try:
+        host = subprocess.Popen([sys.executable, "-c", STORE_SHAPE, mode, "host",
+                                 "self" if self_connected else "alone", str(stores)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        started.append(host)
+        assert host.stdout is not None
+        ports = [int(port) for port in host.stdout.readline().split()]
+        for _ in range(2):
+            client = subprocess.Popen([sys.executable, "-c", STORE_SHAPE, mode, "client",
+                                       *map(str, ports)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            started.append(client)
+            assert client.stdout is not None and client.stdout.readline().strip() == "connected"
+        yield ports
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_only_torchs_store_shape_is_a_job_found_by_its_connections() -> None:
+    """A job no environment names is found by its store's connections (the store's host
+    connected to itself, other processes to it, torch mapped in all): the same shape without
+    torch, or without the host's own connection, is no job. Two stores of the same processes
+    (a TCPStore, then NCCL's bootstrap root for a moment) are one job, named by the first."""
+    for torch, self_connected, stores, expected in (
+            (False, True, 1, False), (True, False, 1, False), (True, True, 1, True),
+            (True, True, 2, True)):
+        with store_shape(torch, self_connected, stores) as ports:
+            ids = {f"127.0.0.1:{port}" for port in ports}
+            jobs = [j for j in node.take_census(gpu=False)["jobs"] if j["id"] in ids]
+            assert len(jobs) == int(expected), (torch, self_connected, stores, jobs)
+            if expected:
+                (job,) = jobs
+                assert job["id"] == f"127.0.0.1:{ports[0]}"
+                assert job["found_by"] == "store connections" and job["master"] == job["id"]
+                assert [r["rank"] for r in job["ranks"]] == [0, None, None], job["ranks"]
+                assert job["ranks"][0]["rank_source"] == "store host"
+                assert job["launcher"] == "bare" and job["world_size"] is None

@@ -64,12 +64,24 @@ def test_dataloader_workers_are_helpers_of_their_rank_not_ranks(tmp_path: Path,
     assert killed["pid"] == trainers[0]  # the trainer, not one of its DataLoader workers
 
 
-def test_a_spawn_job_is_found_with_its_store_host_as_rank_0(tmp_path: Path,
-                                                            jobs: list[Job]) -> None:
-    job = start_spawn(tmp_path)
+#: Where a spawn job's store address is given, and how the census then finds the job: the main
+#: process's environment (inherited by the ranks), or, as PyTorch's DDP tutorial does it, each
+#: rank's os.environ (invisible in /proc/PID/environ), or a tcp:// init_method (no variable):
+#: then only the ranks' connections to their store name the job.
+RENDEZVOUS = [("parent-env", "environment"), ("rank-env", "store connections"),
+              ("tcp", "store connections")]
+
+
+@pytest.mark.parametrize(("rendezvous", "found_by"), RENDEZVOUS)
+def test_a_spawn_job_is_found_with_its_store_host_as_rank_0(tmp_path: Path, jobs: list[Job],
+                                                            rendezvous: str,
+                                                            found_by: str) -> None:
+    job = start_spawn(tmp_path, rendezvous=rendezvous)
     jobs.append(job)
     wait_spawn_steps(job, 3)
     found = census_job(job.run_id)
+    assert found["found_by"] == found_by
+    assert found["master"] == job.run_id
     assert found["launcher"] == "multiprocessing"
     assert found["launcher_pid"] == job.processes[0].pid and found["max_restarts"] == 0
     assert found["tag"] == job.tag
@@ -92,9 +104,11 @@ def _resource_trackers(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.parametrize("rendezvous", [r for r, _ in RENDEZVOUS])
 def test_a_frozen_spawn_rank_hangs_the_job_and_is_named_the_culprit(tmp_path: Path,
-                                                                   jobs: list[Job]) -> None:
-    job = start_spawn(tmp_path)
+                                                                   jobs: list[Job],
+                                                                   rendezvous: str) -> None:
+    job = start_spawn(tmp_path, rendezvous=rendezvous)
     jobs.append(job)
     wait_spawn_steps(job, 3)
     unnumbered = next(r for r in census_job(job.run_id)["ranks"] if r["rank"] is None)
@@ -108,8 +122,10 @@ def test_a_frozen_spawn_rank_hangs_the_job_and_is_named_the_culprit(tmp_path: Pa
     assert process_actions.resume_processes(scope={"pids": [unnumbered["pid"]]})["sent"] == 1
 
 
-def test_a_killed_spawn_rank_fails_the_job(tmp_path: Path, jobs: list[Job]) -> None:
-    job = start_spawn(tmp_path)
+@pytest.mark.parametrize("rendezvous", [r for r, _ in RENDEZVOUS])
+def test_a_killed_spawn_rank_fails_the_job(tmp_path: Path, jobs: list[Job],
+                                           rendezvous: str) -> None:
+    job = start_spawn(tmp_path, rendezvous=rendezvous)
     jobs.append(job)
     wait_spawn_steps(job, 3)
     started = time.monotonic()
@@ -144,6 +160,25 @@ def test_an_mpirun_job_is_found_by_its_launchers_task_numbers(tmp_path: Path,
     assert found["world_size"] == 2 and found["expected_ranks"] == [0, 1]
     assert found["launcher"] == "mpirun" and found["launcher_pid"] == job.processes[0].pid
     assert found["max_restarts"] == 0 and found["tag"] == job.tag
+    state = probes.job_state(job=job.run_id)
+    assert state["verdict"] == "running", state["reason"]
+
+
+def test_an_mpirun_job_that_sets_its_master_inside_python_is_found_by_its_store(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    """mpirun ranks that set MASTER_ADDR/MASTER_PORT themselves (nothing exported) show no
+    job key outside: the job is found by its store's connections, its ranks still numbered
+    from the launcher's variables, mpirun their launcher."""
+    require_tool("mpirun", install="apt-get install openmpi-bin")
+    job = start_mpirun(tmp_path, [], export_master=False)
+    jobs.append(job)
+    trainers = {rank: p["pid"] for rank, p in job.wait_steps(3).items()}
+    found = census_job(job.run_id)
+    assert found["found_by"] == "store connections" and found["master"] == job.run_id
+    assert [(r["rank"], r["pid"], r["rank_source"]) for r in found["ranks"]] == [
+        (0, trainers[0], "OMPI_COMM_WORLD_RANK"), (1, trainers[1], "OMPI_COMM_WORLD_RANK")]
+    assert found["world_size"] == 2 and found["expected_ranks"] == [0, 1]
+    assert found["launcher"] == "mpirun" and found["launcher_pid"] == job.processes[0].pid
     state = probes.job_state(job=job.run_id)
     assert state["verdict"] == "running", state["reason"]
 

@@ -65,22 +65,25 @@ def test_ranks_blocked_in_ddps_constructor_on_the_gpu_are_hung(tmp_path: Path,
     assert [c["rank"] for c in found["culprit_ranks"]] == [1], found["culprit_ranks"]
 
 
+@pytest.mark.parametrize("rendezvous", ["parent-env", "rank-env"])
 def test_a_spawn_job_on_the_gpu_its_ranks_memory_and_a_frozen_rank(tmp_path: Path,
-                                                                    jobs: list[Job]) -> None:
+                                                                    jobs: list[Job],
+                                                                    rendezvous: str) -> None:
     """The tutorial-shaped torch.multiprocessing.spawn DDP job (no RANK anywhere) with its
     model on the GPU: NVML's processes join the job's ranks (not its DataLoader workers), and
-    a frozen rank hangs it."""
-    job = start_spawn(tmp_path, device="cuda")
+    a frozen rank hangs it; also where each rank sets MASTER_PORT in os.environ, as the
+    tutorial does (the job found by its store's connections)."""
+    job = start_spawn(tmp_path, device="cuda", rendezvous=rendezvous)
     jobs.append(job)
     wait_spawn_steps(job, 3)
     state = probes.job_state(job=job.run_id)
-    keep("spawn-gpu-running", state)
+    keep(f"spawn-gpu-running-{rendezvous}", state)
     assert state["verdict"] == "running", state["reason"]
     assert [r["rank"] for r in state["ranks"]] == [0, None], state["ranks"]
     assert all((r["gpu_mib"] or 0) > 100 for r in state["ranks"]), state["ranks"]
     actions.freeze_rank(job=job.run_id, rank=0)
     found = probes.detect_hang(job=job.run_id, timeout_s=30)
-    keep("spawn-gpu-hung", found)
+    keep(f"spawn-gpu-hung-{rendezvous}", found)
     assert found["verdict"] == "hung", found["reason"]
     assert [c["rank"] for c in found["culprit_ranks"]] == [0]
 

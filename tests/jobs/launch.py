@@ -159,23 +159,30 @@ def start_bare(workdir: Path, args: list[str], world_size: int = 2,
     return job
 
 
-def start_mpirun(workdir: Path, args: list[str], world_size: int = 2) -> Job:
+def start_mpirun(workdir: Path, args: list[str], world_size: int = 2,
+                 export_master: bool = True) -> Job:
     """Open MPI's `mpirun -np N python train.py`: each rank gets OMPI_COMM_WORLD_RANK/SIZE/
     LOCAL_RANK from mpirun and copies them into RANK/WORLD_SIZE/LOCAL_RANK inside Python, so
-    outside only the launcher's variables and MASTER_ADDR/MASTER_PORT (exported) show. The job
-    id is the master address."""
+    outside only the launcher's variables and MASTER_ADDR/MASTER_PORT (exported; with
+    `export_master=False` set by each rank in os.environ instead: invisible) show. The job id
+    is the master address."""
     tag = f"verdict-{uuid.uuid4().hex[:8]}"
     port = free_port()
     job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
     job.progress_dir.mkdir(parents=True, exist_ok=True)
     env = _env(tag)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    exported = ["CHAOSGPU_TAG", "PYTHONUNBUFFERED", "OMP_NUM_THREADS"]
+    if export_master:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        exported += ["MASTER_ADDR", "MASTER_PORT"]
+    else:
+        args = [*args, "--master", f"127.0.0.1:{port}"]
     argv = ["mpirun", "-np", str(world_size), "--bind-to", "none",
-            *(arg for key in ("MASTER_ADDR", "MASTER_PORT", "CHAOSGPU_TAG", "PYTHONUNBUFFERED",
-                              "OMP_NUM_THREADS") for arg in ("-x", key)),
+            *(arg for key in exported for arg in ("-x", key)),
             sys.executable, str(TRAIN), "--progress-dir", str(job.progress_dir), *args]
     with open(workdir / "mpirun.log", "wb") as log:
         job.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log,
@@ -188,10 +195,12 @@ SPAWN_DDP = Path(__file__).resolve().parent / "spawn_ddp.py"
 
 
 def start_spawn(workdir: Path, world_size: int = 2, loader_workers: int = 2,
-                steps: int = 0, device: str = "cpu") -> Job:
+                steps: int = 0, device: str = "cpu", rendezvous: str = "parent-env") -> Job:
     """The tutorial-shaped torch.multiprocessing.spawn DDP job (tests/jobs/spawn_ddp.py): no
-    RANK in any environment, DataLoader worker processes under each rank. Its job id is the
-    master address; the tag is inherited from the main process's environment."""
+    RANK in any environment, DataLoader worker processes under each rank; `rendezvous` says
+    where the store's address is given (the main process's environment, each rank's os.environ
+    as the tutorial does, or a tcp:// init_method). Its job id is the store's address either
+    way; the tag is inherited from the main process's environment."""
     tag = f"verdict-{uuid.uuid4().hex[:8]}"
     port = free_port()
     job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
@@ -199,7 +208,7 @@ def start_spawn(workdir: Path, world_size: int = 2, loader_workers: int = 2,
         job.processes.append(subprocess.Popen(
             [sys.executable, str(SPAWN_DDP), str(port), "--world-size", str(world_size),
              "--loader-workers", str(loader_workers), "--steps", str(steps),
-             "--device", device],
+             "--device", device, "--rendezvous", rendezvous],
             env=_env(tag), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True))
     return job

@@ -1,11 +1,19 @@
 """A DistributedDataParallel job shaped like PyTorch's own DDP tutorial, for the verdict tests:
-the main process sets MASTER_ADDR/MASTER_PORT in os.environ and starts the ranks with
-torch.multiprocessing.spawn, which passes each its rank as an argument (no RANK in any
-environment); each rank reads its batches from a DataLoader with worker processes. It knows
-nothing of chaosgpu. It prints one line per step to stdout ("rank R step N"), the ground truth
-for the tests' own assertions.
+the ranks are started with torch.multiprocessing.spawn, which passes each its rank as an
+argument (no RANK in any environment); each rank reads its batches from a DataLoader with
+worker processes. Where the rendezvous is named (`--rendezvous`):
+
+* `parent-env` (default): the main process sets MASTER_ADDR/MASTER_PORT in os.environ before
+  spawning, so the ranks' environment names the job;
+* `rank-env`: each rank sets them in os.environ itself before init_process_group, as the DDP
+  tutorial's setup() does: no process's environment (/proc/PID/environ) shows them;
+* `tcp`: init_process_group(init_method="tcp://127.0.0.1:PORT"): no variable at all.
+
+It knows nothing of chaosgpu. It prints one line per step to stdout ("rank R step N"), the
+ground truth for the tests' own assertions.
 
     python spawn_ddp.py PORT [--world-size 2] [--loader-workers 2] [--steps 0] [--device cuda]
+                             [--rendezvous parent-env|rank-env|tcp]
 """
 
 import argparse
@@ -21,8 +29,16 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 
-def train(rank: int, world_size: int, loader_workers: int, steps: int, device: str) -> None:
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+def train(rank: int, world_size: int, loader_workers: int, steps: int, device: str,
+          port: str, rendezvous: str) -> None:
+    if rendezvous == "tcp":
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size)
+    else:
+        if rendezvous == "rank-env":
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = port
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 64), nn.ReLU(),
                                                   nn.Linear(64, 1)).to(device))
@@ -52,10 +68,14 @@ def main() -> None:
     parser.add_argument("--loader-workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=0, help="0: until killed")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (every rank on GPU 0)")
+    parser.add_argument("--rendezvous", choices=("parent-env", "rank-env", "tcp"),
+                        default="parent-env")
     args = parser.parse_args()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = args.port
-    mp.spawn(train, args=(args.world_size, args.loader_workers, args.steps, args.device),
+    if args.rendezvous == "parent-env":
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = args.port
+    mp.spawn(train, args=(args.world_size, args.loader_workers, args.steps, args.device,
+                          args.port, args.rendezvous),
              nprocs=args.world_size, join=True)
 
 

@@ -53,6 +53,9 @@ def parse() -> argparse.Namespace:
                         help="feed each step from a DataLoader with this many worker processes "
                              "(forked: they carry the rank's environment, RANK included)")
     parser.add_argument("--progress-dir", default="")
+    parser.add_argument("--master", default="", metavar="ADDR:PORT",
+                        help="set MASTER_ADDR/MASTER_PORT in os.environ (a launcher that does "
+                             "not export them: outside, only the store's connections show it)")
     return parser.parse_args()
 
 
@@ -87,9 +90,13 @@ def build_ddp(args: argparse.Namespace, rank: int, device: torch.device) -> tupl
             torch.randn(32, 64, device=device))
 
 
-def rank_from_launcher() -> None:
+def rank_from_launcher(master: str) -> None:
     """Where no RANK was given, take the MPI launcher's task numbers (set in os.environ: the
-    process's environment as /proc shows it keeps only the launcher's variables)."""
+    process's environment as /proc shows it keeps only the launcher's variables); `master`
+    (ADDR:PORT), when given, sets MASTER_ADDR/MASTER_PORT the same way."""
+    if master:
+        address, _, port = master.rpartition(":")
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=port)
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
         os.environ.update(RANK=os.environ["OMPI_COMM_WORLD_RANK"],
                           WORLD_SIZE=os.environ["OMPI_COMM_WORLD_SIZE"],
@@ -99,7 +106,7 @@ def rank_from_launcher() -> None:
 @record
 def main() -> int:
     args = parse()
-    rank_from_launcher()
+    rank_from_launcher(args.master)
     rank = int(os.environ["RANK"])
     if rank == args.delay_rank:
         time.sleep(args.delay_s)  # a rank that never joins: its peers wait in the rendezvous
