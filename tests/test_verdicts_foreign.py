@@ -365,3 +365,27 @@ def test_the_freeze_recovery_game_day_fails_when_no_hang_is_confirmed(tmp_path: 
     assert all(e["status"] == "succeeded" for e in journal["rollbacks"]), journal["rollbacks"]
     before = max(p["step"] for p in job.progress().values())
     job.wait_steps(before + 3, timeout_s=60)  # it trains on after the rollback
+
+
+def test_a_timeline_scoped_to_a_job_tracks_the_ranks_the_census_finds(tmp_path: Path,
+                                                                    jobs: list[Job]) -> None:
+    """A timeline scoped to a job tracks the job's ranks as the census finds them, however it
+    was launched: here the tutorial's shape (each rank sets MASTER_PORT in os.environ: found by
+    its store's connections, seconds after the ranks' processes started, so after the timeline
+    had examined them), and not their DataLoader workers."""
+    from chaosgpu.timeline.sampler import Sampler
+
+    job = start_spawn(tmp_path, rendezvous="rank-env")
+    jobs.append(job)
+    sampler = Sampler(rate_hz=20, source="host-rss", scope={"job": job.run_id}, rescan_s=0.2)
+    sampler.start()
+    try:
+        wait_spawn_steps(job, 3)
+        ranks = {r["pid"] for r in census_job(job.run_id)["ranks"]}
+        deadline = time.monotonic() + 20
+        while set(sampler.processes) != ranks and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(sampler.processes) == ranks, (sampler.processes.keys(), ranks)
+    finally:
+        sampler.stop()
+    assert sampler.errors == []

@@ -31,10 +31,12 @@ second while they are torn down: bench/results/nvml-calls-*):
   after every activity, listing /proc only when the kernel allocated a PID since the last
   listing (FULL_RESCAN_S at the latest).
 
-Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's
-MASTER_ADDR:MASTER_PORT, PIDs), or every chaosgpu-tagged process when no scope is given. New
-PIDs are examined once (`rescan_s`), so the cost does not grow with the node's process count
-at the sampling rate.
+Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's ranks,
+PIDs), or every chaosgpu-tagged process when no scope is given. New PIDs are examined once
+(`rescan_s`), so the cost does not grow with the node's process count at the sampling rate;
+a job's ranks are the census's (chaosgpu.scope), taken at each rescan (a census of the node,
+cost-spaced like the rest), so that a job found by its store's connections or a rank that
+joins late is tracked too.
 """
 
 import logging
@@ -189,7 +191,7 @@ class Sampler:
         self._last_pid: int | None = None  # the kernel's last PID at the last listing of /proc
         self._listed_at = 0.0  # when /proc was last listed (monotonic)
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
-        self._job_master: str | None = None
+        self._job_pids: set[int] = set()  # the scope's job's ranks, as the census finds them
         self._sandbox_ns: str | None = None
         self._stop = threading.Event()
         # rescans asked for (after activities) and done: an activity's caller can wait for the
@@ -311,11 +313,23 @@ class Sampler:
                 self._resolve_scope_keys()
             return self._sandbox_ns is not None and record.get("pid_ns") == self._sandbox_ns
         if "job" in scope:
-            env = record.get("env") or {}
-            master = f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
-            return bool(scope["job"] in (master, env.get("TORCHELASTIC_RUN_ID"),
-                                         env.get("CHAOSGPU_JOB")))
+            return bool(record["pid"] in self._job_pids)
         return False
+
+    def _find_job(self) -> bool:
+        """Take the scope's job's ranks from a census (chaosgpu.scope: the one reading of who
+        is a job's rank, however the job was launched: its ranks' environment, its store's
+        connections; none while it is not there). Whether one of them is not tracked yet: a
+        rank can become known after its process was examined (a store connection is made
+        seconds after the process starts), so a rescan then looks at it whatever it saw."""
+        from chaosgpu.scope import resolve_scope
+
+        census = self._node.take_census(gpu=False, fds=False)
+        self._job_pids = {p["pid"] for p in resolve_scope(self.scope, census, observe=True)}
+        untracked = self._job_pids - set(self._tracked)
+        for pid in untracked:
+            self._known.pop(pid, None)
+        return bool(untracked)
 
     def _new_since_listing(self) -> tuple[bool, range | None]:
         """Whether /proc must be listed again now, and the PIDs the kernel allocated since the
@@ -336,6 +350,8 @@ class Sampler:
     def _rescan(self) -> None:
         node = _node()
         needed, allocated = self._new_since_listing()
+        if "job" in (self.scope or {}):
+            needed = self._find_job() or needed
         if not needed:
             return
         pids = node.list_pids()
