@@ -2,7 +2,8 @@
 one rank, and clean a hung job up (a rollback).
 
 A job is named by its id (`chaosgpu jobs` lists it: TORCHELASTIC_RUN_ID, CHAOSGPU_JOB, or
-MASTER_ADDR:MASTER_PORT) or by the tag its ranks carry; when both are given they must agree. This
+MASTER_ADDR:MASTER_PORT, or the address its ranks dialled for a job found by its store's
+connections) or by the tag its ranks carry; when both are given they must agree. This
 module owns these faults; finding ranks is chaosgpu.job.observe's selection, every signal goes
 through the terminate primitive (chaosgpu.process.terminate: pidfds, identity and refusal
 checks), and a fault that sent nothing fails (raises) with the kernel's or the scope's reason.

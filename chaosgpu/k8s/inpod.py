@@ -68,7 +68,8 @@ def find_rank(document: dict[str, Any], rank: int, job: str | None = None) -> di
             raise ExecError(f"no job {job!r} in the pod (jobs seen: {known or 'none'})")
     if not jobs:
         raise ExecError("no distributed-training job is visible in the pod (no process with "
-                        "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in its environment)")
+                        "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT in its environment, and no "
+                        "rendezvous store its torch processes are connected to)")
     if len(jobs) > 1:
         raise ExecError("several jobs in the pod; name one with `job`: "
                         + ", ".join(str(j.get("id")) for j in jobs))

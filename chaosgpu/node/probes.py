@@ -76,8 +76,9 @@ def orphans(scope: Optional[Dict[str, Any]] = None,
 
 def jobs(configuration: Optional[Dict[str, Any]] = None,
          secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
-    """Return the distributed-training jobs found from process environments (TORCHELASTIC_RUN_ID,
-    CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT) in one reading, each with world size, launcher,
+    """Return the distributed-training jobs found in one reading (by their ranks' environment:
+    TORCHELASTIC_RUN_ID, CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT; or by their rendezvous
+    store's connections where no environment names them), each with world size, launcher,
     restart count, ranks and their states now (alive, stopped, frozen, zombie, missing). No
     verdict: whether a job runs or hangs is observed over time (chaosgpu.job.probes)."""
     census = take_census(gpu=True, fds=False, cache=True)
