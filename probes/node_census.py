@@ -809,8 +809,8 @@ def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, List[Any]
 
 
 #: the fields of a record read again at every census (the template keeps the others)
-_LIVE_FIELDS = ("state", "zombie", "exiting", "ppid", "pgid", "sid", "comm", "nvidia_fds", "orphan",
-                "orphan_reason", "unreadable", "errors", "not_read")
+_LIVE_FIELDS = ("state", "zombie", "exiting", "threads", "ppid", "pgid", "sid", "comm",
+                "nvidia_fds", "orphan", "orphan_reason", "unreadable", "errors", "not_read")
 
 
 def _hold_stat(proc_root: str, pid: int, record: Dict[str, Any]) -> None:
@@ -852,7 +852,8 @@ def _live_record(pid: int, stat: bytes, template: Dict[str, Any]) -> Dict[str, A
     fields = stat[right + 2:].split(None, _F_THREADS + 1)
     record = dict(template)
     record["state"] = state = fields[0].decode()
-    record["exiting"] = leader_only = state == "Z" and int(fields[_F_THREADS]) > 1
+    record["threads"] = threads = int(fields[_F_THREADS])
+    record["exiting"] = leader_only = state == "Z" and threads > 1
     record["zombie"] = state == "Z" and not leader_only
     record["ppid"] = int(fields[1])
     record["pgid"] = int(fields[2])
@@ -879,7 +880,8 @@ def _stat_record(pid: int, stat: bytes) -> Dict[str, Any]:
     return {
         "pid": pid, "ppid": int(fields[1]), "pgid": int(fields[2]), "sid": int(fields[3]),
         "state": state, "zombie": state == "Z" and not leader_only, "exiting": leader_only,
-        "kthread": bool(int(fields[6]) & _PF_KTHREAD), "uid": None, "comm": comm,
+        "kthread": bool(int(fields[6]) & _PF_KTHREAD), "threads": int(fields[_F_THREADS]),
+        "uid": None, "comm": comm,
         "cmdline": None, "starttime": int(fields[19]), "nspid": None, "pid_ns": None,
         "ns_init": False, "orphan": False, "orphan_reason": None, "container": None,
         "cgroup": None, "nvidia_fds": None, "env": None, "tag": None,
@@ -894,12 +896,13 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
                  details: bool = True, status: bool = True) -> Optional[Dict[str, Any]]:
     """Read one process from ``proc_root`` and return its census record, or None when it does
     not exist (or vanished while being read). Fields: pid, ppid, pgid, sid, state, zombie,
-    kthread, uid, comm, cmdline, starttime (clock ticks, stat field 22), nspid (NSpid: the
-    observer's PID first, innermost last), pid_ns (``pid:[inode]`` of its PID namespace),
-    ns_init (PID 1 of its namespace), cgroup (path) and container (parsed from it),
-    nvidia_fds (targets under /dev/nvidia*), env (only the job/tag keys: ENV_KEYS and
-    ``CHAOSGPU_*``), tag (``CHAOSGPU_TAG``). A field that could not be read is None, named in
-    ``unreadable`` and explained in ``errors`` (EACCES, vanished ...): never reported as absent.
+    kthread, threads (stat's thread count), uid, comm, cmdline, starttime (clock ticks, stat
+    field 22), nspid (NSpid: the observer's PID first, innermost last), pid_ns
+    (``pid:[inode]`` of its PID namespace), ns_init (PID 1 of its namespace), cgroup (path)
+    and container (parsed from it), nvidia_fds (targets under /dev/nvidia*), env (only the
+    job/tag keys: ENV_KEYS and ``CHAOSGPU_*``), tag (``CHAOSGPU_TAG``). A field that could not
+    be read is None, named in ``unreadable`` and explained in ``errors`` (EACCES, vanished
+    ...): never reported as absent.
     ``orphan``/``orphan_reason`` are filled by ``census`` (they need the parent's record).
     ``proc_ns``, when given, is the PID namespace of the /proc mount, used instead of reading
     the ns/pid link of processes whose NSpid has a single field (same namespace).
@@ -1855,18 +1858,19 @@ def _torch_loaded(proc: Dict[str, Any], proc_root: str) -> bool:
     return loaded
 
 
-def _store_candidates(processes: Dict[int, Dict[str, Any]], launchers: Dict[int, Dict[str, Any]],
-                      proc_root: str) -> List[Dict[str, Any]]:
-    """Live Python processes with torch loaded, other than torchrun's agents (whose ranks'
-    environment names their job)."""
+def _store_candidates(processes: Dict[int, Dict[str, Any]],
+                      launchers: Dict[int, Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Live Python processes with more than one thread (importing torch starts one; a process
+    group runs more), other than torchrun's agents (whose ranks' environment names their job):
+    from the census's own fields, so that a node of many single-threaded Python processes
+    pays nothing more."""
     found = []
     for pid, proc in processes.items():
         if pid in launchers or proc["kthread"] or proc["state"] in ("Z", "X") \
-                or proc.get("exiting"):
+                or proc.get("exiting") or proc.get("threads", 2) < 2:
             continue
         program = (proc.get("cmdline") or [""])[0].rsplit("/", 1)[-1]
-        if (_WORKER_NAMES.match(proc["comm"]) or program.startswith("python")) \
-                and _torch_loaded(proc, proc_root):
+        if _WORKER_NAMES.match(proc["comm"]) or program.startswith("python"):
             found.append(proc)
     return found
 
@@ -1885,7 +1889,7 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
     helpers. A job found by environment is kept as it is when its ranks carry their numbers
     or are these same processes; otherwise (ranks that set MASTER_PORT in os.environ: only the
     DataLoader workers they spawn show it) the store's job replaces it."""
-    candidates = _store_candidates(processes, launchers, proc_root)
+    candidates = _store_candidates(processes, launchers)
     if len(candidates) < 2:
         return
     member_of = {}  # type: Dict[int, str]
@@ -1916,8 +1920,9 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
             hosts = {holder[i]["pid"] for i in store["listeners"] if i in holder}
             hosts |= {holder[s]["pid"] for s in store["clients"].values() if s in holder}
             clients = {holder[c]["pid"]: holder[c] for c in store["clients"] if c in holder}
-            if len(hosts) != 1 or min(hosts) not in clients or len(clients) < 2:
-                continue  # no store served and used by these processes
+            if len(hosts) != 1 or min(hosts) not in clients or len(clients) < 2 \
+                    or not all(_torch_loaded(proc, proc_root) for proc in clients.values()):
+                continue  # no store served and used by these processes, or not torch's
             _add_store_job("%s:%d" % (store["address"], port), processes[min(hosts)], clients,
                            processes, jobs, member_of, gpu_by_pid, errors, cgroup_root)
 

@@ -117,11 +117,13 @@ def test_job_ranks_of_an_unknown_job_is_empty_and_no_selector_is_refused() -> No
 
 # A stand-in for a rendezvous store's shape, without torch.distributed: "host" opens STORES
 # listeners and (unless told "alone") connects to each itself, as a TCPStore's rank 0 does;
-# "client PORT..." connects to each.
+# "client PORT..." connects to each. Each runs a second thread, as a process group's ranks do
+# (importing torch alone starts one).
 STORE_SHAPE = r"""
-import select, socket, sys
+import select, socket, sys, threading
 if sys.argv[1] == "torch":
     import torch  # noqa: F401  (its libraries mapped, as a trainer has them)
+threading.Thread(target=threading.Event().wait, daemon=True).start()
 held = []
 if sys.argv[2] == "host":
     servers = []
