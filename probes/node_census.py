@@ -1581,17 +1581,7 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
 def _listening_on(proc: Dict[str, Any], port: str, proc_root: str) -> bool:
     """Whether ``proc`` holds a TCP socket listening on ``port`` (in its network namespace)."""
     base = "%s/%d" % (proc_root, proc["pid"])
-    inodes = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = _read_pages(base + "/net/" + name).splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == b"0A" \
-                    and int(fields[1].rsplit(b":", 1)[1], 16) == int(port):
-                inodes.add(int(fields[9]))
+    inodes = _tcp_table(base)[0].get(int(port))
     if not inodes:
         return False
     try:
@@ -1806,10 +1796,11 @@ def _address_text(raw: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
 
 
-def _store_ports(base: str) -> Dict[int, Dict[str, Any]]:
-    """In the network namespace of the process at ``base``: every listening TCP port with at
-    least two connections from this namespace (both ends seen), as ``{port: {"listeners":
-    {inode}, "clients": {client inode: server inode}, "address": what the clients dialled}}``."""
+def _tcp_table(base: str) -> Tuple[Dict[int, set], List[Tuple[Tuple[bytes, int],
+                                                                Tuple[bytes, int], int]]]:
+    """The TCP table (IPv4 and IPv6) of the network namespace of the process at ``base``:
+    ``({listening port: {socket inode}}, [(local end, remote end, inode) of each established
+    connection])``, ends as ``_endpoint`` gives them; a table that cannot be read is empty."""
     listeners = {}  # type: Dict[int, set]
     connections = []  # type: List[Tuple[Tuple[bytes, int], Tuple[bytes, int], int]]
     for name in ("tcp", "tcp6"):
@@ -1825,6 +1816,14 @@ def _store_ports(base: str) -> Dict[int, Dict[str, Any]]:
                 listeners.setdefault(_endpoint(fields[1])[1], set()).add(int(fields[9]))
             elif fields[3] == b"01":
                 connections.append((_endpoint(fields[1]), _endpoint(fields[2]), int(fields[9])))
+    return listeners, connections
+
+
+def _store_ports(base: str) -> Dict[int, Dict[str, Any]]:
+    """In the network namespace of the process at ``base``: every listening TCP port with at
+    least two connections from this namespace (both ends seen), as ``{port: {"listeners":
+    {inode}, "clients": {client inode: server inode}, "address": what the clients dialled}}``."""
+    listeners, connections = _tcp_table(base)
     by_ends = {(local, remote): inode for local, remote, inode in connections}
     ports = {}  # type: Dict[int, Dict[str, Any]]
     for local, remote, inode in connections:
