@@ -543,6 +543,13 @@ def _address(family: int, raw: bytes) -> str:
     return text[7:] if text.startswith("::ffff:") and "." in text else text
 
 
+def _address_of(raw: bytes) -> str:
+    """``_address`` of 4 (IPv4) or 16 (IPv6) address bytes."""
+    import socket
+
+    return _address(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
 def _parse_diag(family: int, data: bytes, offset: int, end: int) -> Dict[str, Any]:
     import struct
 
@@ -1790,12 +1797,6 @@ def _endpoint(text: bytes) -> Tuple[bytes, int]:
     return raw, int(port, 16)
 
 
-def _address_text(raw: bytes) -> str:
-    import socket
-
-    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
-
-
 def _tcp_table(base: str) -> Tuple[Dict[int, set], List[Tuple[Tuple[bytes, int],
                                                                 Tuple[bytes, int], int]]]:
     """The TCP table (IPv4 and IPv6) of the network namespace of the process at ``base``:
@@ -1833,7 +1834,7 @@ def _store_ports(base: str) -> Dict[int, Dict[str, Any]]:
         if server is None:
             continue
         entry = ports.setdefault(remote[1], {"listeners": listeners[remote[1]], "clients": {},
-                                             "address": _address_text(remote[0])})
+                                             "address": _address_of(remote[0])})
         entry["clients"][inode] = server
     return {port: entry for port, entry in ports.items() if len(entry["clients"]) >= 2}
 
