@@ -764,6 +764,8 @@ _STABLE_DEFAULTS = {"uid": None, "nspid": None, "pid_ns": None, "ns_init": False
                     "cmdline": None, "env": None, "tag": None, "cgroup": None,
                     "container": None}  # type: Dict[str, Any]
 _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
+#: held by a census that uses _CACHE (one at a time per process)
+_CACHE_LOCK = threading.Lock()
 #: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
 
@@ -2387,13 +2389,21 @@ def census(proc_root: str = "/proc", env: bool = True, fds: Union[bool, str] = T
     readers (N - 1 forked); ``workers=0`` picks N by ``auto_workers``."""
     if detail not in ("full", "lite"):
         raise ValueError("detail must be 'full' or 'lite', got %r" % (detail,))
+    if cache:  # one cached census at a time: the cache is shared by this process's threads
+        with _CACHE_LOCK:  # (a timeline's sampler beside the job observer's probes)
+            return _census_without_gc(proc_root, env, fds, gpu, gpu_snapshot, pids,
+                                      cgroup_root, cache, detail, workers)
+    return _census_without_gc(proc_root, env, fds, gpu, gpu_snapshot, pids, cgroup_root, cache,
+                              detail, workers)
+
+
+def _census_without_gc(*args: Any) -> Dict[str, Any]:
     import gc
 
     collecting = gc.isenabled()
     gc.disable()  # tens of thousands of acyclic dicts: the cyclic collector only costs time
     try:
-        return _census(proc_root, env, fds, gpu, gpu_snapshot, pids, cgroup_root, cache, detail,
-                       workers)
+        return _census(*args)
     finally:
         if collecting:
             gc.enable()

@@ -618,6 +618,51 @@ def test_a_cached_census_reads_env_when_asked_and_equals_a_fresh_one() -> None:
 
 
 
+def test_cached_censuses_from_several_threads_neither_fail_nor_mix() -> None:
+    """The cache is shared by a process's threads (a timeline's sampler takes its job scope's
+    census beside the job observer's probes): cached censuses taken at once from four threads,
+    while processes come and go (the cache's pruning), all succeed and each sees a tagged
+    process with its tag."""
+    import threading
+
+    census_module._CACHE.clear()
+    tagged = subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG="threads"))
+    failures: list[BaseException] = []
+    tags: list[str | None] = []
+    stop = threading.Event()
+
+    def churn() -> None:  # processes that come and go: the cache drops what left
+        while not stop.is_set():
+            subprocess.run(["true"], check=False)
+
+    def poll() -> None:
+        try:
+            for _ in range(15):
+                census = node.take_census(gpu=False, fds=False, cache=True)
+                tags.extend(p["tag"] for p in census["processes"] if p["pid"] == tagged.pid)
+        except BaseException as error:  # noqa: BLE001 (reported by the test)
+            failures.append(error)
+
+    churner = threading.Thread(target=churn)
+    pollers = [threading.Thread(target=poll) for _ in range(4)]
+    try:
+        wait_for(lambda: (node.read_process(tagged.pid) or {}).get("tag"), what="exec")
+        time.sleep(2.2)  # old enough to be cached
+        churner.start()
+        for thread in pollers:
+            thread.start()
+        for thread in pollers:
+            thread.join(120)
+    finally:
+        stop.set()
+        if churner.is_alive():
+            churner.join()
+        tagged.kill()
+        tagged.wait()
+    assert not failures, failures
+    assert tags == ["threads"] * 60
+
+
 def test_a_leader_that_ended_before_its_threads_is_exiting_not_a_zombie() -> None:
     """State Z with a live thread (a CUDA process in its driver teardown looks so) is
     `exiting`, not a zombie, in a fresh and in a cached census; once its last thread ends

@@ -36,8 +36,8 @@ PIDs), or every chaosgpu-tagged process when no scope is given. New PIDs are exa
 (`rescan_s`), so the cost does not grow with the node's process count at the sampling rate;
 a job's ranks are the census's (chaosgpu.scope), taken at a rescan when the kernel allocated
 a PID since the last one (a new process, or a rank starting its process group's threads) and
-every FULL_RESCAN_S, so that a job found by its store's connections or a rank that joins late
-is tracked too (with 1,000 processes on 2 cores: 1.6 % of a core at 100 Hz, as a tag scope).
+every FULL_RESCAN_S (a cached census), so that a job found by its store's connections or a
+rank that joins late is tracked too (docs/timeline.md has its cost).
 """
 
 import logging
@@ -326,7 +326,7 @@ class Sampler:
         seconds after the process starts), so a rescan then looks at it whatever it saw."""
         from chaosgpu.scope import resolve_scope
 
-        census = self._node.take_census(gpu=False, fds=False)
+        census = self._node.take_census(gpu=False, fds=False, cache=True)
         self._job_found_at = time.monotonic()
         self._job_pids = {p["pid"] for p in resolve_scope(self.scope, census, observe=True)}
         untracked = self._job_pids - set(self._tracked)
