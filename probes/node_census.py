@@ -764,8 +764,9 @@ _STABLE_DEFAULTS = {"uid": None, "nspid": None, "pid_ns": None, "ns_init": False
                     "cmdline": None, "env": None, "tag": None, "cgroup": None,
                     "container": None}  # type: Dict[str, Any]
 _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
-#: held by a census that uses _CACHE (one at a time per process)
-_CACHE_LOCK = threading.Lock()
+#: held by a census that uses _CACHE (one thread at a time; reentrant: a signal handler that
+#: takes a census while its thread is in one must not wait for itself)
+_CACHE_LOCK = threading.RLock()
 #: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
 
