@@ -115,6 +115,15 @@ def nvml_available() -> bool:
         return False
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a shell without job control (`cmd &` in a script,
+    `nohup`) inherits SIGINT ignored, and so would every process the tests start: the tests
+    that interrupt a `chaos run` or `chaosgpu jobs --watch` with SIGINT would then wait for a
+    process that cannot hear it. The tests' processes get SIGINT's default back."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked `gpu` cleanly when NVML cannot be initialised."""
     if any("gpu" in item.keywords for item in items) and not nvml_available():
