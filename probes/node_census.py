@@ -127,7 +127,7 @@ KNOWN_SUBREAPERS = frozenset((
 ))
 
 #: Process names of Python trainers (torch renames its main thread pt_main_thread).
-_WORKER_NAMES = re.compile(r"^(python|pt_|torchrun|ray::)")
+_WORKER_NAMES = ("python", "pt_", "torchrun", "ray::")  # comm prefixes (str.startswith)
 _PF_KTHREAD = 0x00200000
 _NVML_MIB = 1024.0 * 1024.0
 
@@ -223,7 +223,7 @@ def read_proc_file(pid: int, name: str, proc_root: str = "/proc") -> bytes:
 
 def list_pids(proc_root: str = "/proc") -> List[int]:
     """Return every PID listed in ``proc_root`` (numeric entries), unsorted, in one listdir."""
-    return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+    return list(map(int, filter(str.isdigit, os.listdir(proc_root))))
 
 
 def _parse_stat(data: bytes) -> Tuple[str, List[bytes]]:
@@ -632,18 +632,20 @@ def tcp_sockets() -> Dict[int, Dict[str, Any]]:
 # cgroup -> container identity
 
 _HEX64 = r"[0-9a-f]{64}"
+#: (runtime, text the path must contain, pattern): a pattern is compiled (re's own cache) only
+#: when its text is in a path, so that a node without containers compiles none of them
 _CONTAINER_PATTERNS = (
-    ("containerd", re.compile(r"cri-containerd-(" + _HEX64 + r")\.scope")),
-    ("cri-o", re.compile(r"crio-(" + _HEX64 + r")\.scope")),
-    ("cri-o", re.compile(r"crio-conmon-(" + _HEX64 + r")\.scope")),
-    ("docker", re.compile(r"docker-(" + _HEX64 + r")\.scope")),
-    ("docker", re.compile(r"/docker/(" + _HEX64 + r")(?:/|$)")),
-    ("containerd", re.compile(r"/k8s\.io/(" + _HEX64 + r")(?:/|$)")),
-    ("kubepods", re.compile(r"/kubepods(?:/[a-z]+)?/pod[0-9a-f-]+/(" + _HEX64 + r")(?:/|$)")),
+    ("containerd", "cri-containerd-", r"cri-containerd-(" + _HEX64 + r")\.scope"),
+    ("cri-o", "crio-", r"crio-(" + _HEX64 + r")\.scope"),
+    ("cri-o", "crio-conmon-", r"crio-conmon-(" + _HEX64 + r")\.scope"),
+    ("docker", "docker-", r"docker-(" + _HEX64 + r")\.scope"),
+    ("docker", "/docker/", r"/docker/(" + _HEX64 + r")(?:/|$)"),
+    ("containerd", "/k8s.io/", r"/k8s\.io/(" + _HEX64 + r")(?:/|$)"),
+    ("kubepods", "/kubepods", r"/kubepods(?:/[a-z]+)?/pod[0-9a-f-]+/(" + _HEX64 + r")(?:/|$)"),
 )
-_POD_SYSTEMD = re.compile(r"kubepods(?:-[a-z]+)?-pod([0-9a-f_]+)\.slice")
-_POD_CGROUPFS = re.compile(r"/kubepods(?:/[a-z]+)?/pod([0-9a-f-]+)(?:/|$)")
-_SANDBOX = re.compile(r"/chaosgpu[/-]([A-Za-z0-9_.-]+?)(?:\.scope|\.slice)?(?:/|$)")
+_POD_SYSTEMD = r"kubepods(?:-[a-z]+)?-pod([0-9a-f_]+)\.slice"
+_POD_CGROUPFS = r"/kubepods(?:/[a-z]+)?/pod([0-9a-f-]+)(?:/|$)"
+_SANDBOX = r"/chaosgpu[/-]([A-Za-z0-9_.-]+?)(?:\.scope|\.slice)?(?:/|$)"
 
 
 def parse_container(cgroup_path: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -657,21 +659,22 @@ def parse_container(cgroup_path: Optional[str]) -> Optional[Dict[str, Any]]:
         return None
     runtime = None
     cid = None
-    for name, pattern in _CONTAINER_PATTERNS:
-        match = pattern.search(cgroup_path)
+    for name, marker, pattern in _CONTAINER_PATTERNS:
+        match = re.search(pattern, cgroup_path) if marker in cgroup_path else None
         if match:
             runtime, cid = name, match.group(1)
             break
     pod_uid = None
-    match = _POD_SYSTEMD.search(cgroup_path)
+    in_pod = "kubepods" in cgroup_path
+    match = re.search(_POD_SYSTEMD, cgroup_path) if in_pod else None
     if match:
         pod_uid = match.group(1).replace("_", "-")
     else:
-        match = _POD_CGROUPFS.search(cgroup_path)
+        match = re.search(_POD_CGROUPFS, cgroup_path) if in_pod else None
         if match:
             pod_uid = match.group(1)
     if runtime is None:
-        match = _SANDBOX.search(cgroup_path)
+        match = re.search(_SANDBOX, cgroup_path) if "/chaosgpu" in cgroup_path else None
         if match:
             return {"runtime": "sandbox", "id": match.group(1), "pod_uid": None}
         if pod_uid is not None:
@@ -769,6 +772,9 @@ _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
 _CACHE_LOCK = threading.RLock()
 #: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
+#: /proc/PID/environ contents -> the job and tag keys in it: the processes of one parent share
+#: one environment, and a hash of it costs a quarter of the scans that find no key in it
+_ENVS = {}  # type: Dict[bytes, Dict[str, str]]
 
 
 #: (proc root, pid) -> [fd, record template, last stat, last record, its cache entry]:
@@ -778,7 +784,8 @@ _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[
 #: (ESRCH once it is reaped), never a later owner of its PID. The fds are moved to numbers
 #: from HELD_FD_FLOOR up, so that the low numbers stay free for code that still uses select()
 #: (FD_SETSIZE 1024) in the same process; they are held only where the soft RLIMIT_NOFILE
-#: leaves room above that floor (at most half of it).
+#: leaves room above that floor (at most three quarters of it: with the common limit of
+#: 20,000, the 10,000 processes of a busy node fit, and a quarter stays free up there).
 HELD_FD_FLOOR = 4096
 _STAT_FDS = {}  # type: Dict[Tuple[str, int], List[Any]]
 _STAT_FDS_LOCK = threading.Lock()
@@ -795,7 +802,7 @@ def _held_fd_budget() -> int:
                 soft = 1 << 20
         except (ImportError, OSError, ValueError):
             soft = 1024
-        _STAT_FDS_MAX[0] = max(0, min((soft - HELD_FD_FLOOR) // 2, 1 << 16))
+        _STAT_FDS_MAX[0] = max(0, min((soft - HELD_FD_FLOOR) * 3 // 4, 1 << 16))
     return _STAT_FDS_MAX[0] or 0
 
 
@@ -1047,7 +1054,13 @@ def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
             _note_failure(record, "cmdline", error)
         if env:
             try:
-                found = record["env"] = _read_env(_read_bytes(base + "/environ"))
+                data = _read_bytes(base + "/environ")
+                known = _ENVS.get(data)
+                if known is None:  # most processes share a few environments: parse each once
+                    if len(_ENVS) > 1024:
+                        _ENVS.clear()
+                    known = _ENVS[data] = _read_env(data)
+                found = record["env"] = dict(known)
                 record["tag"] = found.get("CHAOSGPU_TAG")
             except OSError as error:
                 _note_failure(record, "env", error)
@@ -1701,21 +1714,24 @@ def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[s
     an argument). A shell that exported MASTER_ADDR is no job."""
     candidates = {}  # type: Dict[str, List[Dict[str, Any]]]
     for proc in processes.values():
-        if _is_launcher(proc) and not proc["zombie"] and not proc.get("exiting"):
+        launcher = _is_launcher(proc)
+        if launcher and not proc["zombie"] and not proc.get("exiting"):
             launchers[proc["pid"]] = proc
-        env = proc.get("env") or {}
-        job_id = _job_id(env) if env else None
+        env = proc.get("env")
+        if not env:
+            continue  # no job key: no job's member, and a launcher of no job here
+        job_id = _job_id(env)
         member = "RANK" in env or ("MASTER_PORT" in env and (
             _spawned_child(proc) or "LOCAL_RANK" in env
             or (_numbering(env) is not None and proc["comm"] not in NOT_TASKS)))
-        if job_id is None or not (_is_launcher(proc) or member):
+        if job_id is None or not (launcher or member):
             continue
         job = jobs.get(job_id)
         if job is None:
             job = jobs[job_id] = _new_job(job_id)
         if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
             job["master"] = "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
-        if _is_launcher(proc):
+        if launcher:
             _set_launcher(job, proc)
         else:
             candidates.setdefault(job_id, []).append(proc)
@@ -1873,7 +1889,7 @@ def _store_candidates(processes: Dict[int, Dict[str, Any]],
                 or proc.get("exiting") or proc.get("threads", 2) < 2:
             continue
         program = (proc.get("cmdline") or [""])[0].rsplit("/", 1)[-1]
-        if _WORKER_NAMES.match(proc["comm"]) or program.startswith("python"):
+        if proc["comm"].startswith(_WORKER_NAMES) or program.startswith("python"):
             found.append(proc)
     return found
 
@@ -2103,8 +2119,12 @@ def orphan_reason(proc: Dict[str, Any], parent: Optional[Dict[str, Any]], initia
 def _mark_orphans(processes: Dict[int, Dict[str, Any]], host_view: bool,
                   proc_root: str = "/proc") -> None:
     for proc in processes.values():
+        parent = processes.get(proc["ppid"])
+        if parent is None or not (parent["ns_init"] or parent["pid"] == 1
+                                  or parent["comm"] in KNOWN_SUBREAPERS):
+            continue  # orphan_reason's own first test, without the call for most processes
         initial = host_view and len(proc.get("nspid") or [1]) == 1
-        reason = orphan_reason(proc, processes.get(proc["ppid"]), initial, proc_root)
+        reason = orphan_reason(proc, parent, initial, proc_root)
         if reason is not None:
             proc["orphan"] = True
             proc["orphan_reason"] = reason
@@ -2116,6 +2136,8 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, 
                  cache_before: Optional[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     processes = {}  # type: Dict[int, Dict[str, Any]]
     errors = []  # type: List[str]
+    if cache is not None and level != "stat":
+        wanted = _read_known(wanted, proc_root, env, fds, level == "full", cache, processes)
     for pid in wanted:
         try:
             record = read_process(pid, proc_root, env=env, fds=fds, proc_ns=proc_ns,
@@ -2127,6 +2149,65 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, 
         if record is not None:
             processes[pid] = record
     return processes, errors
+
+
+def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
+                details: bool, cache: Dict[Tuple[str, int, int], Dict[str, Any]],
+                processes: Dict[int, Dict[str, Any]]) -> List[int]:
+    """Read the processes of ``wanted`` whose stat fd is held (what ``read_process`` does for
+    them through ``_known_record``, in one loop under one lock: the polled census of a busy
+    node is mostly this) into ``processes``; return the others, to be read by
+    ``read_process``: those without a held fd, reaped ones, and those the cache does not know
+    (any more)."""
+    rest = []  # type: List[int]
+    scans = []  # type: List[Dict[str, Any]]
+    pread = os.pread
+    held_get = _STAT_FDS.get
+    cache_get = cache.get
+    with _STAT_FDS_LOCK:
+        for pid in wanted:
+            key = (proc_root, pid)
+            slot = held_get(key)
+            if slot is None:
+                rest.append(pid)
+                continue
+            try:
+                stat = pread(slot[0], 4096, 0)
+            except OSError:
+                stat = b""
+            if not stat:  # reaped: its PID may be someone else's now; read it afresh
+                os.close(slot[0])
+                del _STAT_FDS[key]
+                rest.append(pid)
+                continue
+            template = slot[1]
+            entry = cache_get((proc_root, pid, template["starttime"]))
+            if entry is None or (env and "env" not in entry and not template["kthread"]):
+                rest.append(pid)
+                continue
+            if stat == slot[2] and entry is slot[4]:  # idle: as at the last census
+                record = dict(slot[3])
+                record["unreadable"] = []
+                record["errors"] = {}
+            else:
+                record = _live_record(pid, stat, template)
+                record.update(entry)
+                slot[2], slot[3], slot[4] = stat, dict(record), entry
+            processes[pid] = record
+            if template["kthread"]:
+                continue
+            if not details:
+                record["not_read"] = ["nvidia_fds"]
+            elif record["state"] in ("Z", "X") or fds == NO_NVIDIA_DEVICE:
+                record["nvidia_fds"] = []
+            elif fds:
+                scans.append(record)
+    for record in scans:  # what can change during a life, read outside the lock
+        base = "%s/%d" % (proc_root, record["pid"])
+        _read_fds(record, base, fds)
+        if _vanished(record, base):
+            del processes[record["pid"]]
+    return rest
 
 
 def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
@@ -2218,7 +2299,7 @@ def _lite_candidates(processes: Dict[int, Dict[str, Any]], gpu: Dict[str, Any]) 
         if proc["kthread"]:
             continue
         if proc["zombie"] or proc.get("exiting") or proc["ppid"] in inits \
-                or _WORKER_NAMES.match(proc["comm"]):
+                or proc["comm"].startswith(_WORKER_NAMES):
             wanted.add(pid)
     return sorted(wanted)
 

@@ -1,5 +1,7 @@
 """The census on real processes of this machine: records, zombies, bad input, NVML absent, CLI."""
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -356,11 +358,27 @@ def test_cli_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_chaosgpu_snapshot_command() -> None:
+    """The command's JSON is UTF-8 whatever the locale: a command line that is not ASCII
+    comes out as it is, under LANG=C too (and a process with invalid UTF-8 in its argv does
+    not break the output)."""
     chaosgpu = Path(sys.executable).parent / "chaosgpu"
-    result = subprocess.run([str(chaosgpu), "snapshot", "--json", "--no-gpu"],
-                            capture_output=True, text=True, timeout=60, check=False)
+    argv = [sys.executable.encode(), b"-c", b"import time; time.sleep(30)",
+            "gr\u00fc\u00dfe-\u03bb".encode(), b"\xff\xfe"]
+    named = subprocess.Popen(argv)
+    try:
+        wait_for(lambda: len(node.read_cmdline(named.pid)) == 5, what="exec")
+        result = subprocess.run([str(chaosgpu), "snapshot", "--json", "--no-gpu"],
+                                capture_output=True, timeout=60, check=False,
+                                env=dict(os.environ, LANG="C", LC_ALL="C"))
+    finally:
+        named.kill()
+        named.wait()
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["gpu"]["reason"] == "not asked (--no-gpu)"
+    document = json.loads(result.stdout.decode("utf-8"))
+    assert document["gpu"]["reason"] == "not asked (--no-gpu)"
+    mine = [p for p in document["processes"] if p["pid"] == named.pid]
+    assert mine and mine[0]["cmdline"][3:] == ["gr\u00fc\u00dfe-\u03bb", "\ufffd\ufffd"], mine
+    assert not os.path.exists(f"/proc/{named.pid}")
 
 
 def test_census_is_fast_here() -> None:
@@ -529,6 +547,10 @@ def test_snapshot_json_is_compact_off_a_terminal_and_fd_scan_is_said(
     assert capsys.readouterr().out.startswith('{\n  "schema"')
     assert cli.main(["--json", "--indent", "-1"]) == 2
     assert "--indent must be >= 0" in capsys.readouterr().err
+    text_only = io.StringIO()  # a caller's text stream, without the byte buffer under it
+    with contextlib.redirect_stdout(text_only):
+        assert cli.main(["--json", "--no-gpu"]) == 0
+    assert json.loads(text_only.getvalue())["schema"] == "chaosgpu.census/1"
 
 
 def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> None:

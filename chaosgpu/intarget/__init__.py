@@ -21,24 +21,32 @@ __all__ = ["KINDS", "program_path", "source", "load"]
 KINDS = ("probes", "actions")
 
 
-def program_path(kind: str, name: str) -> Path:
-    """Return the file of in-target program `name` of `kind` ('probes' or 'actions')."""
-    from pathlib import Path  # here, not at import: `chaosgpu snapshot` starts without it
+def _program_file(kind: str, name: str) -> str:
+    """The file of in-target program `name` of `kind`, as a string (os.path: loading a program
+    must not import pathlib, ~8 ms of `chaosgpu snapshot`'s start)."""
+    import os.path
 
     if kind not in KINDS:
         raise ValueError(f"unknown in-target program kind {kind!r}; expected one of {KINDS}")
     if not name.isidentifier():
         raise ValueError(f"invalid in-target program name {name!r}")
-    here = Path(__file__).resolve().parent
+    here = os.path.dirname(os.path.realpath(__file__))
     candidates = (
-        here / kind / f"{name}.py",  # installed: package-dir maps probes/ here
-        here.parent.parent / kind / f"{name}.py",  # source checkout
+        os.path.join(here, kind, f"{name}.py"),  # installed: package-dir maps probes/ here
+        os.path.join(os.path.dirname(os.path.dirname(here)), kind, f"{name}.py"),  # checkout
     )
     for candidate in candidates:
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             return candidate
     raise FileNotFoundError(f"in-target program {kind}/{name}.py not found (looked in "
-                            + ", ".join(str(c.parent) for c in candidates) + ")")
+                            + ", ".join(os.path.dirname(c) for c in candidates) + ")")
+
+
+def program_path(kind: str, name: str) -> Path:
+    """Return the file of in-target program `name` of `kind` ('probes' or 'actions')."""
+    from pathlib import Path
+
+    return Path(_program_file(kind, name))
 
 
 def source(kind: str, name: str) -> str:
@@ -54,7 +62,7 @@ def load(kind: str, name: str) -> ModuleType:
         return module
     import importlib.util
 
-    path = program_path(kind, name)
+    path = _program_file(kind, name)
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load in-target program {path}")
