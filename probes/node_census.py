@@ -777,7 +777,8 @@ _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[
 _ENVS = {}  # type: Dict[bytes, Dict[str, str]]
 
 
-#: (proc root, pid) -> [fd, record template, last stat, last record, its cache entry]:
+#: (proc root, pid) -> [fd, record template, last stat, last record, its cache entry, the
+#: cache's key]:
 #: /proc/PID/stat kept open for the processes the cache knows, re-read with one pread per census
 #: instead of open, read and close; when the stat reads as before (an idle process) the last
 #: record is copied instead of rebuilt. An fd opened on a process reads that process or fails
@@ -804,25 +805,6 @@ def _held_fd_budget() -> int:
             soft = 1024
         _STAT_FDS_MAX[0] = max(0, min((soft - HELD_FD_FLOOR) * 3 // 4, 1 << 16))
     return _STAT_FDS_MAX[0] or 0
-
-
-def _read_held_stat(proc_root: str, pid: int) -> Optional[Tuple[bytes, List[Any]]]:
-    """This process's stat through its held fd, with what is kept with it (the slot of
-    _STAT_FDS); None when none is held or the process is gone."""
-    key = (proc_root, pid)
-    with _STAT_FDS_LOCK:
-        held = _STAT_FDS.get(key)
-        if held is None:
-            return None
-        try:
-            data = os.pread(held[0], 4096, 0)
-        except OSError:
-            data = b""
-        if not data:  # reaped: its PID may be someone else's now; read it afresh
-            os.close(held[0])
-            del _STAT_FDS[key]
-            return None
-        return data, held
 
 
 #: the fields of a record read again at every census (the template keeps the others)
@@ -855,7 +837,8 @@ def _hold_stat(proc_root: str, pid: int, record: Dict[str, Any]) -> None:
                             if name not in _LIVE_FIELDS and name not in _STABLE_FIELDS}
                 template.update(_STABLE_DEFAULTS)  # the cache entry fills them at each use
                 template.update(orphan=False, orphan_reason=None, nvidia_fds=None)
-                _STAT_FDS[key] = [fd, template, None, None, None]
+                _STAT_FDS[key] = [fd, template, None, None, None,
+                                  (proc_root, pid, record["starttime"])]
                 return
         except (OSError, ValueError, IndexError):
             pass
@@ -935,20 +918,19 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
     cmdline, cgroup, env and nvidia_fds in ``not_read`` (skipped on purpose, not unreadable);
     ``status=False`` too reads stat alone (uid, nspid, pid_ns, ns_init also in ``not_read``)."""
     base = "%s/%d" % (proc_root, pid)
-    held = _read_held_stat(proc_root, pid) if cache is not None else None
-    if held is not None and cache is not None:
-        known = _known_record(pid, proc_root, base, held, cache, env, fds, details)
-        if known is not None:
-            return known
+    if cache is not None:
+        known = {}  # type: Dict[int, Dict[str, Any]]
+        if not _read_known([pid], proc_root, env, fds, details, cache, known):
+            return known.get(pid)  # read through its held stat fd (None: it vanished)
     try:
-        record = _stat_record(pid, held[0] if held is not None else _read_bytes(base + "/stat"))
+        record = _stat_record(pid, _read_bytes(base + "/stat"))
     except (FileNotFoundError, ProcessLookupError):
         return None
     cached = cache.get((proc_root, pid, record["starttime"])) if cache is not None else None
     # a process cached by a census without env is read again when env is asked for now
     if cached is not None and ("env" in cached or not env or record["kthread"]):
         record.update(cached)
-        if held is None and not record["zombie"]:
+        if not record["zombie"]:
             _hold_stat(proc_root, pid, record)
         return _finish_known(record, base, fds, details)
     if not status and not details:
@@ -973,30 +955,6 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
             and (env or name not in ("env", "tag"))}
     _read_fds(record, base, fds)
     return None if _vanished(record, base) else record
-
-
-def _known_record(pid: int, proc_root: str, base: str, held: Tuple[bytes, List[Any]],
-                  cache: Dict[Tuple[str, int, int], Dict[str, Any]], env: bool,
-                  fds: Union[bool, str], details: bool) -> Optional[Dict[str, Any]]:
-    """The record of a process read through its held stat fd: the template, what stat says
-    now and the cache entry (the one authority on what a process keeps for its life); None when
-    the cache does not know it (any more) or lacks the env asked for: then it is read anew.
-    A stat that reads exactly as at the last census, with the same cache entry, gives a copy of
-    the last record (idle processes, most of a node, cost a pread and a copy)."""
-    stat, slot = held
-    template = slot[1]
-    entry = cache.get((proc_root, pid, template["starttime"]))
-    if entry is None or (env and "env" not in entry and not template["kthread"]):
-        return None
-    if stat == slot[2] and entry is slot[4]:
-        record = dict(slot[3])
-        record["unreadable"] = []
-        record["errors"] = {}
-    else:
-        record = _live_record(pid, stat, template)
-        record.update(entry)
-        slot[2], slot[3], slot[4] = stat, dict(record), entry
-    return _finish_known(record, base, fds, details)
 
 
 def _finish_known(record: Dict[str, Any], base: str, fds: Union[bool, str],
@@ -1420,10 +1378,14 @@ def _int_value(env: Dict[str, str], key: str, pid: int, errors: List[str],
 
 
 def _is_launcher(proc: Dict[str, Any]) -> bool:
-    cmdline = proc.get("cmdline") or []
+    if proc.get("comm") == "torchrun":
+        return True
+    cmdline = proc.get("cmdline")
+    if not cmdline:
+        return False
     text = " ".join(cmdline[:4])
-    return (proc.get("comm") == "torchrun" or "torchrun" in text
-            or "torch.distributed.run" in text or "torch.distributed.launch" in text)
+    return "torch" in text and ("torchrun" in text or "torch.distributed.run" in text
+                                or "torch.distributed.launch" in text)
 
 
 def _job_id(env: Dict[str, str]) -> Optional[str]:
@@ -1885,9 +1847,9 @@ def _store_candidates(processes: Dict[int, Dict[str, Any]],
     pays nothing more."""
     found = []
     for pid, proc in processes.items():
-        if pid in launchers or proc["kthread"] or proc["state"] in ("Z", "X") \
-                or proc.get("exiting") or proc.get("threads", 2) < 2:
-            continue
+        if proc.get("threads", 2) < 2 or pid in launchers or proc["kthread"] \
+                or proc["state"] in ("Z", "X") or proc.get("exiting"):
+            continue  # (most processes of a node have a single thread: that test first)
         program = (proc.get("cmdline") or [""])[0].rsplit("/", 1)[-1]
         if proc["comm"].startswith(_WORKER_NAMES) or program.startswith("python"):
             found.append(proc)
@@ -2154,11 +2116,13 @@ def _read_serial(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, 
 def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
                 details: bool, cache: Dict[Tuple[str, int, int], Dict[str, Any]],
                 processes: Dict[int, Dict[str, Any]]) -> List[int]:
-    """Read the processes of ``wanted`` whose stat fd is held (what ``read_process`` does for
-    them through ``_known_record``, in one loop under one lock: the polled census of a busy
-    node is mostly this) into ``processes``; return the others, to be read by
-    ``read_process``: those without a held fd, reaped ones, and those the cache does not know
-    (any more)."""
+    """Read the processes of ``wanted`` whose stat fd is held into ``processes`` (one pread
+    each, in one loop under one lock: the polled census of a busy node is mostly this; also
+    ``read_process``'s way for one such process); return the others, to be read afresh: those
+    without a held fd, reaped ones, and those the cache does not know (any more) or knows
+    without the env asked for. A record is the template, what stat says now and the cache
+    entry; a stat that reads exactly as at the last census, with the same entry, gives a copy
+    of the last record (an idle process costs a pread and a copy)."""
     rest = []  # type: List[int]
     scans = []  # type: List[Dict[str, Any]]
     pread = os.pread
@@ -2180,27 +2144,28 @@ def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
                 del _STAT_FDS[key]
                 rest.append(pid)
                 continue
-            template = slot[1]
-            entry = cache_get((proc_root, pid, template["starttime"]))
-            if entry is None or (env and "env" not in entry and not template["kthread"]):
+            entry = cache_get(slot[5])  # the one authority on what a process keeps for life
+            if entry is None or (env and "env" not in entry and not slot[1]["kthread"]):
                 rest.append(pid)
                 continue
-            if stat == slot[2] and entry is slot[4]:  # idle: as at the last census
+            if entry is slot[4] and stat == slot[2]:  # idle: as at the last census
                 record = dict(slot[3])
                 record["unreadable"] = []
                 record["errors"] = {}
             else:
-                record = _live_record(pid, stat, template)
+                record = _live_record(pid, stat, slot[1])
                 record.update(entry)
                 slot[2], slot[3], slot[4] = stat, dict(record), entry
             processes[pid] = record
-            if template["kthread"]:
+            if record["kthread"]:
                 continue
             if not details:
                 record["not_read"] = ["nvidia_fds"]
-            elif record["state"] in ("Z", "X") or fds == NO_NVIDIA_DEVICE:
+            elif not fds:
+                continue
+            elif fds == NO_NVIDIA_DEVICE or record["state"] in ("Z", "X"):
                 record["nvidia_fds"] = []
-            elif fds:
+            else:
                 scans.append(record)
     for record in scans:  # what can change during a life, read outside the lock
         base = "%s/%d" % (proc_root, record["pid"])
@@ -2532,13 +2497,21 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"], proc_root)
     _join_jobs(gpu_processes, jobs)
     private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")
-    for record in processes.values():
+    ordered = []  # type: List[Dict[str, Any]]
+    zombies = []  # type: List[int]
+    orphans = []  # type: List[int]
+    for pid in sorted(processes):
+        record = processes[pid]
         if "not_read" not in record:
             record["not_read"] = []
         for name in private:  # cgroup paths, own-namespace session: not in the document
             if name in record:
                 del record[name]
-    ordered = [processes[pid] for pid in sorted(processes)]
+        ordered.append(record)
+        if record["zombie"]:
+            zombies.append(pid)
+        if record["orphan"]:
+            orphans.append(pid)
     return {
         "schema": SCHEMA,
         "taken_at": taken_at,
@@ -2547,8 +2520,8 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
         "gpu": gpu_section,
         "processes": ordered,
         "gpu_processes": gpu_processes,
-        "zombies": [p["pid"] for p in ordered if p["zombie"]],
-        "orphans": [p["pid"] for p in ordered if p["orphan"]],
+        "zombies": zombies,
+        "orphans": orphans,
         "jobs": jobs,
         "errors": errors,
     }
