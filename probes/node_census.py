@@ -439,6 +439,31 @@ def process_state(pid: int, proc_root: str = "/proc",
 
 #: /proc/PID/stat field indexes in the list returned by _parse_stat (index 0 = field 3).
 _F_UTIME, _F_STIME, _F_THREADS, _F_EXIT_CODE = 11, 12, 17, 49
+#: stat fields 48 and 50 (arg_start, env_start), 0 being field 3
+_F_ARG_START, _F_ENV_START = 45, 47
+
+
+def _exec_marker(stat: bytes) -> Optional[Tuple[int, int]]:
+    """Where the kernel placed the process's argv and environment at its last exec (stat
+    fields 48 and 50, Linux 3.5+). They move at every exec (the stack is placed at random), so
+    a process cached before an exec shows it has another command line and environment now.
+    None where the kernel shows no such fields or zeros (a zombie, a kernel thread, a process
+    this observer may not inspect): then nothing can be told."""
+    fields = stat[stat.rindex(b")") + 2:].split(None, _F_ENV_START + 1)
+    if len(fields) <= _F_ENV_START:
+        return None
+    marker = (int(fields[_F_ARG_START]), int(fields[_F_ENV_START]))
+    return marker if marker[0] else None
+
+
+def _execed(entry: Dict[str, Any], stat: bytes) -> bool:
+    """Whether the process of this cache entry has exec'd since it was cached (see
+    ``_exec_marker``): its cmdline, env and tag in the entry are then another program's."""
+    then = entry.get("_exec")
+    if then is None:
+        return False
+    now = _exec_marker(stat)
+    return now is not None and now != then
 
 
 def _cpu_ticks(fields: List[bytes]) -> int:
@@ -761,12 +786,15 @@ def nvidia_registered(proc_root: str = "/proc") -> bool:
 
 
 _STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag", "cgroup",
-                  "container", "_freezer_v1", "_cgroup_v2")
+                  "container", "_freezer_v1", "_cgroup_v2", "_exec")
 #: what a record holds for a stable field that its cache entry lacks (as ``_stat_record``)
 _STABLE_DEFAULTS = {"uid": None, "nspid": None, "pid_ns": None, "ns_init": False,
                     "cmdline": None, "env": None, "tag": None, "cgroup": None,
                     "container": None}  # type: Dict[str, Any]
 _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
+#: cache keys of processes found to have exec'd since they were cached: read afresh and not
+#: cached at once (an exec in progress may show a half-built environment), but at the next census
+_EXECED = set()  # type: Any  # of cache keys
 #: held by a census that uses _CACHE (one thread at a time; reentrant: a signal handler that
 #: takes a census while its thread is in one must not wait for itself)
 _CACHE_LOCK = threading.RLock()
@@ -923,10 +951,23 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
         if not _read_known([pid], proc_root, env, fds, details, cache, known):
             return known.get(pid)  # read through its held stat fd (None: it vanished)
     try:
-        record = _stat_record(pid, _read_bytes(base + "/stat"))
+        stat = _read_bytes(base + "/stat")
+        record = _stat_record(pid, stat)
     except (FileNotFoundError, ProcessLookupError):
         return None
-    cached = cache.get((proc_root, pid, record["starttime"])) if cache is not None else None
+    cached = None
+    execed = False
+    if cache is not None:
+        key = (proc_root, pid, record["starttime"])
+        cached = cache.get(key)
+        if cached is not None and _execed(cached, stat):
+            del cache[key]
+            cached = None
+            _EXECED.add(key)
+        if key in _EXECED:
+            _EXECED.discard(key)
+            execed = True
+        record["_exec"] = _exec_marker(stat)
     # a process cached by a census without env is read again when env is asked for now
     if cached is not None and ("env" in cached or not env or record["kthread"]):
         record.update(cached)
@@ -939,7 +980,7 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
         return record
     _read_identity(record, base, proc_ns)
     cacheable = cache is not None and not record["zombie"] and cache_before is not None \
-        and record["starttime"] < cache_before
+        and record["starttime"] < cache_before and not execed
     if record["kthread"]:  # no memory, no files: its identity is all there is, for its life
         if cacheable and cache is not None and not record["unreadable"]:
             cache[(proc_root, pid, record["starttime"])] = {
@@ -2153,6 +2194,15 @@ def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
                 record["unreadable"] = []
                 record["errors"] = {}
             else:
+                if _execed(entry, stat):  # another program now: forget it, read it afresh
+                    del cache[slot[5]]
+                    if len(_EXECED) > 4096:
+                        _EXECED.clear()
+                    _EXECED.add(slot[5])
+                    os.close(slot[0])
+                    del _STAT_FDS[key]
+                    rest.append(pid)
+                    continue
                 record = _live_record(pid, stat, slot[1])
                 record.update(entry)
                 slot[2], slot[3], slot[4] = stat, dict(record), entry
@@ -2496,7 +2546,7 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
             gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
     jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"], proc_root)
     _join_jobs(gpu_processes, jobs)
-    private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")
+    private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid", "_exec")
     ordered = []  # type: List[Dict[str, Any]]
     zombies = []  # type: List[int]
     orphans = []  # type: List[int]

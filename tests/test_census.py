@@ -553,6 +553,54 @@ def test_snapshot_json_is_compact_off_a_terminal_and_fd_scan_is_said(
     assert json.loads(text_only.getvalue())["schema"] == "chaosgpu.census/1"
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["held-stat-fd", "no-held-fd"])
+def test_a_process_that_execs_after_it_was_cached_is_read_again(
+        held: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached process that execs another program (a wrapper that waits, then execs the
+    trainer with its rank) shows the new program's command line, environment and job at the
+    next census, through its held stat fd or without one; it is cached again afterwards."""
+    census_module._CACHE.clear()
+    if not held:  # no fd room: the cached process is read by its stat alone
+        monkeypatch.setattr(census_module, "_STAT_FDS_MAX", [0])
+    wrapper = subprocess.Popen(
+        ["bash", "-c", "read -r go; exec env RANK=3 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 "
+                       "MASTER_PORT=29517 sleep 30"], stdin=subprocess.PIPE)
+    assert wrapper.stdin is not None
+
+    def reading() -> tuple[dict[str, Any], dict[str, Any]]:
+        census = node.take_census(gpu=False, cache=True)
+        return census, next(p for p in census["processes"] if p["pid"] == wrapper.pid)
+
+    try:
+        wait_for(lambda: node.read_cmdline(wrapper.pid)[:1] == ["bash"], what="bash")
+        time.sleep(2.2)  # cached from 2 s of age
+        reading()
+        _, before = reading()
+        key = ("/proc", wrapper.pid, before["starttime"])
+        assert key in census_module._CACHE
+        assert (("/proc", wrapper.pid) in census_module._STAT_FDS) is held
+        assert before["cmdline"][0] == "bash" and "RANK" not in (before["env"] or {})
+        wrapper.stdin.write(b"go\n")
+        wrapper.stdin.flush()
+        wait_for(lambda: node.read_cmdline(wrapper.pid)[:1] == ["sleep"], what="the exec")
+        census, after = reading()
+        assert after["cmdline"] == ["sleep", "30"], after
+        assert {k: v for k, v in after["env"].items() if not k.startswith("CHAOSGPU_")} == {
+            "RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29517"}
+        assert "_exec" not in after
+        jobs = {j["id"]: j for j in census["jobs"]}
+        ranks = jobs["127.0.0.1:29517"]["ranks"]
+        assert [r["pid"] for r in ranks if r["pid"] is not None] == [wrapper.pid]
+        reading()
+        _, again = reading()  # cached again, as the program it is now
+        assert census_module._CACHE[key]["cmdline"] == ["sleep", "30"]
+        assert again["cmdline"] == ["sleep", "30"] and again["env"]["RANK"] == "3"
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    assert not os.path.exists(f"/proc/{wrapper.pid}")
+
+
 def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> None:
     """A process the cache knows is re-read through its kept /proc/PID/stat fd: a stop, a
     continue and its death show through it, its record equals a fresh full reading, and once
