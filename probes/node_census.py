@@ -786,7 +786,7 @@ def nvidia_registered(proc_root: str = "/proc") -> bool:
 
 
 _STABLE_FIELDS = ("uid", "nspid", "pid_ns", "ns_init", "cmdline", "env", "tag", "cgroup",
-                  "container", "_freezer_v1", "_cgroup_v2", "_exec")
+                  "container", "_exec")
 #: what a record holds for a stable field that its cache entry lacks (as ``_stat_record``)
 _STABLE_DEFAULTS = {"uid": None, "nspid": None, "pid_ns": None, "ns_init": False,
                     "cmdline": None, "env": None, "tag": None, "cgroup": None,
@@ -1040,6 +1040,19 @@ def _read_identity(record: Dict[str, Any], base: str, proc_ns: Optional[str]) ->
             _note_failure(record, "pid_ns", error)
 
 
+def _cgroups(base: str) -> Tuple[Optional[str], Optional[str], Optional[str], Any]:
+    """(main path, v1 freezer path, v2 path, container) of the process at ``base`` as its
+    cgroup file says now; OSError when it cannot be read."""
+    data = _read_bytes(base + "/cgroup")
+    parsed = _CGROUPS.get(data)
+    if parsed is None:  # most processes share a few cgroup files: parse each one once
+        if len(_CGROUPS) > 4096:
+            _CGROUPS.clear()
+        paths = _pick_cgroup(data)
+        parsed = _CGROUPS[data] = paths + (parse_container(paths[0]),)
+    return parsed
+
+
 def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
     """cmdline, env (job and tag keys) and cgroup (with the container it names)."""
     if record["state"] in ("Z", "X"):  # memory gone: cmdline and environ read empty, a lie
@@ -1064,19 +1077,9 @@ def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
             except OSError as error:
                 _note_failure(record, "env", error)
     try:
-        data = _read_bytes(base + "/cgroup")
-        parsed = _CGROUPS.get(data)
-        if parsed is None:  # most processes share a few cgroup files: parse each one once
-            if len(_CGROUPS) > 4096:
-                _CGROUPS.clear()
-            parsed = _CGROUPS[data] = _pick_cgroup(data) + (parse_container(_pick_cgroup(data)[0]),)
-        main_path, freezer, v2, container = parsed
+        main_path, _, _, container = _cgroups(base)
         record["cgroup"] = main_path
         record["container"] = dict(container) if container else None
-        if freezer is not None:
-            record["_freezer_v1"] = freezer
-        if v2 is not None:
-            record["_cgroup_v2"] = v2
     except OSError as error:
         _note_failure(record, "cgroup", error)
     sandbox = (record.get("env") or {}).get("CHAOSGPU_SANDBOX")
@@ -1439,24 +1442,32 @@ def _job_id(env: Dict[str, str]) -> Optional[str]:
     return None
 
 
-def _frozen(proc: Dict[str, Any], cgroup_root: str) -> Optional[bool]:
+def _frozen(proc: Dict[str, Any], cgroup_root: str, proc_root: str) -> Optional[bool]:
     """Whether the process's cgroup is frozen (v1 freezer.state FROZEN, v2 cgroup.events
-    frozen 1); None when it cannot be told."""
+    frozen 1); None when it cannot be told. Its cgroup is read now, not taken from the record:
+    freezing moves a process to another cgroup (chaosgpu's freezer does), which a cached
+    census would not see; the record's cgroup and container follow what is read."""
+    try:
+        main_path, freezer, v2, container = _cgroups("%s/%d" % (proc_root, proc["pid"]))
+    except OSError:
+        return None
+    if main_path != proc.get("cgroup"):
+        proc["cgroup"] = main_path
+        if container or (proc.get("container") or {}).get("runtime") != "sandbox":
+            proc["container"] = dict(container) if container else None
     answer = None  # type: Optional[bool]
-    path = proc.get("_freezer_v1")
-    if path is not None:
+    if freezer is not None:
         try:
-            state = _read_bytes(cgroup_root + "/freezer" + path + "/freezer.state").strip()
+            state = _read_bytes(cgroup_root + "/freezer" + freezer + "/freezer.state").strip()
             if state in (b"FROZEN", b"FREEZING"):
                 return True
             answer = False
         except OSError:
             pass
-    path = proc.get("_cgroup_v2")
-    if path is not None:
-        for base in (cgroup_root, cgroup_root + "/unified"):
+    if v2 is not None:
+        for root in (cgroup_root, cgroup_root + "/unified"):
             try:
-                events = _read_bytes(base + path + "/cgroup.events")
+                events = _read_bytes(root + v2 + "/cgroup.events")
             except OSError:
                 continue
             if b"frozen 1" in events:
@@ -1486,17 +1497,18 @@ def _new_job(job_id: str) -> Dict[str, Any]:
             "found_by": FOUND_BY_ENV, "_lws": None, "_group": None}
 
 
-def _rank_state(proc: Dict[str, Any], cgroup_root: str) -> str:
+def _rank_state(proc: Dict[str, Any], cgroup_root: str, proc_root: str) -> str:
     state = proc["state"]
     if state in ("Z", "X"):
         return "zombie"
     if state in ("T", "t"):
         return "stopped"
-    return "frozen" if _frozen(proc, cgroup_root) else "alive"
+    return "frozen" if _frozen(proc, cgroup_root, proc_root) else "alive"
 
 
 def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
-              gpu_by_pid: Dict[int, float], errors: List[str], cgroup_root: str) -> None:
+              gpu_by_pid: Dict[int, float], errors: List[str], cgroup_root: str,
+              proc_root: str) -> None:
     pid = proc["pid"]
     numbering = _numbering(env) or TORCH_RANK_KEYS
     rank, bad_rank = _int_value(env, numbering[0], pid, errors)
@@ -1526,7 +1538,7 @@ def _add_rank(job: Dict[str, Any], proc: Dict[str, Any], env: Dict[str, str],
              "starttime": proc["starttime"], "restart_count": restarts,
              "host_pid": proc["nspid"][0] if proc.get("nspid") else None,
              "ns_pid": proc["nspid"][-1] if proc.get("nspid") else None,
-             "state": _rank_state(proc, cgroup_root),
+             "state": _rank_state(proc, cgroup_root, proc_root),
              "gpu_mib": gpu_by_pid.get(pid),
              "rank_source": None if rank is None else (
                  "env" if numbering[0] == "RANK" else numbering[0]),
@@ -1772,7 +1784,8 @@ def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
     has_zero = any(r["rank"] == 0 for r in job["ranks"])
     if parent is not None and not has_zero and port.isdigit() \
             and _listening_on(parent, port, proc_root):
-        _add_rank(job, parent, parent.get("env") or {}, gpu_by_pid, errors, cgroup_root)
+        _add_rank(job, parent, parent.get("env") or {}, gpu_by_pid, errors, cgroup_root,
+                  proc_root)
         job["ranks"][-1].update(rank=0, rank_source="store host", helpers=_copies_of(
             parent, processes, [r["pid"] for r in job["ranks"]]))
         return
@@ -1946,7 +1959,8 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
                     or not all(_torch_loaded(proc, proc_root) for proc in clients.values()):
                 continue  # no store served and used by these processes, or not torch's
             _add_store_job("%s:%d" % (store["address"], port), processes[min(hosts)], clients,
-                           processes, jobs, member_of, gpu_by_pid, errors, cgroup_root)
+                           processes, jobs, member_of, gpu_by_pid, errors, cgroup_root,
+                           proc_root)
 
 
 def _socket_holders(members: List[Dict[str, Any]], proc_root: str) -> Dict[int, Dict[str, Any]]:
@@ -1969,7 +1983,7 @@ def _socket_holders(members: List[Dict[str, Any]], proc_root: str) -> Dict[int, 
 def _add_store_job(job_id: str, host: Dict[str, Any], clients: Dict[int, Dict[str, Any]],
                    processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
                    member_of: Dict[int, str], gpu_by_pid: Dict[int, float],
-                   errors: List[str], cgroup_root: str) -> None:
+                   errors: List[str], cgroup_root: str, proc_root: str) -> None:
     """Add the job of a store (see ``_store_jobs``) unless a job found by environment already
     names these ranks."""
     known = {member_of[pid] for pid in clients if pid in member_of}
@@ -1989,7 +2003,8 @@ def _add_store_job(job_id: str, host: Dict[str, Any], clients: Dict[int, Dict[st
     job["found_by"] = FOUND_BY_STORE
     ranks = sorted(clients.values(), key=lambda p: p["pid"])
     for proc in ranks:  # numbered where a launcher's variables show (mpirun, srun)
-        _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root)
+        _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root,
+                  proc_root)
         entry = job["ranks"][-1]
         entry["helpers"] = _copies_of(proc, processes, clients)
         if proc is host and entry["rank"] is None:
@@ -2022,7 +2037,8 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         ranks, helpers = _job_members(processes, sorted(members, key=lambda p: p["pid"]))
         job = jobs[job_id]
         for proc in ranks:
-            _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root)
+            _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root,
+                      proc_root)
             job["ranks"][-1]["helpers"] = helpers.get(proc["pid"], [])
         _place_ranks(job, processes, ranks, proc_root, gpu_by_pid, errors, cgroup_root)
     attached = set()
@@ -2546,7 +2562,7 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
             gpu_by_pid[item["pid"]] = gpu_by_pid.get(item["pid"], 0.0) + item["used_mib"]
     jobs = _jobs(processes, gpu_by_pid, errors, cgroup_root, observer["hostname"], proc_root)
     _join_jobs(gpu_processes, jobs)
-    private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid", "_exec")
+    private = ("_nssid", "_nspgid", "_exec")
     ordered = []  # type: List[Dict[str, Any]]
     zombies = []  # type: List[int]
     orphans = []  # type: List[int]

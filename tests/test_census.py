@@ -623,7 +623,7 @@ def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> 
         fresh = node.read_process(child.pid, fds=False)
         kept = polled()
         kept.pop("not_read", None)
-        private = ("_freezer_v1", "_cgroup_v2", "_nssid", "_nspgid")  # not in the census
+        private = ("_nssid", "_nspgid")  # not in the census
         assert kept == {k: v for k, v in dict(fresh, nvidia_fds=kept["nvidia_fds"]).items()
                         if k not in private}
         # an idle process's record is a copy of the last one: what a caller does to it stays

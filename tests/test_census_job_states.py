@@ -5,6 +5,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,8 @@ import pytest
 from census_helpers import wait_for
 
 from chaosgpu import node
+
+census_module = node.census_module()
 
 
 @contextlib.contextmanager
@@ -31,8 +34,8 @@ def ranks(job: str, ranks_: list[int], world: int) -> Iterator[list[subprocess.P
             proc.wait()
 
 
-def _job(job: str) -> dict:
-    return next(j for j in node.take_census(gpu=False)["jobs"] if j["id"] == job)
+def _job(job: str, cache: bool = False) -> dict:
+    return next(j for j in node.take_census(gpu=False, cache=cache)["jobs"] if j["id"] == job)
 
 
 def test_missing_rank_with_a_survivor_is_a_suspected_hang() -> None:
@@ -67,16 +70,27 @@ def _freezer() -> tuple[Path, str] | None:
     return None
 
 
-def test_cgroup_frozen_rank_is_frozen() -> None:
+@pytest.mark.parametrize("cached", [False, True], ids=["fresh", "cached-before-the-freeze"])
+def test_cgroup_frozen_rank_is_frozen(cached: bool) -> None:
+    """A rank moved into a frozen cgroup reads frozen, also in a cached census (the job
+    observer's) that knew the rank before it was moved: a cgroup is read where it matters, not
+    kept for a process's life."""
     found = _freezer()
     if found is None or os.geteuid() != 0:
         pytest.skip("needs root and a writable cgroup freezer")
     root, version = found
     group = root / f"chaosgpu-test-{os.environ['CHAOSGPU_TEST_ID']}"
-    job = f"frozen-{os.environ['CHAOSGPU_TEST_ID']}"
+    job = f"frozen-{int(cached)}-{os.environ['CHAOSGPU_TEST_ID']}"
     group.mkdir()
     try:
         with ranks(job, [0, 1], world=2) as procs:
+            if cached:  # known to the cache (from 2 s of age), as alive, before the move
+                time.sleep(2.2)
+                _job(job, cache=True)
+                before = _job(job, cache=True)
+                assert [r["state"] for r in before["ranks"]] == ["alive", "alive"]
+                key = ("/proc", procs[1].pid, before["ranks"][1]["starttime"])
+                assert key in census_module._CACHE
             (group / "cgroup.procs").write_text(str(procs[1].pid))
             if version == "v1":
                 (group / "freezer.state").write_text("FROZEN")
@@ -87,7 +101,7 @@ def test_cgroup_frozen_rank_is_frozen() -> None:
                 wait_for(lambda: "frozen 1" in (group / "cgroup.events").read_text(),
                          what="frozen")
             try:
-                state = _job(job)
+                state = _job(job, cache=cached)
                 assert {r["rank"]: r["state"] for r in state["ranks"]} == {0: "alive",
                                                                            1: "frozen"}
                 assert state["frozen"] == [1]
