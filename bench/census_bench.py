@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         "polled census, probes (no gpu, no fds, cache)":
             lambda: census.census(gpu=False, fds=False, cache=True),
     }
+    say("snapshot run as: " + ("the installed `chaosgpu` command" if snapshot[0] != sys.executable
+                               else "`python -m chaosgpu.cli` from the checkout") + ", from "
+        + ("a virtual environment" if sys.prefix != sys.base_prefix else "the system Python"))
     say(f"fd scan on this node: {census.census(pids=[os.getpid()])['observer']['nvidia_fd_scan']}")
     scratch = tempfile.NamedTemporaryFile(prefix="chaosgpu-bench-", delete=False)
     scratch.close()
