@@ -34,6 +34,9 @@ STDOUT, STDERR, ERROR = 1, 2, 3
 # URL-encoded into the request line: 8 KiB line limits are common (aiohttp, nginx), the API
 # server allows 1 MiB, Linux one argv string 128 KiB.
 _MAX_ARG = 2_000
+# Linux's limit on one argv string (MAX_ARG_STRLEN: 32 pages, its NUL included): a longer
+# source in the command would fail to start (E2BIG), so it goes on stdin whatever _MAX_ARG says.
+_ARG_STRLEN_MAX = 32 * 4096 - 1
 
 # argv: NAME ALARM_SECONDS SOURCE ARGS...  (source in argv) or NAME ALARM_SECONDS - ARGS...
 # (then stdin carries "<byte length>\n<source>").
@@ -158,9 +161,9 @@ def program_command(kind: str, program: str, args: list[str] | None = None,
     args = [str(a) for a in (args or [])]
     alarm = str(max(1, math.ceil(timeout) + 1))
     label = f"chaosgpu-{kind}-{program}.py"
-    if len(source.encode("utf-8")) <= _MAX_ARG:
-        return [python, "-c", _BOOTSTRAP, label, alarm, source, *args], None
     data = source.encode("utf-8")
+    if len(data) <= min(_MAX_ARG, _ARG_STRLEN_MAX):
+        return [python, "-c", _BOOTSTRAP, label, alarm, source, *args], None
     return [python, "-c", _BOOTSTRAP, label, alarm, "-", *args], f"{len(data)}\n".encode() + data
 
 

@@ -69,11 +69,26 @@ def test_in_target_program_streamed_in_on_stdin(core: client.CoreV1Api, exec_ser
 def test_in_target_program_in_the_command_when_allowed(
         core: client.CoreV1Api, exec_server: ExecServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kexec, "_MAX_ARG", 1 << 20)
-    document = run_program(core, "p", "default", "probes", "node_census",
-                           args=["--no-fds", "--no-gpu"], timeout=60)
-    assert document["schema"] == "chaosgpu.census/1"
+    document = run_program(core, "p", "default", "actions", "signal_processes",
+                           args=["SIGTERM", "[]"], timeout=60)  # no target: nothing signalled
+    assert document["schema"].startswith("chaosgpu.") and "error" not in document, document
     entry = exec_server.log[-1]
     assert not entry["stdin"] and "def main(" in entry["command"][5]
+
+
+def test_a_program_longer_than_linux_allows_one_argument_goes_on_stdin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever size the command is allowed, a source over Linux's limit on one argv string
+    (128 KiB) goes on stdin: in the command it would fail to start with E2BIG."""
+    monkeypatch.setattr(kexec, "_MAX_ARG", 1 << 20)
+    for size, on_stdin in ((kexec._ARG_STRLEN_MAX, False), (kexec._ARG_STRLEN_MAX + 1, True)):
+        source = "#" * (size - 1) + "\n"
+        monkeypatch.setattr(kexec.intarget, "source", lambda kind, name, text=source: text)
+        command, stdin = kexec.program_command("probes", "node_census", ["--no-gpu"])
+        assert (stdin is not None) is on_stdin, size
+        assert (command[5] == "-") is on_stdin and command[6:] == ["--no-gpu"]
+        if on_stdin:
+            assert stdin == f"{size}\n".encode() + source.encode()
 
 
 def test_failing_command_reports_exit_code_and_stderr(core: client.CoreV1Api) -> None:
