@@ -456,6 +456,16 @@ def _exec_marker(stat: bytes) -> Optional[Tuple[int, int]]:
     return marker if marker[0] else None
 
 
+def _forget_execed(cache: Dict[Tuple[str, int, int], Dict[str, Any]],
+                   key: Tuple[str, int, int]) -> None:
+    """Drop the cache entry of a process that exec'd; it is read afresh and not cached by
+    this reading (see ``_EXECED``)."""
+    del cache[key]
+    if len(_EXECED) > 4096:
+        _EXECED.clear()
+    _EXECED.add(key)
+
+
 def _execed(entry: Dict[str, Any], stat: bytes) -> bool:
     """Whether the process of this cache entry has exec'd since it was cached (see
     ``_exec_marker``): its cmdline, env and tag in the entry are then another program's."""
@@ -961,9 +971,8 @@ def read_process(pid: int, proc_root: str = "/proc", env: bool = True,
         key = (proc_root, pid, record["starttime"])
         cached = cache.get(key)
         if cached is not None and _execed(cached, stat):
-            del cache[key]
+            _forget_execed(cache, key)
             cached = None
-            _EXECED.add(key)
         if key in _EXECED:
             _EXECED.discard(key)
             execed = True
@@ -1040,17 +1049,36 @@ def _read_identity(record: Dict[str, Any], base: str, proc_ns: Optional[str]) ->
             _note_failure(record, "pid_ns", error)
 
 
+def _parsed_once(table: Dict[bytes, Any], data: bytes, parse: Any, limit: int) -> Any:
+    """``parse(data)``, kept in ``table`` by content (most processes share a few cgroup files
+    and environments: each is parsed once); the table is emptied past ``limit`` entries."""
+    parsed = table.get(data)
+    if parsed is None:
+        if len(table) > limit:
+            table.clear()
+        parsed = table[data] = parse(data)
+    return parsed
+
+
+def _cgroup_paths(data: bytes) -> Tuple[Optional[str], Optional[str], Optional[str], Any]:
+    paths = _pick_cgroup(data)
+    return paths + (parse_container(paths[0]),)
+
+
+def _container_of(container: Any, env: Optional[Dict[str, str]]) -> Optional[Dict[str, Any]]:
+    """A record's container: the one its cgroup path names, else the chaosgpu sandbox its
+    environment names (CHAOSGPU_SANDBOX), else None."""
+    if container:
+        return dict(container)
+    sandbox = (env or {}).get("CHAOSGPU_SANDBOX")
+    return {"runtime": "sandbox", "id": sandbox, "pod_uid": None} if sandbox else None
+
+
 def _cgroups(base: str) -> Tuple[Optional[str], Optional[str], Optional[str], Any]:
     """(main path, v1 freezer path, v2 path, container) of the process at ``base`` as its
     cgroup file says now; OSError when it cannot be read."""
-    data = _read_bytes(base + "/cgroup")
-    parsed = _CGROUPS.get(data)
-    if parsed is None:  # most processes share a few cgroup files: parse each one once
-        if len(_CGROUPS) > 4096:
-            _CGROUPS.clear()
-        paths = _pick_cgroup(data)
-        parsed = _CGROUPS[data] = paths + (parse_container(paths[0]),)
-    return parsed
+    parsed = _parsed_once(_CGROUPS, _read_bytes(base + "/cgroup"), _cgroup_paths, 4096)
+    return parsed  # type: ignore[no-any-return]
 
 
 def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
@@ -1066,25 +1094,18 @@ def _read_details(record: Dict[str, Any], base: str, env: bool) -> None:
             _note_failure(record, "cmdline", error)
         if env:
             try:
-                data = _read_bytes(base + "/environ")
-                known = _ENVS.get(data)
-                if known is None:  # most processes share a few environments: parse each once
-                    if len(_ENVS) > 1024:
-                        _ENVS.clear()
-                    known = _ENVS[data] = _read_env(data)
-                found = record["env"] = dict(known)
+                found = record["env"] = dict(
+                    _parsed_once(_ENVS, _read_bytes(base + "/environ"), _read_env, 1024))
                 record["tag"] = found.get("CHAOSGPU_TAG")
             except OSError as error:
                 _note_failure(record, "env", error)
     try:
         main_path, _, _, container = _cgroups(base)
         record["cgroup"] = main_path
-        record["container"] = dict(container) if container else None
     except OSError as error:
+        container = None
         _note_failure(record, "cgroup", error)
-    sandbox = (record.get("env") or {}).get("CHAOSGPU_SANDBOX")
-    if sandbox and record["container"] is None:
-        record["container"] = {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
+    record["container"] = _container_of(container, record.get("env"))
 
 
 def _vanished(record: Dict[str, Any], base: str) -> bool:
@@ -1453,8 +1474,7 @@ def _frozen(proc: Dict[str, Any], cgroup_root: str, proc_root: str) -> Optional[
         return None
     if main_path != proc.get("cgroup"):
         proc["cgroup"] = main_path
-        if container or (proc.get("container") or {}).get("runtime") != "sandbox":
-            proc["container"] = dict(container) if container else None
+        proc["container"] = _container_of(container, proc.get("env"))
     answer = None  # type: Optional[bool]
     if freezer is not None:
         try:
@@ -2211,10 +2231,7 @@ def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
                 record["errors"] = {}
             else:
                 if _execed(entry, stat):  # another program now: forget it, read it afresh
-                    del cache[slot[5]]
-                    if len(_EXECED) > 4096:
-                        _EXECED.clear()
-                    _EXECED.add(slot[5])
+                    _forget_execed(cache, slot[5])
                     os.close(slot[0])
                     del _STAT_FDS[key]
                     rest.append(pid)
