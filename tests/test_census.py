@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from census_helpers import LEADER_EXITS, PROGRAM, REPO, run_program, wait_for
+from census_helpers import LEADER_EXITS, PROGRAM, REPO, pod, run_program, wait_for
 
 from chaosgpu import node
 from chaosgpu.node import cli
@@ -417,8 +417,10 @@ def test_forked_readers_give_the_same_census() -> None:
     try:
         pids = node.list_pids()
         wanted = pids * (1 + 1000 // max(1, len(pids)))  # >= 1000 entries to use readers
-        serial = census_module._read_serial(wanted, "/proc", True, True, None, True, None, None)
-        parallel = census_module._read_parallel(wanted, "/proc", True, True, None, True, 3)
+        proc_ns = census_module._proc_ns("/proc")
+        serial = census_module._read_serial(wanted, "/proc", True, True, proc_ns, "full", None,
+                                            None)
+        parallel = census_module._read_parallel(wanted, "/proc", True, True, proc_ns, "full", 3)
         for child in children:
             assert serial[0][child.pid]["starttime"] == parallel[0][child.pid]["starttime"]
             assert parallel[0][child.pid]["cmdline"] in (["sleep", "30"], serial[0][child.pid]
@@ -431,6 +433,56 @@ def test_forked_readers_give_the_same_census() -> None:
         for child in children:
             child.kill()
             child.wait()
+
+
+@pytest.mark.parametrize("env", [True, False], ids=["env", "no-env"])
+def test_the_snapshots_plain_loop_makes_the_records_read_process_makes(env: bool) -> None:
+    """The uncached full reading takes plain processes in one loop and leaves the others
+    (kernel threads, zombies, nested PID namespaces) to read_process: both give the same
+    record, field for field and in the same order."""
+    module = census_module
+    proc_ns = module._proc_ns("/proc")
+    tagged_env = dict(os.environ, RANK="3", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="29533", CHAOSGPU_TAG="plain-loop")
+    sleeper = "import time; time.sleep(60)"
+    started = [subprocess.Popen(["sleep", "60"]),
+               subprocess.Popen([sys.executable, "-c", sleeper], env=tagged_env),
+               subprocess.Popen([sys.executable, "-c", sleeper, "x" * 70_000]),  # > 64 KiB
+               subprocess.Popen(["true"])]  # left unreaped: a zombie
+    try:
+        with pod() as pid1:
+            plain = [p.pid for p in started[:3]]
+            zombie = started[3].pid
+            wait_for(lambda: node.process_state(zombie) == "Z", what="the zombie")
+            wait_for(lambda: all(node.read_process(pid)["cmdline"][:2] in (["sleep", "60"],
+                                                                          [sys.executable, "-c"])
+                                 for pid in plain), what="the exec")
+            wanted = [*plain, zombie, pid1, 2, 999_999_999]
+            records: dict[int, dict[str, Any]] = {}
+            rest = module._read_plain(wanted, "/proc", env, module.NO_NVIDIA_DEVICE, proc_ns,
+                                      records)
+            assert rest == [zombie, pid1, 2, 999_999_999]
+            assert sorted(records) == sorted(plain)
+            for pid in plain:
+                expected = module.read_process(pid, env=env, fds=module.NO_NVIDIA_DEVICE,
+                                               proc_ns=proc_ns)
+                assert records[pid] == expected
+                assert list(records[pid]) == list(expected)
+            assert len("".join(records[plain[2]]["cmdline"])) > 70_000
+            if env:
+                assert records[plain[1]]["tag"] == "plain-loop"
+                assert records[plain[1]]["env"]["RANK"] == "3"
+            else:
+                assert records[plain[1]]["env"] is None
+            serial, _ = module._read_serial(wanted, "/proc", env, module.NO_NVIDIA_DEVICE,
+                                            proc_ns, "full", None, None)
+            assert serial[zombie]["zombie"] and serial[pid1]["ns_init"]
+            assert serial[2]["kthread"] and 999_999_999 not in serial
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    assert all(node.process_state(p.pid) is None for p in started)
 
 
 def test_program_is_self_contained_without_site_packages() -> None:
