@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaosgpu: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
+    if argv is None and name == "snapshot":  # the program itself: nothing to free once written
+        return int(module.main(rest, exit_when_written=True) or 0)
     return int(module.main(rest) or 0)
 
 

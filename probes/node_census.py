@@ -2318,54 +2318,84 @@ def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
     return rest
 
 
-def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
-                   proc_ns: Optional[str], level: str, workers: int,
-                   forked: Any = None) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
-    """Read ``wanted`` over ``workers`` readers: ``workers - 1`` forked children (marshal over
-    pipes) and this process, which reads its own share meanwhile. A child that fails is redone
-    serially here, so the result never depends on the fork succeeding."""
+def _fork_work(work: Any) -> Optional[Tuple[int, int]]:
+    """Run ``work()`` in a forked child that sends its result (marshalled) over a pipe and
+    exits; return (child pid, read end), or None when the pipe or the fork failed. Collect it
+    with ``_collect_work`` (the one way the census forks: its readers and its NVML reading)."""
     import marshal
 
-    chunks = [wanted[i::workers] for i in range(workers)]
-    children = []  # type: List[Tuple[int, int, List[int]]]
-    for chunk in chunks[1:]:
-        try:
-            read_fd, write_fd = os.pipe()
-            child = os.fork()
-        except OSError:
-            chunks[0].extend(chunk)
-            continue
-        if child == 0:  # pragma: no cover - runs in the forked reader
-            status = 0
-            try:
-                os.close(read_fd)
-                result = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
-                view = memoryview(marshal.dumps(result))
-                while view:
-                    view = view[os.write(write_fd, view):]
-            except BaseException:
-                status = 1
-            os._exit(status)
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        return None
+    try:
+        child = os.fork()
+    except OSError:
+        os.close(read_fd)
         os.close(write_fd)
-        children.append((child, read_fd, chunk))
-    if forked is not None:
-        forked()  # every reader is forked: threads may start now
-    processes, errors = _read_serial(chunks[0], proc_root, env, fds, proc_ns, level, None, None)
-    for child, read_fd, chunk in children:
-        parts = []
+        return None
+    if child == 0:  # pragma: no cover - runs in the forked child
+        status = 0
+        try:
+            os.close(read_fd)
+            view = memoryview(marshal.dumps(work()))
+            while view:
+                view = view[os.write(write_fd, view):]
+        except BaseException:
+            status = 1
+        os._exit(status)
+    os.close(write_fd)
+    return child, read_fd
+
+
+def _collect_work(forked: Tuple[int, int], redo: Any) -> Any:
+    """The result of a ``_fork_work`` child: read to its end, reap the child, unmarshal; a
+    child that failed (exit status, a torn result) is redone here by ``redo()``, so a result
+    never depends on the fork."""
+    import marshal
+
+    child, read_fd = forked
+    parts = []
+    try:
         while True:
             part = os.read(read_fd, 1 << 20)
             if not part:
                 break
             parts.append(part)
+    finally:
         os.close(read_fd)
         _, status = os.waitpid(child, 0)
-        try:
-            if status != 0:
-                raise ValueError("reader exited with status %d" % status)
-            more, errs = marshal.loads(b"".join(parts))
-        except (ValueError, EOFError, TypeError):
-            more, errs = _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
+    try:
+        if status != 0:
+            raise ValueError("forked child exited with status %d" % status)
+        return marshal.loads(b"".join(parts))
+    except (ValueError, EOFError, TypeError):
+        return redo()
+
+
+def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
+                   proc_ns: Optional[str], level: str, workers: int,
+                   forked: Any = None) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    """Read ``wanted`` over ``workers`` readers: ``workers - 1`` forked children and this
+    process, which reads its own share meanwhile. A child that fails is redone serially here,
+    so the result never depends on the fork succeeding."""
+    chunks = [wanted[i::workers] for i in range(workers)]
+
+    def reader(chunk: List[int]) -> Any:
+        return lambda: _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
+
+    children = []  # type: List[Tuple[Tuple[int, int], List[int]]]
+    for chunk in chunks[1:]:
+        child = _fork_work(reader(chunk))
+        if child is None:
+            chunks[0].extend(chunk)
+        else:
+            children.append((child, chunk))
+    if forked is not None:
+        forked()  # every reader is forked: threads may start now
+    processes, errors = reader(chunks[0])()
+    for child, chunk in children:
+        more, errs = _collect_work(child, reader(chunk))
         processes.update(more)
         errors.extend(errs)
     return processes, errors
@@ -2467,19 +2497,33 @@ def _cache_before(proc_root: str) -> Optional[int]:
 
 
 class _GpuReading:
-    """The GPU section, read by NVML on a thread while /proc is read (NVML's init and its
-    process lists wait on the driver, with the GIL released: on the H200 the init alone costs
-    more than reading 1,000 processes). Started only after any reader is forked."""
+    """The GPU section, read by NVML while /proc is read (NVML's init and its process lists
+    wait on the driver: on the H200 the init alone costs more than reading 1,000 processes).
+    Started only after any reader is forked. On a thread by default; ``start(fork=True)`` (a
+    census that forks its readers) reads it in a forked child instead when this process is
+    single-threaded, has not initialised NVML and an NVIDIA driver is registered: a one-shot
+    snapshot then pays neither pynvml's import nor NVML's calls under its own GIL (on the H200
+    they cost the snapshot 44 ms of its 115 at 1,000 processes, on a thread)."""
 
     def __init__(self, gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> None:
         self.section = gpu_snapshot if gpu_snapshot is not None else None
         self.gpu = gpu
         self.thread = None  # type: Any
+        self.child = None  # type: Optional[Tuple[int, int]]
+        #: where NVML was read: "forked" (a child process), "thread", or None (not read here)
+        self.reader = None  # type: Optional[str]
 
-    def start(self) -> None:
-        if self.section is not None or self.thread is not None or not self.gpu:
+    def start(self, fork: bool = False) -> None:
+        if self.section is not None or self.thread is not None or self.child is not None \
+                or not self.gpu:
             return
-        import threading
+        if fork and _NVML["module"] is None and not _NVML["tried"] \
+                and threading.active_count() == 1 and nvidia_registered():
+            self.child = _fork_work(nvml_snapshot)
+            if self.child is not None:
+                self.reader = "forked"
+                return
+        self.reader = "thread"
 
         def read() -> None:
             self.section = nvml_snapshot()
@@ -2487,8 +2531,14 @@ class _GpuReading:
         self.thread = threading.Thread(target=read, name="census-nvml", daemon=True)
         self.thread.start()
 
+    def start_forked(self) -> None:
+        self.start(fork=True)
+
     def result(self) -> Dict[str, Any]:
         self.start()
+        if self.child is not None:
+            self.section = _collect_work(self.child, nvml_snapshot)
+            self.child = None
         if self.thread is not None:
             self.thread.join()
         if self.section is None:
@@ -2508,7 +2558,7 @@ def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str
     if workers > 1 and not cache and len(wanted) >= 1000:
         readers = workers
         processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
-                                           gpu.start)
+                                           gpu.start_forked)
     else:
         readers = 1
         gpu.start()
@@ -2626,6 +2676,7 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
                                                      detail == "lite", cache, workers,
                                                      gpu_reading)
     gpu_section = gpu_reading.result()
+    observer["gpu_reader"] = gpu_reading.reader
     errors.extend(more)
     if cache and pids is None:
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:

@@ -381,6 +381,25 @@ def test_chaosgpu_snapshot_command() -> None:
     assert not os.path.exists(f"/proc/{named.pid}")
 
 
+def test_the_snapshot_program_ends_once_its_output_is_flushed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The command run as a program leaves without freeing the census (os._exit once the
+    output is flushed): JSON and table come out whole through a pipe; called as a function it
+    returns."""
+    chaosgpu = Path(sys.executable).parent / "chaosgpu"
+    for argv in (["snapshot", "--json", "--no-gpu"], ["snapshot", "--no-gpu"]):
+        result = subprocess.run([str(chaosgpu), *argv], capture_output=True, text=True,
+                                timeout=60, check=False)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        assert result.stdout.endswith("\n") and len(result.stdout) > 100
+        if "--json" in argv:
+            assert json.loads(result.stdout)["schema"] == "chaosgpu.census/1"
+    from chaosgpu import cli as program
+
+    assert program.main(["snapshot", "--json", "--no-gpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["schema"] == "chaosgpu.census/1"
+
+
 def test_census_is_fast_here() -> None:
     started = time.monotonic()
     census = node.take_census(gpu=False)
@@ -483,6 +502,56 @@ def test_the_snapshots_plain_loop_makes_the_records_read_process_makes(env: bool
             process.kill()
             process.wait()
     assert all(node.process_state(p.pid) is None for p in started)
+
+
+# A single-threaded census with forked readers, told that a driver is registered (none is
+# here): the GPU section is then read by a forked child, and by a thread with one reader.
+FORKED_NVML = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import node_census as census
+census.nvidia_registered = lambda proc_root="/proc": True
+pids = census.list_pids()
+wanted = pids * (1 + 1000 // len(pids))
+out = {}
+for workers in (2, 1):
+    document = census.census(pids=wanted, workers=workers, fds=False)
+    out[workers] = {"reader": document["observer"]["gpu_reader"], "gpu": document["gpu"],
+                    "tried": census._NVML["tried"]}
+out["children"] = os.listdir("/proc/%d/task/%d" % (os.getpid(), os.getpid())) and \
+    open("/proc/%d/task/%d/children" % (os.getpid(), os.getpid())).read().split()
+print(json.dumps(out))
+"""
+
+
+def test_a_one_shot_census_with_forked_readers_reads_nvml_in_a_forked_child() -> None:
+    """pynvml's import and NVML's calls off the snapshot's GIL: the same GPU section as a
+    thread gives, this process's NVML state untouched, no child left; the census of a
+    process that reads NVML on a thread (one reader) says so."""
+    result = subprocess.run([sys.executable, "-c", FORKED_NVML, str(PROGRAM.parent)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    out = json.loads(result.stdout)
+    assert out["2"]["reader"] == "forked" and out["1"]["reader"] == "thread"
+    assert out["2"]["tried"] is False  # the child initialised NVML (or failed to), not us
+    assert out["2"]["gpu"] == out["1"]["gpu"] and out["1"]["gpu"]["available"] is False
+    assert out["children"] == []
+    assert node.take_census(pids=[os.getpid()], gpu=False)["observer"]["gpu_reader"] is None
+
+
+def test_a_forked_work_that_fails_is_redone_here() -> None:
+    module = census_module
+
+    def broken() -> None:
+        raise RuntimeError("in the child")
+
+    forked = module._fork_work(broken)
+    assert forked is not None
+    assert module._collect_work(forked, lambda: "redone") == "redone"
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)  # reaped
+    good = module._fork_work(lambda: {"pid": os.getpid()})
+    assert good is not None
+    assert module._collect_work(good, lambda: "redone") == {"pid": good[0]}
 
 
 def test_program_is_self_contained_without_site_packages() -> None:

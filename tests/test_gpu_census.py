@@ -145,3 +145,22 @@ def test_the_one_call_listing_agrees_with_pynvml(namespaced_worker) -> None:  # 
             theirs.add((index, int(entry.pid), entry.usedGpuMemory / 2**20
                         if entry.usedGpuMemory is not None else None))
     assert theirs <= ours and any(pid == worker for _, pid, _ in ours)
+
+
+def test_a_snapshot_with_forked_readers_reads_nvml_in_a_forked_child(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
+    """A one-shot census that forks its /proc readers reads NVML in a forked child too (off
+    its GIL): the worker's 2 GiB are in its GPU section and attributed to its host PID."""
+    runner, worker = namespaced_worker
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import node_census as c; "
+            "pids = c.list_pids(); d = c.census(pids=pids * (1 + 1000 // len(pids)), "
+            "workers=2, fds=False); print(json.dumps({'reader': d['observer']['gpu_reader'], "
+            "'readers': d['observer']['readers'], 'gpu': d['gpu'], "
+            "'attributed': d['gpu_processes']}))")
+    result = subprocess.run([sys.executable, "-c", code, str(PROGRAM.parent)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    out = json.loads(result.stdout)
+    assert out["reader"] == "forked" and out["readers"] == 2
+    assert out["gpu"]["available"] is True
+    listed = [p for d in out["gpu"]["devices"] for p in d["processes"] if p["pid"] == worker]
+    assert listed and listed[0]["used_mib"] >= 2048
+    assert any(item["pid"] == worker and item["visible"] for item in out["attributed"])

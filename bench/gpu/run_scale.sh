@@ -2,12 +2,16 @@
 # Run the scale benches and the GPU tests of the observed verdicts and the agent on a GPU
 # machine, and keep every result.
 #
-#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env nvml census timeline tests (default: all)
+#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env nvml census census-venv timeline tests
+#                                             (default: all but census-venv)
 #
 # Needs chaosgpu importable (PYTHONPATH=<checkout> is set here), torch with CUDA, nvidia-ml-py,
 # and py-spy on PATH or importable for the verdict tests. Keeps results/ (one file per step,
 # each with the command, date and machine at its top) as OUT/results.tar.gz, packed after every
-# step.
+# step. census-venv measures the snapshot as a user installs it: chaosgpu installed from a wheel
+# ($CHAOSGPU_WHEEL, else built here without build isolation) into a fresh virtual environment
+# (no system site-packages: no .pth of the image runs at every start), pynvml copied from the
+# system Python (the GPU machine has no network) and compiled.
 set -u
 out=${1:?usage: run_scale.sh OUT [env|nvml|census|timeline|tests ...]}
 shift
@@ -47,6 +51,26 @@ PY
     ;;
   census)
     python3 bench/census_bench.py --repeat 5 --out "$results/census.txt" 2>&1 | tail -40
+    ;;
+  census-venv)
+    venv="$work/venv"
+    wheel=${CHAOSGPU_WHEEL:-}
+    if [ -z "$wheel" ]; then
+      python3 -m pip wheel -q --no-deps --no-build-isolation -w "$work/wheel" . &&
+        wheel=$(ls "$work"/wheel/*.whl)
+      rm -rf build ./*.egg-info
+    fi
+    if [ -z "$wheel" ] || ! python3 -m venv --without-pip "$venv" ||
+      ! python3 -m pip --python "$venv/bin/python" install -q --no-index --no-deps "$wheel" ||
+      ! cp "$(python3 -c 'import pynvml; print(pynvml.__file__)')" \
+        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" ||
+      ! "$venv/bin/python" -m compileall -q "$venv/lib"; then
+      echo "census-venv: no virtual environment with chaosgpu could be made here" \
+        | tee "$results/census-venv.txt"
+    else
+      env -u PYTHONPATH "$venv/bin/python" bench/census_bench.py --repeat 5 \
+        --out "$results/census-venv.txt" 2>&1 | tail -40
+    fi
     ;;
   timeline)
     python3 bench/timeline_bench.py --gpu-workers 100 --mib 256 --seconds 8 --rates 100 \

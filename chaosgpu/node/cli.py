@@ -159,8 +159,11 @@ class _HelpFormatter(argparse.HelpFormatter):
         super().__init__(prog, width=max(columns, 20) - 2)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run `chaosgpu snapshot [--json] [--no-gpu] [--no-env] [--no-fds] [--device N]`."""
+def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
+    """Run `chaosgpu snapshot [--json] [--no-gpu] [--no-env] [--no-fds] [--device N]`.
+    `exit_when_written` (the command run as a program, not a caller's function) ends the
+    process once the output is flushed, without freeing the census first: that teardown costs
+    ~27 ms with 10,000 processes on 2 cores (a snapshot's whole budget is what `ps` takes)."""
     parser = argparse.ArgumentParser(
         prog="chaosgpu snapshot", formatter_class=_HelpFormatter,
         description="The node's truth: GPUs, GPU processes (host and namespace PIDs, container, "
@@ -234,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
             raw.flush()
     else:
         print(render(census))
+    if exit_when_written:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
