@@ -2203,7 +2203,6 @@ def _read_plain(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
     helper calls, ~45% less Python per process)."""
     rest = []  # type: List[int]
     read_bytes = _read_bytes
-    cgroups_get, envs_get = _CGROUPS.get, _ENVS.get
     for pid in wanted:
         base = "%s/%d" % (proc_root, pid)
         try:
@@ -2233,14 +2232,10 @@ def _read_plain(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
         record["pid_ns"] = proc_ns
         record["cmdline"] = _split_cmdline(cmdline)
         if env:
-            found = envs_get(environ)
-            if found is None:
-                found = _parsed_once(_ENVS, environ, _read_env, 1024)
+            found = _parsed_once(_ENVS, environ, _read_env, 1024)
             record["env"] = dict(found)
             record["tag"] = found.get("CHAOSGPU_TAG")
-        paths = cgroups_get(cgroup)
-        if paths is None:
-            paths = _parsed_once(_CGROUPS, cgroup, _cgroup_paths, 4096)
+        paths = _parsed_once(_CGROUPS, cgroup, _cgroup_paths, 4096)
         record["cgroup"] = paths[0]
         record["container"] = _container_of(paths[3], record["env"])
         _read_fds(record, base, fds)
@@ -2531,9 +2526,6 @@ class _GpuReading:
         self.thread = threading.Thread(target=read, name="census-nvml", daemon=True)
         self.thread.start()
 
-    def start_forked(self) -> None:
-        self.start(fork=True)
-
     def result(self) -> Dict[str, Any]:
         self.start()
         if self.child is not None:
@@ -2558,7 +2550,7 @@ def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str
     if workers > 1 and not cache and len(wanted) >= 1000:
         readers = workers
         processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
-                                           gpu.start_forked)
+                                           lambda: gpu.start(fork=True))
     else:
         readers = 1
         gpu.start()
