@@ -21,6 +21,11 @@ times each:
   cache=True)`, warm, in this process) and what the probes take (`gpu=False, fds=False,
   cache=True`).
 
+Before those, at each count, it prints where the snapshot's time goes (interpreter, imports,
+census, JSON) and the kernel's share: the bare open, read and close of the census's five files
+and of ps's files for every process, one reader, per file in microseconds (the floor no
+reader of those files goes under on one CPU).
+
 With `--busy 0 1 2` every count is measured again with that many CPUs kept busy by spinning
 tasks (started before, killed and reaped after): what readers buy when the node is not quiet.
 
@@ -116,6 +121,49 @@ def _where_time_goes(snapshot: list[str], env: dict[str, str], repeat: int) -> s
             f"start {start * 1000:.1f} ms, chaosgpu imports {(imported_s - start) * 1000:.1f} "
             f"ms, census {census_s * 1000:.1f} ms, JSON and the rest "
             f"{(wall - imported_s - census_s) * 1000:.1f} ms")
+
+
+#: the files each reads per process: the census's five (docs/census.md) and what procps's ps
+#: opens for `-eo pid,ppid,stat,sess,comm,args` (seen with strace), plus its stat of the folder
+CENSUS_FILES = ("stat", "status", "cmdline", "environ", "cgroup")
+PS_FILES = ("stat", "status", "environ", "cmdline")
+
+
+def _kernel_share(repeat: int) -> str:
+    """What the kernel alone takes to serve the files, one reader, no parsing (best of
+    `repeat`): the floor under any reader of them, in any language, on one CPU."""
+    pids = census_module().list_pids()
+
+    def read(names: tuple[str, ...], stat_folder: bool) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            began = time.perf_counter()
+            for pid in pids:
+                base = f"/proc/{pid}/"
+                for name in names:
+                    try:
+                        fd = os.open(base + name, os.O_RDONLY)
+                    except OSError:
+                        continue
+                    try:
+                        os.read(fd, 65536)
+                    except OSError:
+                        pass
+                    os.close(fd)
+                if stat_folder:
+                    try:
+                        os.stat(base)
+                    except OSError:
+                        pass
+            best = min(best, time.perf_counter() - began)
+        return best
+
+    costs = {name: read((name,), False) for name in CENSUS_FILES}
+    ours, theirs = read(CENSUS_FILES, False), read(PS_FILES, True)
+    each = ", ".join(f"{name} {value * 1e6 / len(pids):.1f}" for name, value in costs.items())
+    return (f"the kernel's share (open, read, close; one reader, best of {repeat}): the "
+            f"census's files {ours * 1000:.1f} ms, ps's {theirs * 1000:.1f} ms "
+            f"(x{ours / theirs:.2f}); us per process: {each}")
 
 
 def _command(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
@@ -223,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                                                check=True).stdout)["observer"].get("readers")
             say(f"  readers `chaosgpu snapshot` picks here (one untimed run): {picked}")
             say("  " + _where_time_goes(snapshot, env, args.repeat))
+            say("  " + _kernel_share(args.repeat))
             census.census(gpu=True, fds=False, cache=True)  # warm the cache (polled census)
             time.sleep(2.1)  # the cache keeps processes older than 2 s
             census.census(gpu=True, fds=False, cache=True)

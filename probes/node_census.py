@@ -43,11 +43,9 @@ Definitions (also in docs/census.md):
 
 from __future__ import annotations
 
-import json
+import _thread
 import os
-import re
 import sys
-import threading
 import time
 
 TYPE_CHECKING = False  # mypy reads it as true; typing costs ~5-9 ms of every command's start
@@ -389,6 +387,8 @@ def shows_own_pid_ns(proc_root: str = "/proc") -> bool:
 
 def read_sysctl(name: str, proc_root: str = "/proc") -> str:
     """The value of a sysctl (``user.max_user_namespaces`` reads /proc/sys/user/...)."""
+    import re
+
     if not re.match(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$", name):
         raise ValueError("invalid sysctl name %r" % (name,))
     return _read_bytes(proc_root + "/sys/" + name.replace(".", "/")).decode().strip()
@@ -683,6 +683,16 @@ _POD_CGROUPFS = r"/kubepods(?:/[a-z]+)?/pod([0-9a-f-]+)(?:/|$)"
 _SANDBOX = r"/chaosgpu[/-]([A-Za-z0-9_.-]+?)(?:\.scope|\.slice)?(?:/|$)"
 
 
+def _first_group(pattern: str, text: str) -> Optional[str]:
+    """The first group of ``pattern``'s first match in ``text``, or None. re is imported here,
+    for a path that names a container, not at the program's start: re and enum are ~5 ms of a
+    snapshot's start, on a node whose cgroups mostly name none."""
+    import re
+
+    match = re.search(pattern, text)
+    return None if match is None else match.group(1)
+
+
 def parse_container(cgroup_path: Optional[str]) -> Optional[Dict[str, Any]]:
     """Return ``{"runtime", "id", "pod_uid"}`` parsed from a cgroup path, or None for a path
     that names no container. Understands containerd (``cri-containerd-<id>.scope``), CRI-O
@@ -695,23 +705,21 @@ def parse_container(cgroup_path: Optional[str]) -> Optional[Dict[str, Any]]:
     runtime = None
     cid = None
     for name, marker, pattern in _CONTAINER_PATTERNS:
-        match = re.search(pattern, cgroup_path) if marker in cgroup_path else None
-        if match:
-            runtime, cid = name, match.group(1)
+        cid = _first_group(pattern, cgroup_path) if marker in cgroup_path else None
+        if cid is not None:
+            runtime = name
             break
     pod_uid = None
-    in_pod = "kubepods" in cgroup_path
-    match = re.search(_POD_SYSTEMD, cgroup_path) if in_pod else None
-    if match:
-        pod_uid = match.group(1).replace("_", "-")
-    else:
-        match = re.search(_POD_CGROUPFS, cgroup_path) if in_pod else None
-        if match:
-            pod_uid = match.group(1)
+    if "kubepods" in cgroup_path:
+        pod_uid = _first_group(_POD_SYSTEMD, cgroup_path)
+        if pod_uid is not None:
+            pod_uid = pod_uid.replace("_", "-")
+        else:
+            pod_uid = _first_group(_POD_CGROUPFS, cgroup_path)
     if runtime is None:
-        match = re.search(_SANDBOX, cgroup_path) if "/chaosgpu" in cgroup_path else None
-        if match:
-            return {"runtime": "sandbox", "id": match.group(1), "pod_uid": None}
+        sandbox = _first_group(_SANDBOX, cgroup_path) if "/chaosgpu" in cgroup_path else None
+        if sandbox is not None:
+            return {"runtime": "sandbox", "id": sandbox, "pod_uid": None}
         if pod_uid is not None:
             return {"runtime": "kubepods", "id": None, "pod_uid": pod_uid}
         return None
@@ -807,7 +815,7 @@ _CACHE = {}  # type: Dict[Tuple[str, int, int], Dict[str, Any]]
 _EXECED = set()  # type: Any  # of cache keys
 #: held by a census that uses _CACHE (one thread at a time; reentrant: a signal handler that
 #: takes a census while its thread is in one must not wait for itself)
-_CACHE_LOCK = threading.RLock()
+_CACHE_LOCK = _thread.RLock()
 #: /proc/PID/cgroup contents -> (main path, v1 freezer path, v2 path, container)
 _CGROUPS = {}  # type: Dict[bytes, Tuple[Optional[str], Optional[str], Optional[str], Any]]
 #: /proc/PID/environ contents -> the job and tag keys in it: the processes of one parent share
@@ -827,7 +835,7 @@ _ENVS = {}  # type: Dict[bytes, Dict[str, str]]
 #: 20,000, the 10,000 processes of a busy node fit, and a quarter stays free up there).
 HELD_FD_FLOOR = 4096
 _STAT_FDS = {}  # type: Dict[Tuple[str, int], List[Any]]
-_STAT_FDS_LOCK = threading.Lock()
+_STAT_FDS_LOCK = _thread.allocate_lock()
 _STAT_FDS_MAX = [None]  # type: List[Optional[int]]
 
 
@@ -1146,7 +1154,7 @@ _NVML = {"module": None, "reason": None, "handles": None, "tried": False, "attem
 #: maximum (a DaemonSet that starts before the driver is loaded recovers on its own).
 NVML_RETRY_FIRST_S = 1.0
 NVML_RETRY_MAX_S = 60.0
-_NVML_LOCK = threading.Lock()
+_NVML_LOCK = _thread.allocate_lock()
 #: NVML's process listings, in order; a PID listed twice on one GPU is kept once (the first).
 _NVML_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses",
                "nvmlDeviceGetGraphicsRunningProcesses")
@@ -2491,12 +2499,23 @@ def _cache_before(proc_root: str) -> Optional[int]:
         return None
 
 
+def _single_threaded() -> bool:
+    """Whether this process has one thread, as the kernel counts them (/proc/self/stat): a
+    thread started by a C library (NVML's, CUDA's) counts too, which Python's own count
+    misses. Forking is safe for a child that then runs Python only there."""
+    try:
+        return int(_parse_stat(_read_bytes("/proc/self/stat"))[1][_F_THREADS]) == 1
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 class _GpuReading:
     """The GPU section, read by NVML while /proc is read (NVML's init and its process lists
     wait on the driver: on the H200 the init alone costs more than reading 1,000 processes).
-    Started only after any reader is forked. On a thread by default; ``start(fork=True)`` (a
-    census that forks its readers) reads it in a forked child instead when this process is
-    single-threaded, has not initialised NVML and an NVIDIA driver is registered: a one-shot
+    Where no driver is registered, read at once (the answer needs no call to NVML). Else on a
+    thread, started only after any reader is forked; or, ``start(fork=True)`` (a census that
+    forks its readers), in a forked child, before the readers, when this process is
+    single-threaded (as the kernel counts threads) and has not initialised NVML: a one-shot
     snapshot then pays neither pynvml's import nor NVML's calls under its own GIL (on the H200
     they cost the snapshot 44 ms of its 115 at 1,000 processes, on a thread)."""
 
@@ -2505,23 +2524,38 @@ class _GpuReading:
         self.gpu = gpu
         self.thread = None  # type: Any
         self.child = None  # type: Optional[Tuple[int, int]]
-        #: where NVML was read: "forked" (a child process), "thread", or None (not read here)
+        #: where NVML was read: "forked" (a child process), "thread", "inline" (no driver
+        #: registered: the answer needs no call to it), or None (not read here)
         self.reader = None  # type: Optional[str]
 
-    def start(self, fork: bool = False) -> None:
+    def start(self, fork: bool = False, thread: bool = True) -> None:
+        """Start reading NVML: in a forked child where ``fork`` allows it (see the class), else
+        on a thread, or (``thread=False``) not yet: a later ``start()`` or ``result()`` does."""
         if self.section is not None or self.thread is not None or self.child is not None \
                 or not self.gpu:
             return
-        if fork and _NVML["module"] is None and not _NVML["tried"] \
-                and threading.active_count() == 1 and nvidia_registered():
+        registered = _NVML["module"] is not None or nvidia_registered()
+        if not registered and "pynvml" not in sys.modules:
+            # no driver registered: NVML's answer (unavailable, and why) takes no call to the
+            # driver nor pynvml's import, so it is read here, with no thread (~2 ms of a
+            # snapshot's start on 2 cores)
+            self.reader = "inline"
+            self.section = nvml_snapshot()
+            return
+        if fork and _NVML["module"] is None and not _NVML["tried"] and registered \
+                and _single_threaded():
             self.child = _fork_work(nvml_snapshot)
             if self.child is not None:
                 self.reader = "forked"
                 return
+        if not thread:
+            return
         self.reader = "thread"
 
         def read() -> None:
             self.section = nvml_snapshot()
+
+        import threading
 
         self.thread = threading.Thread(target=read, name="census-nvml", daemon=True)
         self.thread.start()
@@ -2549,8 +2583,11 @@ def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str
         workers = auto_workers(len(wanted))
     if workers > 1 and not cache and len(wanted) >= 1000:
         readers = workers
+        # NVML's child before the readers (at 1,000 processes on a GPU node its import and
+        # init outlast the reading); a thread only once every reader is forked
+        gpu.start(fork=True, thread=False)
         processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
-                                           lambda: gpu.start(fork=True))
+                                           gpu.start)
     else:
         readers = 1
         gpu.start()
@@ -2718,6 +2755,8 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
 
 
 def _usage_error(message: str) -> int:
+    import json
+
     print(json.dumps({"schema": SCHEMA, "error": message}))
     return 2
 
@@ -2784,6 +2823,8 @@ def load_gpu_snapshot(value: str) -> Dict[str, Any]:
     """Read a recorded ``gpu`` section from the file ``value`` (``-``: standard input), or from
     the ``held`` key of a recording (tests/data/nvml_*.json); ValueError naming the file and
     what is wrong when it cannot be read or has not the shape of ``nvml_snapshot``'s."""
+    import json
+
     try:
         if value == "-":
             snapshot = json.load(sys.stdin)
@@ -2854,6 +2895,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad arguments print ``{"error": ...}`` and return 2. ``--tcp-sockets`` prints
     ``{"sockets": {inode: ...}}`` (``tcp_sockets``) instead: the view of this program's
     network namespace."""
+    import json
+
     try:
         options = _parse(list(sys.argv[1:] if argv is None else argv))
     except _UsageError as error:

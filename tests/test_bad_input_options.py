@@ -260,3 +260,55 @@ def test_help_command_describes_that_command() -> None:
     assert "--gpu-snapshot" in result.stdout
     result = _run("help", "bogus")
     assert result.returncode == 2 and "unknown command 'bogus'" in result.stderr
+
+
+# -- chaosgpu snapshot: its options ------------------------------------------------------------
+
+@pytest.mark.parametrize("args,words", [
+    (["--workers"], ["--workers", "expected one argument"]),
+    (["--workers", "x"], ["--workers", "invalid int value: 'x'"]),
+    (["--workers", "--json"], ["--workers", "expected one argument"]),
+    (["--workers", "-1"], ["--workers must be >= 0, got -1"]),
+    (["--device=-2"], ["--device must be >= 0, got -2"]),
+    (["--indent", "-3"], ["--indent must be >= 0, got -3"]),
+    (["--json=yes"], ["--json", "ignored explicit argument 'yes'"]),
+    (["--bogus"], ["unrecognized arguments: --bogus"]),
+    (["--json", "extra"], ["unrecognized arguments: extra"]),
+    # a missing file name is an error, never standard input (which holds a valid snapshot here)
+    (["--gpu-snapshot"], ["--gpu-snapshot", "expected one argument"]),
+])
+def test_a_bad_snapshot_option_is_refused(args: list[str], words: list[str]) -> None:
+    result = _run("snapshot", *args, stdin=RECORDED.read_text())
+    _refused(result, *words)
+
+
+@pytest.mark.parametrize("words", [
+    [], ["--json"], ["--json", "--no-gpu", "--no-env", "--no-fds", "--scan-fds"],
+    ["--workers", "3"], ["--workers=3", "--workers", "4"], ["--device", "0", "--indent=2"],
+    ["--gpu-snapshot", "-"], ["--gpu-snapshot=--json"], ["--workers", "-1"],
+    ["--gpu-snapshot", "file.json", "--json"],
+])
+def test_the_snapshots_own_reading_of_a_plain_command_line_is_argparses(
+        words: list[str]) -> None:
+    """The snapshot reads a plain command line without argparse (its import is ~9 ms of the
+    snapshot's start); what it reads is what argparse, built from the same table, reads."""
+    from chaosgpu.node import cli as snapshot_cli
+
+    plain = snapshot_cli._parse_plain(words)
+    assert plain is not None
+    assert plain == snapshot_cli._parse_with_argparse(words)
+
+
+@pytest.mark.parametrize("words", [["--js"], ["--no-g", "--json"], ["--workers"], ["-h"],
+                                   ["--workers", "x"], ["--", "--json"], ["--json=1"]])
+def test_anything_else_is_left_to_argparse(words: list[str]) -> None:
+    from chaosgpu.node import cli as snapshot_cli
+
+    assert snapshot_cli._parse_plain(words) is None
+
+
+def test_an_abbreviated_snapshot_option_is_read_as_argparse_reads_it() -> None:
+    result = _run("snapshot", "--js", "--no-g", "--no-e", "--no-f")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["observer"]["gpu_reader"] is None and document["jobs"] == []

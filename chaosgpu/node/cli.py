@@ -6,8 +6,6 @@ read /proc or NVML itself.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -144,19 +142,127 @@ def _select_device(census: dict[str, Any], device: int) -> str | None:
     return None
 
 
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's help layout, with the terminal's width read through os: argparse asks shutil,
-    whose import (zlib, bz2, lzma) is 2 ms of every snapshot's start, help or not."""
+#: the options of `chaosgpu snapshot`, read once each way: (flag, value type (None for a switch),
+#: metavar, default, help). `_parse_plain` reads a plain command line with them; argparse, built
+#: from them, reads the rest (help, abbreviations, errors). argparse and json import re, enum
+#: and gettext: ~9 ms of a snapshot's start on 2 cores, a fifth of what `ps` takes at 1,000
+#: processes, for a command line that is mostly `--json`.
+_OPTIONS: tuple[tuple[str, type | None, str | None, Any, str], ...] = (
+    ("--json", None, None, False,
+     "print the census JSON (schema chaosgpu.census/1, docs/census.md)"),
+    ("--no-gpu", None, None, False, "do not query NVML"),
+    ("--no-env", None, None, False, "do not read environments (no jobs, no tags)"),
+    ("--no-fds", None, None, False, "do not scan fds for /dev/nvidia*"),
+    ("--scan-fds", None, None, False,
+     "scan fds even where no NVIDIA device is registered (measures what a GPU node pays)"),
+    ("--device", int, "N", None, "show only GPU N (error if it does not exist)"),
+    ("--workers", int, "N", 0,
+     "read /proc with N readers (N - 1 forked); 0 (default): as many as pay for this node's "
+     "process count and CPUs"),
+    ("--indent", int, "N", None,
+     "indent the JSON by N (default: 1 on a terminal, compact otherwise)"),
+    ("--gpu-snapshot", str, "FILE", None,
+     "use a recorded NVML snapshot (JSON: the census's gpu section, or a recording with it "
+     'under "held"; - reads standard input) instead of NVML'),
+)
 
-    def __init__(self, prog: str) -> None:
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def _parse_plain(argv: list[str]) -> dict[str, Any] | None:
+    """The options of a plain command line: whole option names, each value after its option
+    (`--workers 4`, `--workers=4`) and of its type; None for anything else (help, an
+    abbreviation, an unknown word, a missing or bad value), which argparse then reads and
+    answers as it does."""
+    spec = {flag: kind for flag, kind, _, _, _ in _OPTIONS}
+    options = {_dest(flag): default for flag, _, _, default, _ in _OPTIONS}
+    words = iter(argv)
+    for word in words:
+        flag, has_value, value = word.partition("=")
+        if flag not in spec:
+            return None
+        kind = spec[flag]
+        if kind is None:
+            if has_value:
+                return None
+            options[_dest(flag)] = True
+            continue
+        if not has_value:
+            following = next(words, None)
+            if following is None or (following.startswith("-") and following != "-"
+                                     and not following[1:].isdigit()):
+                return None  # no value, or another option where it belongs: argparse says so
+            value = following
         try:
-            columns = int(os.environ["COLUMNS"])
-        except (KeyError, ValueError):
+            options[_dest(flag)] = kind(value)
+        except ValueError:
+            return None
+    return options
+
+
+def _parse_args(argv: list[str] | None) -> dict[str, Any] | int:
+    """The options of `argv` (default: the process's arguments), or the exit code when
+    argparse has answered (help printed: 0; a usage error printed: 2)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    plain = _parse_plain(words)
+    return plain if plain is not None else _parse_with_argparse(words)
+
+
+def _parse_with_argparse(words: list[str]) -> dict[str, Any] | int:
+    """argparse's reading of `words`, with the parser built from `_OPTIONS`: the options, or
+    the exit code once it has printed help (0) or a usage error (2)."""
+    import argparse
+
+    class HelpFormatter(argparse.HelpFormatter):
+        """argparse's help layout, with the terminal's width read through os: argparse asks
+        shutil, whose import (zlib, bz2, lzma) costs 2 ms."""
+
+        def __init__(self, prog: str) -> None:
             try:
-                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-            except (AttributeError, ValueError, OSError):
-                columns = 80
-        super().__init__(prog, width=max(columns, 20) - 2)
+                columns = int(os.environ["COLUMNS"])
+            except (KeyError, ValueError):
+                try:
+                    columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+                except (AttributeError, ValueError, OSError):
+                    columns = 80
+            super().__init__(prog, width=max(columns, 20) - 2)
+
+    parser = argparse.ArgumentParser(
+        prog="chaosgpu snapshot", formatter_class=HelpFormatter,
+        description="The node's truth: GPUs, GPU processes (host and namespace PIDs, container, "
+                    "job, rank), zombies, orphans, distributed-training jobs.")
+    for flag, kind, metavar, default, text in _OPTIONS:
+        if kind is None:
+            parser.add_argument(flag, action="store_true", help=text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, metavar=metavar, help=text)
+    try:
+        return vars(parser.parse_args(words))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+
+
+def _encode(document: dict[str, Any]) -> str:
+    """`document` as compact JSON, exactly as `json.dumps(document, separators=(",", ":"),
+    check_circular=False, ensure_ascii=False)` writes it, by the C encoder json itself uses but
+    without importing json (its import brings re and enum: ~5 ms of a snapshot's start on 2
+    cores); where that encoder is missing (not CPython), by json."""
+    try:
+        import _json
+    except ImportError:  # not CPython: json's own pure-Python encoder
+        import json
+
+        return json.dumps(document, separators=(",", ":"), check_circular=False,
+                          ensure_ascii=False)
+
+    def refuse(value: Any) -> Any:
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+    encoder = _json.make_encoder(None, refuse, _json.encode_basestring, None, ":", ",", False,
+                                 False, True)
+    return "".join(encoder(document, 0))
 
 
 def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
@@ -164,70 +270,51 @@ def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
     `exit_when_written` (the command run as a program, not a caller's function) ends the
     process once the output is flushed, without freeing the census first: that teardown costs
     ~27 ms with 10,000 processes on 2 cores (a snapshot's whole budget is what `ps` takes)."""
-    parser = argparse.ArgumentParser(
-        prog="chaosgpu snapshot", formatter_class=_HelpFormatter,
-        description="The node's truth: GPUs, GPU processes (host and namespace PIDs, container, "
-                    "job, rank), zombies, orphans, distributed-training jobs.")
-    parser.add_argument("--json", action="store_true",
-                        help="print the census JSON (schema chaosgpu.census/1, docs/census.md)")
-    parser.add_argument("--no-gpu", action="store_true", help="do not query NVML")
-    parser.add_argument("--no-env", action="store_true",
-                        help="do not read environments (no jobs, no tags)")
-    parser.add_argument("--no-fds", action="store_true", help="do not scan fds for /dev/nvidia*")
-    parser.add_argument("--scan-fds", action="store_true",
-                        help="scan fds even where no NVIDIA device is registered (measures what "
-                             "a GPU node pays)")
-    parser.add_argument("--device", type=int, default=None, metavar="N",
-                        help="show only GPU N (error if it does not exist)")
-    parser.add_argument("--workers", type=int, default=0, metavar="N",
-                        help="read /proc with N readers (N - 1 forked); 0 (default): as many as "
-                             "pay for this node's process count and CPUs")
-    parser.add_argument("--indent", type=int, default=None, metavar="N",
-                        help="indent the JSON by N (default: 1 on a terminal, compact otherwise)")
-    parser.add_argument("--gpu-snapshot", default=None, metavar="FILE",
-                        help="use a recorded NVML snapshot (JSON: the census's gpu section, or "
-                             "a recording with it under \"held\"; - reads standard input) "
-                             "instead of NVML")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
+    parsed = _parse_args(argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
     snapshot = None
-    if args.gpu_snapshot:
+    if args["gpu_snapshot"]:
         from chaosgpu.node import census_module
 
         try:
-            snapshot = census_module().load_gpu_snapshot(args.gpu_snapshot)
+            snapshot = census_module().load_gpu_snapshot(args["gpu_snapshot"])
         except ValueError as error:  # names the file and the shape expected
             print(f"chaosgpu snapshot: {error}", file=sys.stderr)
             return 2
-    if args.workers < 0:
-        print(f"chaosgpu snapshot: --workers must be >= 0, got {args.workers}", file=sys.stderr)
+    if args["workers"] < 0:
+        print(f"chaosgpu snapshot: --workers must be >= 0, got {args['workers']}", file=sys.stderr)
         return 2
-    if args.indent is not None and args.indent < 0:
-        print(f"chaosgpu snapshot: --indent must be >= 0, got {args.indent}", file=sys.stderr)
+    if args["indent"] is not None and args["indent"] < 0:
+        print(f"chaosgpu snapshot: --indent must be >= 0, got {args['indent']}", file=sys.stderr)
         return 2
-    if args.device is not None and args.device < 0:
-        print(f"chaosgpu snapshot: --device must be >= 0, got {args.device}", file=sys.stderr)
+    if args["device"] is not None and args["device"] < 0:
+        print(f"chaosgpu snapshot: --device must be >= 0, got {args['device']}", file=sys.stderr)
         return 2
-    census = take_census(env=not args.no_env,
-                         fds="always" if args.scan_fds else not args.no_fds,
-                         gpu=not args.no_gpu or snapshot is not None, gpu_snapshot=snapshot,
-                         workers=args.workers)
-    if args.device is not None:
-        problem = _select_device(census, args.device)
+    census = take_census(env=not args["no_env"],
+                         fds="always" if args["scan_fds"] else not args["no_fds"],
+                         gpu=not args["no_gpu"] or snapshot is not None, gpu_snapshot=snapshot,
+                         workers=args["workers"])
+    if args["device"] is not None:
+        problem = _select_device(census, args["device"])
         if problem is not None:
             print(f"chaosgpu snapshot: {problem}", file=sys.stderr)
             return 2
-    if args.json:
+    if args["json"]:
         # one C-encoded string, one write: the pure-Python indenting encoder costs as much as
         # reading 3,000 processes, so indentation is for terminals (or --indent)
-        indent = args.indent if args.indent is not None else (1 if sys.stdout.isatty() else None)
+        indent = args["indent"]
+        if indent is None:
+            indent = 1 if sys.stdout.isatty() else None
         # compact separators, no cycle check (the census is a tree): 12 % of the encoding;
         # UTF-8 written as is (no backslash-u escapes): another 12 %, and the same JSON
-        compact = (",", ":") if indent is None else None
-        text = json.dumps(census, indent=indent, separators=compact, check_circular=False,
-                          ensure_ascii=False)
+        if indent is None:
+            text = _encode(census)
+        else:
+            import json
+
+            text = json.dumps(census, indent=indent, check_circular=False, ensure_ascii=False)
         raw = getattr(sys.stdout, "buffer", None)
         if raw is None:  # a text-only stream (a caller's StringIO)
             sys.stdout.write(text + "\n")
