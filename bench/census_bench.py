@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,8 +159,11 @@ def _kernel_share(repeat: int) -> str:
         best = float("inf")
         for _ in range(repeat):
             began = time.perf_counter()
-            if forked:  # two readers: a forked child reads every other process
-                child = os.fork()
+            if forked:  # two readers: a forked child reads every other process (and only
+                # that: no lock of this process's threads is taken there)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    child = os.fork()
                 if child == 0:
                     try:
                         read_some(pids[1::2], names, stat_folder)
