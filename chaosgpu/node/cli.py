@@ -244,18 +244,22 @@ def _parse_with_argparse(words: list[str]) -> dict[str, Any] | int:
         return int(exit_.code or 0)
 
 
-def _encode(document: dict[str, Any]) -> str:
-    """`document` as compact JSON, exactly as `json.dumps(document, separators=(",", ":"),
-    check_circular=False, ensure_ascii=False)` writes it, by the C encoder json itself uses but
-    without importing json (its import brings re and enum: ~5 ms of a snapshot's start on 2
-    cores); where that encoder is missing (not CPython), by json."""
+def _encode(document: dict[str, Any], indent: int | None = None) -> str:
+    """`document` as JSON, exactly as `json.dumps(document, indent=indent, separators=...,
+    check_circular=False, ensure_ascii=False)` writes it (compact separators without indent).
+    Compact, by the C encoder json itself uses but without importing json (its import brings
+    re and enum: ~5 ms of a snapshot's start on 2 cores); indented, or where that encoder is
+    missing (not CPython), by json."""
     try:
         import _json
     except ImportError:  # not CPython: json's own pure-Python encoder
+        _json = None  # type: ignore[assignment]
+    if indent is not None or _json is None:
         import json
 
-        return json.dumps(document, separators=(",", ":"), check_circular=False,
-                          ensure_ascii=False)
+        return json.dumps(document, indent=indent,
+                          separators=(",", ":") if indent is None else None,
+                          check_circular=False, ensure_ascii=False)
 
     def refuse(value: Any) -> Any:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
@@ -270,10 +274,9 @@ def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
     `exit_when_written` (the command run as a program, not a caller's function) ends the
     process once the output is flushed, without freeing the census first: that teardown costs
     ~27 ms with 10,000 processes on 2 cores (a snapshot's whole budget is what `ps` takes)."""
-    parsed = _parse_args(argv)
-    if isinstance(parsed, int):
-        return parsed
-    args = parsed
+    args = _parse_args(argv)
+    if isinstance(args, int):
+        return args
     snapshot = None
     if args["gpu_snapshot"]:
         from chaosgpu.node import census_module
@@ -309,12 +312,7 @@ def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
             indent = 1 if sys.stdout.isatty() else None
         # compact separators, no cycle check (the census is a tree): 12 % of the encoding;
         # UTF-8 written as is (no backslash-u escapes): another 12 %, and the same JSON
-        if indent is None:
-            text = _encode(census)
-        else:
-            import json
-
-            text = json.dumps(census, indent=indent, check_circular=False, ensure_ascii=False)
+        text = _encode(census, indent)
         raw = getattr(sys.stdout, "buffer", None)
         if raw is None:  # a text-only stream (a caller's StringIO)
             sys.stdout.write(text + "\n")
