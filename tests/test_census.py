@@ -520,6 +520,10 @@ def test_the_snapshots_plain_loop_makes_the_records_read_process_makes(env: bool
             wait_for(lambda: all(node.read_process(pid)["cmdline"][:2] in (["sleep", "60"],
                                                                           [sys.executable, "-c"])
                                  for pid in plain), what="the exec")
+            # Each sleeper asleep, so its state read twice is one letter (a Python still
+            # importing reads R once and S the next time).
+            wait_for(lambda: all(node.process_state(pid) == "S" for pid in plain),
+                     what="the sleepers asleep")
             wanted = [*plain, zombie, pid1, 2, 999_999_999]
             records: dict[int, dict[str, Any]] = {}
             rest = module._read_plain(wanted, "/proc", env, module.NO_NVIDIA_DEVICE, proc_ns,
