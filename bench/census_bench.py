@@ -107,7 +107,10 @@ def _where_time_goes(snapshot: list[str], env: dict[str, str], repeat: int) -> s
     is the JSON encoding and the output."""
     bare = _command([sys.executable, "-c", "pass"], env)
     imported = _command([sys.executable, "-c", "import chaosgpu.node.cli"], env)
-    starts, imports, walls, inside = [], [], [], []
+    starts: list[float] = []
+    imports: list[float] = []
+    walls: list[float] = []
+    inside: list[float] = []
     for _ in range(repeat):
         for runner, into in ((bare, starts), (imported, imports)):
             began = time.perf_counter()
@@ -123,6 +126,66 @@ def _where_time_goes(snapshot: list[str], env: dict[str, str], repeat: int) -> s
             f"start {start * 1000:.1f} ms, chaosgpu imports {(imported_s - start) * 1000:.1f} "
             f"ms, census {census_s * 1000:.1f} ms, JSON and the rest "
             f"{(wall - imported_s - census_s) * 1000:.1f} ms")
+
+
+# Run in a new interpreter (this bench's process has NVML initialised): forks one child after
+# another, each as the snapshot's NVML child runs: pynvml imported, NVML initialised, the GPU
+# section read, its result written to a pipe, then exit ("exit": the pipe closes with the
+# child's files; "close": the child closes its end first). Prints per phase the median ms.
+NVML_CHILD = r"""
+import marshal, os, statistics, sys, time
+from chaosgpu.node import census_module
+census = census_module()
+names = ("fork", "import pynvml", "nvmlInit and handles", "GPU section",
+         "result written until the parent reads its end", "then reaped")
+phases = {mode: [[] for _ in names] for mode in ("exit", "close")}
+for _ in range(int(sys.argv[1])):
+    for mode, phase_lists in phases.items():
+        read_fd, write_fd = os.pipe()
+        began = time.perf_counter()
+        child = os.fork()
+        if child == 0:
+            os.close(read_fd)
+            marks = [time.perf_counter()]
+            import pynvml
+            marks.append(time.perf_counter())
+            census._nvml()
+            marks.append(time.perf_counter())
+            census.nvml_snapshot()
+            marks.append(time.perf_counter())
+            os.write(write_fd, marshal.dumps(marks))
+            if mode == "close":
+                os.close(write_fd)
+            os._exit(0)
+        os.close(write_fd)
+        data = b""
+        while True:
+            part = os.read(read_fd, 65536)
+            if not part:
+                break
+            data += part
+        seen = time.perf_counter()
+        os.close(read_fd)
+        os.waitpid(child, 0)
+        marks = [began] + marshal.loads(data) + [seen, time.perf_counter()]
+        for phase, start, end in zip(phase_lists, marks, marks[1:]):
+            phase.append(end - start)
+for mode, phase_lists in phases.items():
+    print("%s: %s" % (mode, ", ".join("%s %.1f" % (name, 1000 * statistics.median(phase))
+                                      for name, phase in zip(names, phase_lists))))
+"""
+
+
+def _nvml_child_costs(env: dict[str, str], repeat: int) -> str:
+    """Where the NVML child's time goes (GPU nodes): medians over `repeat` children forked
+    one after another by a new interpreter, as the snapshot forks its NVML child."""
+    result = subprocess.run([sys.executable, "-c", NVML_CHILD, str(repeat)], env=env,
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return f"NVML's child: could not be measured: {result.stderr.strip()[-300:]}"
+    modes = "; ".join(result.stdout.strip().splitlines())
+    return (f"NVML's child, from fork to reaped (medians of {repeat}, ms; exit: as the snapshot's "
+            f"child ends, close: its pipe closed before it exits): {modes}")
 
 
 #: the files each reads per process: the census's five (docs/census.md) and what procps's ps
@@ -292,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  readers `chaosgpu snapshot` picks here (one untimed run): {picked}")
             say("  " + _where_time_goes(snapshot, env, args.repeat))
             say("  " + _kernel_share(args.repeat))
+            if census.nvidia_registered():
+                say("  " + _nvml_child_costs(env, args.repeat))
             census.census(gpu=True, fds=False, cache=True)  # warm the cache (polled census)
             time.sleep(2.1)  # the cache keeps processes older than 2 s
             census.census(gpu=True, fds=False, cache=True)

@@ -2513,11 +2513,12 @@ class _GpuReading:
     """The GPU section, read by NVML while /proc is read (NVML's init and its process lists
     wait on the driver: on the H200 the init alone costs more than reading 1,000 processes).
     Where no driver is registered, read at once (the answer needs no call to NVML). Else on a
-    thread, started only after any reader is forked; or, ``start(fork=True)`` (a census that
-    forks its readers), in a forked child, before the readers, when this process is
-    single-threaded (as the kernel counts threads) and has not initialised NVML: a one-shot
-    snapshot then pays neither pynvml's import nor NVML's calls under its own GIL (on the H200
-    they cost the snapshot 44 ms of its 115 at 1,000 processes, on a thread)."""
+    thread, started only after any reader is forked; or, ``start(fork=True)`` (a one-shot
+    census whose readers may be forked: ``workers`` other than 1, no cache), in a child forked
+    first thing in the census, when this process is single-threaded (as the kernel counts
+    threads) and has not initialised NVML: a snapshot then pays neither pynvml's import nor
+    NVML's calls under its own GIL (on the H200 they cost the snapshot 44 ms of its 115 at
+    1,000 processes, on a thread), and they overlap the whole census."""
 
     def __init__(self, gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> None:
         self.section = gpu_snapshot if gpu_snapshot is not None else None
@@ -2583,9 +2584,7 @@ def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str
         workers = auto_workers(len(wanted))
     if workers > 1 and not cache and len(wanted) >= 1000:
         readers = workers
-        # NVML's child before the readers (at 1,000 processes on a GPU node its import and
-        # init outlast the reading); a thread only once every reader is forked
-        gpu.start(fork=True, thread=False)
+        # NVML's child is forked already, or a thread starts once every reader is forked
         processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
                                            gpu.start)
     else:
@@ -2684,9 +2683,13 @@ def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
     started = time.monotonic()
     taken_at = time.time()
     errors = []  # type: List[str]
+    gpu_reading = _GpuReading(gpu, gpu_snapshot)
+    # a one-shot census whose readers may be forked (a snapshot) forks NVML's child before
+    # anything else: on a GPU node pynvml's import and NVML's init outlast the reading of
+    # 1,000 processes (no thread yet: one starts once any reader is forked)
+    gpu_reading.start(fork=not cache and workers != 1, thread=False)
     observer = _observer(proc_root)
     proc_ns = _proc_ns(proc_root)
-    gpu_reading = _GpuReading(gpu, gpu_snapshot)
     if fds == "always":  # scan even where no NVIDIA device is registered (what a GPU node pays)
         fd_mode = True  # type: Union[bool, str]
     else:

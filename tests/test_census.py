@@ -562,10 +562,10 @@ census.nvidia_registered = lambda proc_root="/proc": True
 pids = census.list_pids()
 wanted = pids * (1 + 1000 // len(pids))
 out = {}
-for workers in (2, 1):
-    document = census.census(pids=wanted, workers=workers, fds=False)
+for workers, chosen in ((0, pids[:5]), (2, wanted), (1, wanted)):
+    document = census.census(pids=chosen, workers=workers, fds=False)
     out[workers] = {"reader": document["observer"]["gpu_reader"], "gpu": document["gpu"],
-                    "tried": census._NVML["tried"]}
+                    "tried": census._NVML["tried"], "readers": document["observer"]["readers"]}
 out["children"] = os.listdir("/proc/%d/task/%d" % (os.getpid(), os.getpid())) and \
     open("/proc/%d/task/%d/children" % (os.getpid(), os.getpid())).read().split()
 print(json.dumps(out))
@@ -574,13 +574,17 @@ print(json.dumps(out))
 
 def test_a_one_shot_census_with_forked_readers_reads_nvml_in_a_forked_child() -> None:
     """pynvml's import and NVML's calls off the snapshot's GIL: the same GPU section as a
-    thread gives, this process's NVML state untouched, no child left; the census of a
-    process that reads NVML on a thread (one reader) says so."""
+    thread gives, this process's NVML state untouched, no child left; a one-shot census
+    whose readers may be forked (automatic readers: one picked for 5 processes) forks NVML's
+    child too, first thing; the census of a process that reads NVML on a thread (one reader)
+    says so."""
     result = subprocess.run([sys.executable, "-c", FORKED_NVML, str(PROGRAM.parent)],
                             capture_output=True, text=True, timeout=120, check=True)
     out = json.loads(result.stdout)
+    assert out["0"]["reader"] == "forked" and out["0"]["readers"] == 1
     assert out["2"]["reader"] == "forked" and out["1"]["reader"] == "thread"
-    assert out["2"]["tried"] is False  # the child initialised NVML (or failed to), not us
+    assert out["0"]["tried"] is False and out["2"]["tried"] is False  # the child's NVML
+    assert out["0"]["gpu"] == out["1"]["gpu"]
     assert out["2"]["gpu"] == out["1"]["gpu"] and out["1"]["gpu"]["available"] is False
     assert out["children"] == []
     assert node.take_census(pids=[os.getpid()], gpu=False)["observer"]["gpu_reader"] is None
