@@ -11,7 +11,8 @@
 # step. census-venv measures the snapshot as a user installs it: chaosgpu installed from a wheel
 # ($CHAOSGPU_WHEEL, else built here without build isolation) into a fresh virtual environment
 # (no system site-packages: no .pth of the image runs at every start), pynvml copied from the
-# system Python (the GPU machine has no network) and compiled.
+# system Python (the GPU machine has no network) and compiled; CENSUS_BENCH_ARGS replaces the
+# census bench's arguments (default: --repeat 5).
 set -u
 out=${1:?usage: run_scale.sh OUT [env|nvml|census|timeline|tests ...]}
 shift
@@ -68,7 +69,8 @@ PY
       echo "census-venv: no virtual environment with chaosgpu could be made here" \
         | tee "$results/census-venv.txt"
     else
-      env -u PYTHONPATH "$venv/bin/python" bench/census_bench.py --repeat 5 \
+      # shellcheck disable=SC2086  # CENSUS_BENCH_ARGS: words for the bench (default --repeat 5)
+      env -u PYTHONPATH "$venv/bin/python" bench/census_bench.py ${CENSUS_BENCH_ARGS:---repeat 5} \
         --out "$results/census-venv.txt" 2>&1 | tail -40
     fi
     ;;
