@@ -9,8 +9,6 @@ kubernetes) at import time: activity modules are imported lazily by discovery on
 
 from __future__ import annotations
 
-import importlib
-
 TYPE_CHECKING = False  # mypy reads it as true; typing costs ~5-9 ms of every command's start
 if TYPE_CHECKING:
     from typing import Any
@@ -98,6 +96,7 @@ def portable_type(annotation: Any) -> str:
 
 def _port_types(activity: dict[str, Any]) -> None:
     """Rewrite the types chaoslib could not name, reading the activity's own signature."""
+    import importlib
     import inspect
 
     func = getattr(importlib.import_module(activity["mod"]), activity["name"])
