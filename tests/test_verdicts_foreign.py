@@ -203,6 +203,34 @@ def test_a_frozen_mpirun_rank_hangs_the_job_and_a_killed_one_fails_it(
     assert job.wait_exit(30)[0] not in (None, 0)  # mpirun reports the lost rank
 
 
+def test_an_mpich_hydra_job_is_found_by_its_pmi_numbers_and_a_killed_rank_fails_it(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    """Ranks started by MPICH's Hydra (`mpiexec.hydra`, whose `hydra_pmi_proxy` starts them)
+    that set RANK inside Python show only PMI_RANK/PMI_SIZE/MPI_LOCALRANKID outside: they are
+    the job's ranks, numbered from those, the proxy their launcher; the job runs, a kill by
+    rank number reaches the trainer and the job fails."""
+    require_tool("mpiexec.hydra", install="apt-get install mpich")
+    job = start_mpirun(tmp_path, [], flavour="mpich")
+    jobs.append(job)
+    trainers = {rank: p["pid"] for rank, p in job.wait_steps(3).items()}
+    found = census_job(job.run_id)
+    assert [(r["rank"], r["pid"], r["local_rank"]) for r in found["ranks"]] == [
+        (0, trainers[0], 0), (1, trainers[1], 1)], found
+    assert {r["rank_source"] for r in found["ranks"]} == {"PMI_RANK"}
+    assert found["world_size"] == 2 and found["expected_ranks"] == [0, 1]
+    proxy = census_module().read_stat(trainers[0])["ppid"]
+    assert found["launcher"] == "hydra_pmi_proxy" and found["launcher_pid"] == proxy, found
+    assert found["max_restarts"] == 0 and found["tag"] == job.tag
+    state = probes.job_state(job=job.run_id)
+    assert state["verdict"] == "running", state["reason"]
+    killed = actions.kill_rank(job=job.run_id, rank=1, wait_s=5)
+    assert killed["pid"] == trainers[1], killed
+    ended = probes.detect_hang(job=job.run_id, timeout_s=30)
+    assert ended["verdict"] == "failed", ended["reason"]
+    assert ended["ranks"][1]["exit"]["signal"] == "SIGKILL", ended["ranks"]
+    assert job.wait_exit(30)[0] not in (None, 0)  # Hydra reports the lost rank
+
+
 def _record(pid: int, ppid: int, cmdline: list[str], env: dict[str, str]) -> dict[str, Any]:
     return {"pid": pid, "ppid": ppid, "cmdline": cmdline, "comm": cmdline[0].rsplit("/")[-1][:15],
             "env": env, "state": "S", "zombie": False, "exiting": False, "kthread": False,

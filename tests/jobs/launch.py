@@ -160,12 +160,16 @@ def start_bare(workdir: Path, args: list[str], world_size: int = 2,
 
 
 def start_mpirun(workdir: Path, args: list[str], world_size: int = 2,
-                 export_master: bool = True) -> Job:
-    """Open MPI's `mpirun -np N python train.py`: each rank gets OMPI_COMM_WORLD_RANK/SIZE/
-    LOCAL_RANK from mpirun and copies them into RANK/WORLD_SIZE/LOCAL_RANK inside Python, so
-    outside only the launcher's variables and MASTER_ADDR/MASTER_PORT (exported; with
-    `export_master=False` set by each rank in os.environ instead: invisible) show. The job id
-    is the master address."""
+                 export_master: bool = True, flavour: str = "openmpi") -> Job:
+    """`mpirun -np N python train.py` by an MPI launcher: Open MPI's `mpirun` (each rank gets
+    OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK; `flavour="openmpi"`) or MPICH's Hydra
+    (`mpiexec.hydra`, whose `hydra_pmi_proxy` starts the ranks with PMI_RANK/PMI_SIZE/
+    MPI_LOCALRANKID; `flavour="mpich"`). Each rank copies them into RANK/WORLD_SIZE/LOCAL_RANK
+    inside Python, so outside only the launcher's variables and MASTER_ADDR/MASTER_PORT
+    (exported; with `export_master=False` set by each rank in os.environ instead: invisible)
+    show. The job id is the master address."""
+    if flavour not in ("openmpi", "mpich"):
+        raise ValueError(f"flavour must be 'openmpi' or 'mpich', got {flavour!r}")
     tag = f"verdict-{uuid.uuid4().hex[:8]}"
     port = free_port()
     job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
@@ -181,10 +185,14 @@ def start_mpirun(workdir: Path, args: list[str], world_size: int = 2,
         exported += ["MASTER_ADDR", "MASTER_PORT"]
     else:
         args = [*args, "--master", f"127.0.0.1:{port}"]
-    argv = ["mpirun", "-np", str(world_size), "--bind-to", "none",
-            *(arg for key in exported for arg in ("-x", key)),
-            sys.executable, str(TRAIN), "--progress-dir", str(job.progress_dir), *args]
-    with open(workdir / "mpirun.log", "wb") as log:
+    if flavour == "openmpi":
+        launcher = ["mpirun", "-np", str(world_size), "--bind-to", "none",
+                    *(arg for key in exported for arg in ("-x", key))]
+    else:  # Hydra passes the whole environment by default
+        launcher = ["mpiexec.hydra", "-n", str(world_size)]
+    argv = [*launcher, sys.executable, str(TRAIN), "--progress-dir", str(job.progress_dir),
+            *args]
+    with open(workdir / f"{launcher[0]}.log", "wb") as log:
         job.processes.append(subprocess.Popen(argv, env=env, stdout=log, stderr=log,
                                               stdin=subprocess.DEVNULL,
                                               start_new_session=True))

@@ -97,10 +97,12 @@ def rank_from_launcher(master: str) -> None:
     if master:
         address, _, port = master.rpartition(":")
         os.environ.update(MASTER_ADDR=address, MASTER_PORT=port)
-    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
-        os.environ.update(RANK=os.environ["OMPI_COMM_WORLD_RANK"],
-                          WORLD_SIZE=os.environ["OMPI_COMM_WORLD_SIZE"],
-                          LOCAL_RANK=os.environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+    for rank, size, local in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                               "OMPI_COMM_WORLD_LOCAL_RANK"),
+                              ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID")):
+        if "RANK" not in os.environ and rank in os.environ:
+            os.environ.update(RANK=os.environ[rank], WORLD_SIZE=os.environ[size],
+                              LOCAL_RANK=os.environ[local])
 
 
 @record
