@@ -2572,6 +2572,13 @@ class _GpuReading:
             self.section = _gpu_section(self.gpu, None)
         return self.section
 
+    def close(self) -> None:
+        """Reap a forked reading never collected (a census that failed on the way): its
+        result is waited for and dropped, so no child outlives the census."""
+        if self.child is not None:
+            child, self.child = self.child, None
+            _collect_work(child, lambda: None)
+
 
 def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
               proc_ns: Optional[str], lite: bool, cache: bool, workers: int,
@@ -2665,25 +2672,27 @@ def census(proc_root: str = "/proc", env: bool = True, fds: Union[bool, str] = T
                               detail, workers)
 
 
-def _census_without_gc(*args: Any) -> Dict[str, Any]:
+def _census_without_gc(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
+                       gpu_snapshot: Optional[Dict[str, Any]], *args: Any) -> Dict[str, Any]:
     import gc
 
     collecting = gc.isenabled()
     gc.disable()  # tens of thousands of acyclic dicts: the cyclic collector only costs time
+    gpu_reading = _GpuReading(gpu, gpu_snapshot)
     try:
-        return _census(*args)
+        return _census(gpu_reading, proc_root, env, fds, *args)
     finally:
+        gpu_reading.close()
         if collecting:
             gc.enable()
 
 
-def _census(proc_root: str, env: bool, fds: Union[bool, str], gpu: bool,
-            gpu_snapshot: Optional[Dict[str, Any]], pids: Optional[Iterable[int]],
-            cgroup_root: str, cache: bool, detail: str, workers: int) -> Dict[str, Any]:
+def _census(gpu_reading: _GpuReading, proc_root: str, env: bool, fds: Union[bool, str],
+            pids: Optional[Iterable[int]], cgroup_root: str, cache: bool, detail: str,
+            workers: int) -> Dict[str, Any]:
     started = time.monotonic()
     taken_at = time.time()
     errors = []  # type: List[str]
-    gpu_reading = _GpuReading(gpu, gpu_snapshot)
     # a one-shot census whose readers may be forked (a snapshot) forks NVML's child before
     # anything else: on a GPU node pynvml's import and NVML's init outlast the reading of
     # 1,000 processes (no thread yet: one starts once any reader is forked)

@@ -590,6 +590,32 @@ def test_a_one_shot_census_with_forked_readers_reads_nvml_in_a_forked_child() ->
     assert node.take_census(pids=[os.getpid()], gpu=False)["observer"]["gpu_reader"] is None
 
 
+# A census that fails after forking NVML's child (told a driver is registered; the listing
+# of /proc made to raise): the error reaches the caller and no child is left.
+FAILED_AFTER_FORK = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import node_census as census
+census.nvidia_registered = lambda proc_root="/proc": True
+def broken(proc_root="/proc"):
+    raise RuntimeError("the listing broke")
+census.list_pids = broken
+try:
+    census.census(workers=0, fds=False)
+except RuntimeError as error:
+    raised = str(error)
+me = os.getpid()
+print(json.dumps({"raised": raised,
+                  "children": open("/proc/%d/task/%d/children" % (me, me)).read().split()}))
+"""
+
+
+def test_a_census_that_fails_after_forking_nvmls_child_leaves_no_child() -> None:
+    result = subprocess.run([sys.executable, "-c", FAILED_AFTER_FORK, str(PROGRAM.parent)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout) == {"raised": "the listing broke", "children": []}
+
+
 def test_a_forked_work_that_fails_is_redone_here() -> None:
     module = census_module
 
