@@ -2394,9 +2394,14 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
             chunks[0].extend(chunk)
         else:
             children.append((child, chunk))
-    if forked is not None:
-        forked()  # every reader is forked: threads may start now
-    processes, errors = reader(chunks[0])()
+    try:
+        if forked is not None:
+            forked()  # every reader is forked: threads may start now
+        processes, errors = reader(chunks[0])()
+    except BaseException:  # no forked reader outlives a census that failed here
+        for child, _ in children:
+            _collect_work(child, lambda: None)
+        raise
     for child, chunk in children:
         more, errs = _collect_work(child, reader(chunk))
         processes.update(more)

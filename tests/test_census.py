@@ -610,8 +610,25 @@ print(json.dumps({"raised": raised,
 """
 
 
-def test_a_census_that_fails_after_forking_nvmls_child_leaves_no_child() -> None:
-    result = subprocess.run([sys.executable, "-c", FAILED_AFTER_FORK, str(PROGRAM.parent)],
+# The same where the census's own share of the reading raises once its readers are forked
+# (told 2,000 processes: readers are forked from 1,000).
+FAILED_AFTER_READERS = FAILED_AFTER_FORK.replace("census.list_pids = broken\n", """
+parent, read_serial = os.getpid(), census._read_serial
+def serial_broken_here(*args):
+    if os.getpid() == parent:
+        raise RuntimeError("the listing broke")
+    return read_serial(*args)
+census._read_serial = serial_broken_here
+pids = census.list_pids()
+census.list_pids = lambda proc_root="/proc": pids * (1 + 2000 // len(pids))
+""")
+
+
+@pytest.mark.parametrize("script", [FAILED_AFTER_FORK, FAILED_AFTER_READERS],
+                         ids=["nvml-child", "readers"])
+def test_a_census_that_fails_after_forking_leaves_no_child(script: str) -> None:
+    """A census that raises after forking (NVML's child, its readers) reaps them first."""
+    result = subprocess.run([sys.executable, "-c", script, str(PROGRAM.parent)],
                             capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(result.stdout) == {"raised": "the listing broke", "children": []}
 
