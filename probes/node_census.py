@@ -2322,9 +2322,10 @@ def _read_known(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, s
 
 
 def _fork_work(work: Any) -> Optional[Tuple[int, int]]:
-    """Run ``work()`` in a forked child that sends its result (marshalled) over a pipe and
-    exits; return (child pid, read end), or None when the pipe or the fork failed. Collect it
-    with ``_collect_work`` (the one way the census forks: its readers and its NVML reading)."""
+    """Run ``work()`` in a forked child that sends its result (marshalled) over a pipe, closes
+    the pipe and exits; return (child pid, read end), or None when the pipe or the fork failed.
+    Collect it with ``_collect_work`` (the one way the census forks: its readers and its NVML
+    reading)."""
     import marshal
 
     try:
@@ -2344,6 +2345,9 @@ def _fork_work(work: Any) -> Optional[Tuple[int, int]]:
             view = memoryview(marshal.dumps(work()))
             while view:
                 view = view[os.write(write_fd, view):]
+            # the parent sees the result's end now, not once the exit has torn down this
+            # child's memory and closed its files (NVML's: the driver's)
+            os.close(write_fd)
         except BaseException:
             status = 1
         os._exit(status)
@@ -2351,10 +2355,22 @@ def _fork_work(work: Any) -> Optional[Tuple[int, int]]:
     return child, read_fd
 
 
-def _collect_work(forked: Tuple[int, int], redo: Any) -> Any:
-    """The result of a ``_fork_work`` child: read to its end, reap the child, unmarshal; a
+def _reap(child: int) -> int:
+    """Wait for a forked child of the census and return its wait status (0 where it was
+    reaped already: SIGCHLD ignored)."""
+    try:
+        return os.waitpid(child, 0)[1]
+    except ChildProcessError:
+        return 0
+
+
+def _collect_work(forked: Tuple[int, int], redo: Any,
+                  unreaped: Optional[List[int]] = None) -> Any:
+    """The result of a ``_fork_work`` child: read to its end, unmarshal, reap the child; a
     child that failed (exit status, a torn result) is redone here by ``redo()``, so a result
-    never depends on the fork."""
+    never depends on the fork. With ``unreaped``, a whole result is returned at once and the
+    child, still exiting, is added there for the caller to ``_reap`` later (a marshalled
+    object cut short does not load, so the result needs no exit status)."""
     import marshal
 
     child, read_fd = forked
@@ -2365,23 +2381,33 @@ def _collect_work(forked: Tuple[int, int], redo: Any) -> Any:
             if not part:
                 break
             parts.append(part)
+    except BaseException:
+        _reap(child)
+        raise
     finally:
         os.close(read_fd)
-        _, status = os.waitpid(child, 0)
     try:
-        if status != 0:
-            raise ValueError("forked child exited with status %d" % status)
-        return marshal.loads(b"".join(parts))
+        result = marshal.loads(b"".join(parts))
     except (ValueError, EOFError, TypeError):
+        _reap(child)
         return redo()
+    if unreaped is not None:
+        unreaped.append(child)
+        return result
+    if _reap(child) != 0:
+        return redo()
+    return result
 
 
 def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
                    proc_ns: Optional[str], level: str, workers: int,
-                   forked: Any = None) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+                   forked: Any = None, unreaped: Optional[List[int]] = None,
+                   ) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     """Read ``wanted`` over ``workers`` readers: ``workers - 1`` forked children and this
     process, which reads its own share meanwhile. A child that fails is redone serially here,
-    so the result never depends on the fork succeeding."""
+    so the result never depends on the fork succeeding. With ``unreaped``, children whose
+    results are taken are left there to be reaped once the census is made (see
+    ``_collect_work``)."""
     chunks = [wanted[i::workers] for i in range(workers)]
 
     def reader(chunk: List[int]) -> Any:
@@ -2403,7 +2429,7 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
             _collect_work(child, lambda: None)
         raise
     for child, chunk in children:
-        more, errs = _collect_work(child, reader(chunk))
+        more, errs = _collect_work(child, reader(chunk), unreaped)
         processes.update(more)
         errors.extend(errs)
     return processes, errors
@@ -2525,9 +2551,12 @@ class _GpuReading:
     NVML's calls under its own GIL (on the H200 they cost the snapshot 44 ms of its 115 at
     1,000 processes, on a thread), and they overlap the whole census."""
 
-    def __init__(self, gpu: bool, gpu_snapshot: Optional[Dict[str, Any]]) -> None:
+    def __init__(self, gpu: bool, gpu_snapshot: Optional[Dict[str, Any]],
+                 unreaped: List[int]) -> None:
         self.section = gpu_snapshot if gpu_snapshot is not None else None
         self.gpu = gpu
+        #: forked children whose results are taken, reaped by the census once it is made
+        self.unreaped = unreaped
         self.thread = None  # type: Any
         self.child = None  # type: Optional[Tuple[int, int]]
         #: where NVML was read: "forked" (a child process), "thread", "inline" (no driver
@@ -2569,7 +2598,7 @@ class _GpuReading:
     def result(self) -> Dict[str, Any]:
         self.start()
         if self.child is not None:
-            self.section = _collect_work(self.child, nvml_snapshot)
+            self.section = _collect_work(self.child, nvml_snapshot, self.unreaped)
             self.child = None
         if self.thread is not None:
             self.thread.join()
@@ -2578,11 +2607,14 @@ class _GpuReading:
         return self.section
 
     def close(self) -> None:
-        """Reap a forked reading never collected (a census that failed on the way): its
-        result is waited for and dropped, so no child outlives the census."""
+        """Reap every forked child of the census: those whose results were taken and still
+        exiting, and a forked reading never collected (a census that failed on the way: its
+        result is waited for and dropped), so no child outlives the census."""
         if self.child is not None:
             child, self.child = self.child, None
             _collect_work(child, lambda: None)
+        while self.unreaped:
+            _reap(self.unreaped.pop())
 
 
 def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
@@ -2598,7 +2630,7 @@ def _read_all(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str
         readers = workers
         # NVML's child is forked already, or a thread starts once every reader is forked
         processes, errors = _read_parallel(wanted, proc_root, env, fds, proc_ns, level, workers,
-                                           gpu.start)
+                                           gpu.start, gpu.unreaped)
     else:
         readers = 1
         gpu.start()
@@ -2683,7 +2715,7 @@ def _census_without_gc(proc_root: str, env: bool, fds: Union[bool, str], gpu: bo
 
     collecting = gc.isenabled()
     gc.disable()  # tens of thousands of acyclic dicts: the cyclic collector only costs time
-    gpu_reading = _GpuReading(gpu, gpu_snapshot)
+    gpu_reading = _GpuReading(gpu, gpu_snapshot, [])
     try:
         return _census(gpu_reading, proc_root, env, fds, *args)
     finally:

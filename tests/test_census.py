@@ -649,6 +649,52 @@ def test_a_forked_work_that_fails_is_redone_here() -> None:
     assert module._collect_work(good, lambda: "redone") == {"pid": good[0]}
 
 
+def test_a_forked_works_result_is_taken_before_its_child_is_reaped() -> None:
+    """With a list for the unreaped, a whole result comes back at its pipe's end (closed by
+    the child before it exits) and the child is left there; ``_reap`` collects it."""
+    module = census_module
+    unreaped = []  # type: list
+    forked = module._fork_work(lambda: {"pid": os.getpid()})
+    assert forked is not None
+    assert module._collect_work(forked, lambda: "redone", unreaped) == {"pid": forked[0]}
+    assert unreaped == [forked[0]]
+    assert module._reap(forked[0]) == 0
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)  # reaped
+    assert module._reap(forked[0]) == 0  # reaped already: nothing to wait for
+    torn = module._fork_work(lambda: os._exit(3))  # nothing written: redone, reaped at once
+    assert torn is not None
+    assert module._collect_work(torn, lambda: "redone", unreaped) == "redone"
+    assert unreaped == [forked[0]]
+    with pytest.raises(ChildProcessError):
+        os.waitpid(torn[0], os.WNOHANG)
+
+
+# A census that succeeds with NVML's child and two forked readers (told a driver is
+# registered and 2,000 processes): every child is reaped by the time it returns.
+SUCCEEDED_WITH_FORKS = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import node_census as census
+census.nvidia_registered = lambda proc_root="/proc": True
+pids = census.list_pids()
+census.list_pids = lambda proc_root="/proc": pids * (1 + 2000 // len(pids))
+document = census.census(workers=2, fds=False)
+me = os.getpid()
+print(json.dumps({"readers": document["observer"]["readers"],
+                  "gpu_reader": document["observer"]["gpu_reader"],
+                  "children": open("/proc/%d/task/%d/children" % (me, me)).read().split()}))
+"""
+
+
+def test_a_census_that_forks_leaves_no_child() -> None:
+    """NVML's child and the readers hand their results over before they exit; the census
+    reaps them all before it returns."""
+    result = subprocess.run([sys.executable, "-c", SUCCEEDED_WITH_FORKS, str(PROGRAM.parent)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout) == {"readers": 2, "gpu_reader": "forked", "children": []}
+
+
 def test_program_is_self_contained_without_site_packages() -> None:
     """In a bare container: no chaosgpu, no pynvml (python -I -S): still one JSON document."""
     result = subprocess.run([sys.executable, "-I", "-S", str(PROGRAM), "--pid", str(os.getpid())],
