@@ -129,14 +129,15 @@ def _where_time_goes(snapshot: list[str], env: dict[str, str], repeat: int) -> s
 
 
 # Run in a new interpreter (this bench's process has NVML initialised): forks one child after
-# another, each as the snapshot's NVML child runs: pynvml imported, NVML initialised, the GPU
-# section read, its result written to a pipe, then exit ("exit": the pipe closes with the
-# child's files; "close": the child closes its end first). Prints per phase the median ms.
+# another, each as the snapshot's NVML child runs: ctypes imported, NVML's library loaded and
+# initialised (the census's own calls, no pynvml), the GPU section read, its result written to
+# a pipe, then exit ("exit": the pipe closes with the child's files; "close": the child closes
+# its end first, as the census's children do). Prints per phase the median ms.
 NVML_CHILD = r"""
 import marshal, os, statistics, sys, time
 from chaosgpu.node import census_module
 census = census_module()
-names = ("fork", "import pynvml", "nvmlInit and handles", "GPU section",
+names = ("fork", "import ctypes", "NVML loaded, initialised, handles", "GPU section",
          "result written until the parent reads its end", "then reaped")
 phases = {mode: [[] for _ in names] for mode in ("exit", "close")}
 for _ in range(int(sys.argv[1])):
@@ -147,7 +148,7 @@ for _ in range(int(sys.argv[1])):
         if child == 0:
             os.close(read_fd)
             marks = [time.perf_counter()]
-            import pynvml
+            import ctypes  # noqa: F401 (its import is a phase of its own)
             marks.append(time.perf_counter())
             census._nvml()
             marks.append(time.perf_counter())
@@ -184,8 +185,9 @@ def _nvml_child_costs(env: dict[str, str], repeat: int) -> str:
     if result.returncode != 0:
         return f"NVML's child: could not be measured: {result.stderr.strip()[-300:]}"
     modes = "; ".join(result.stdout.strip().splitlines())
-    return (f"NVML's child, from fork to reaped (medians of {repeat}, ms; exit: as the snapshot's "
-            f"child ends, close: its pipe closed before it exits): {modes}")
+    return (f"NVML's child, from fork to reaped (medians of {repeat}, ms; exit: its pipe closed "
+            f"by its exit, close: closed before it exits, as the census's children do; the "
+            f"census reaps them once it is made): {modes}")
 
 
 #: the files each reads per process: the census's five (docs/census.md) and what procps's ps

@@ -8,10 +8,12 @@ checkout's probes/; give two to compare two trees, e.g. a checkout of the previo
 told that an NVIDIA driver is registered (`nvidia_registered` answers True), and takes a
 one-shot census as `chaosgpu snapshot` does (`workers=0`, no fd scan). The census then reads
 NVML as on a GPU node (a forked child or a thread: `observer.gpu_reader`); here that reading is
-pynvml's import and a failed NVML init (no library), the part of NVML's cost that is not the
-driver's. pynvml must be importable (nvidia-ml-py). Trees and `ps` are measured interleaved;
-it prints the median time of the interpreter with the census (imports included), the whole
-process, and `ps`, with the ratio to `ps`, and writes bench/results/nvml-overlap-<date>.txt.
+the loading of NVML and a failed init (no library): the part of NVML's cost that is not the
+driver's. Trees before round 16 load NVML with pynvml's import, later ones with ctypes' import
+and their own calls; pynvml must be importable (nvidia-ml-py) for the older trees. Trees and
+`ps` are measured interleaved; it prints the median time of the interpreter with the census
+(imports included), the whole process, and `ps`, with the ratio to `ps`, and writes
+bench/results/nvml-overlap-<date>.txt.
 The sleepers it forks are killed and reaped before it exits; the last line proves it.
 """
 
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import pynvml  # noqa: F401  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
-        parser.error("pynvml (nvidia-ml-py) is needed: the census's NVML child imports it")
+        parser.error("pynvml (nvidia-ml-py) is needed: the NVML child of trees before round 16 "
+                     "imports it")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     subprocess.run([sys.executable, "-m", "compileall", "-q", *args.program_dir,
                     str(Path(pynvml.__file__))], env=env, stdout=subprocess.DEVNULL, check=False)

@@ -4,9 +4,10 @@
 
 This in-target program runs where chaosgpu is not installed (a container, a node, through the
 Kubernetes exec API) and is loaded as a module by `chaosgpu.node` locally, so every reading of
-/proc and NVML in the project lives here and only here. It needs the standard library and,
-optionally, NVIDIA's `pynvml` (nvidia-ml-py); the syntax stays Python 3.8 compatible because old
-containers run it. It must not change anything on the node: it only reads.
+/proc and NVML in the project lives here and only here. It needs the standard library alone:
+NVML is called through ctypes in the driver's libnvidia-ml.so.1, where the node has one (no
+pynvml); the syntax stays Python 3.8 compatible because old containers run it. It must not
+change anything on the node: it only reads.
 
 Run it as a program: ``python3 node_census.py [--no-env] [--no-fds] [--no-gpu] [--pid N]
 [--proc-root DIR] [--gpu-snapshot FILE|-]`` (or ``--tcp-sockets``) prints one JSON document
@@ -1161,9 +1162,9 @@ _NVML_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeR
 
 
 def _nvml() -> Tuple[Any, Optional[str]]:
-    """Initialise NVML; return (pynvml module, None) or (None, reason). A failed
-    initialisation (no driver yet, no GPU) is retried on a later call, after a backoff of
-    ``NVML_RETRY_FIRST_S`` doubling up to ``NVML_RETRY_MAX_S``; pynvml missing is final."""
+    """Initialise NVML; return (the library as ``_load_nvml`` gives it, None) or (None,
+    reason). A failed initialisation (no driver yet, no library, no GPU) is retried on a later
+    call, after a backoff of ``NVML_RETRY_FIRST_S`` doubling up to ``NVML_RETRY_MAX_S``."""
     if _NVML["module"] is not None or (
             _NVML["tried"] and (_NVML["retry_at"] is None or time.monotonic() < _NVML["retry_at"])):
         return _NVML["module"], _NVML["reason"]
@@ -1174,63 +1175,150 @@ def _nvml() -> Tuple[Any, Optional[str]]:
     return _NVML["module"], _NVML["reason"]
 
 
-def _importable(name: str) -> bool:
-    """Whether a top-level module could be imported, asked of the import system's finders
-    without importing it (nor importlib.util: 5 ms of a snapshot's start)."""
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
+class NVMLError(Exception):
+    """An NVML call that did not succeed: ``value`` is NVML's return code (``nvmlReturn_t``),
+    the message NVML's own text for it."""
+
+    def __init__(self, value: int, text: str = "") -> None:
+        Exception.__init__(self, text or "NVML error %d" % value)
+        self.value = value
+
+
+class _NvmlLibrary:
+    """The driver's NVML (libnvidia-ml.so.1) called through ctypes: only the calls the census
+    makes, under NVML's own names, so that the census reads NVML with the standard library
+    alone. pynvml's import costs more than NVML's init (15.9 ms of NVML's 32 ms child on an
+    H100 host, ctypes.util's imports the larger part); this costs ctypes' import. Each call
+    raises ``NVMLError`` with NVML's code where it does not return NVML_SUCCESS."""
+
+    NVML_SUCCESS = 0
+    NVML_ERROR_INSUFFICIENT_SIZE = 7
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    NVMLError = NVMLError
+
+    def __init__(self, ctypes: Any, library: Any) -> None:
+        self._ctypes = ctypes
+        self._library = library
+        library.nvmlErrorString.restype = ctypes.c_char_p
+
+        class ProcessInfo(ctypes.Structure):  # nvmlProcessInfo_v2_t, the same in _v3
+            _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                        ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+        class Memory(ctypes.Structure):  # nvmlMemory_t
+            _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                        ("used", ctypes.c_ulonglong)]
+
+        self.c_nvmlProcessInfo_v3_t = ProcessInfo
+        self._memory = Memory
+
+    def _call(self, name: str, *args: Any) -> None:
+        code = self._nvmlGetFunctionPointer(name)(*args)
+        if code != self.NVML_SUCCESS:
+            text = self._library.nvmlErrorString(code)
+            raise NVMLError(code, text.decode(errors="replace") if text else "")
+
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:  # noqa: N802 (NVML's naming)
+        """The library's function ``name``; NVMLError (function not found) where this
+        driver lacks it."""
         try:
-            if find_spec is not None and find_spec(name, None) is not None:
-                return True
-        except (ImportError, ValueError):
-            continue
-    return False
+            return getattr(self._library, name)
+        except AttributeError:
+            raise NVMLError(self.NVML_ERROR_FUNCTION_NOT_FOUND,
+                            "Function Not Found: %s" % name) from None
+
+    def _text(self, name: str, handle: Any, size: int) -> bytes:
+        buffer = self._ctypes.create_string_buffer(size)
+        if handle is None:
+            self._call(name, buffer, self._ctypes.c_uint(size))
+        else:
+            self._call(name, handle, buffer, self._ctypes.c_uint(size))
+        return buffer.value
+
+    def nvmlInit(self) -> None:  # noqa: N802
+        """nvmlInit_v2."""
+        self._call("nvmlInit_v2")
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        """nvmlShutdown."""
+        self._call("nvmlShutdown")
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        """The GPUs NVML sees."""
+        count = self._ctypes.c_uint(0)
+        self._call("nvmlDeviceGetCount_v2", self._ctypes.byref(count))
+        return count.value
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:  # noqa: N802
+        """The handle of GPU ``index`` (an opaque pointer)."""
+        handle = self._ctypes.c_void_p()
+        self._call("nvmlDeviceGetHandleByIndex_v2", self._ctypes.c_uint(index),
+                   self._ctypes.byref(handle))
+        return handle
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:  # noqa: N802
+        """The driver's version."""
+        return self._text("nvmlSystemGetDriverVersion", None, 80)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> bytes:  # noqa: N802
+        """A GPU's UUID."""
+        return self._text("nvmlDeviceGetUUID", handle, 96)
+
+    def nvmlDeviceGetName(self, handle: Any) -> bytes:  # noqa: N802
+        """A GPU's product name."""
+        return self._text("nvmlDeviceGetName", handle, 96)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:  # noqa: N802
+        """A GPU's memory: ``total``, ``free``, ``used`` (bytes)."""
+        memory = self._memory()
+        self._call("nvmlDeviceGetMemoryInfo", handle, self._ctypes.byref(memory))
+        return memory
+
+
+def _load_nvml() -> Any:
+    """NVML's library as the census calls it (``_NvmlLibrary``); raises OSError where
+    libnvidia-ml.so.1 cannot be loaded (no driver installed, or not mounted here)."""
+    import ctypes
+
+    return _NvmlLibrary(ctypes, ctypes.CDLL("libnvidia-ml.so.1"))
 
 
 def _nvml_init() -> None:
     _NVML["tried"] = True
     _NVML["attempts"] += 1
-    if "pynvml" not in sys.modules and not nvidia_registered():
-        # no driver registered yet: NVML cannot work; say why without importing pynvml (10 ms a
-        # snapshot), and try again after the backoff (a DaemonSet may start before the driver)
-        if not _importable("pynvml"):
-            _NVML.update(reason="pynvml (nvidia-ml-py) not installed", retry_at=None)
-            return
-        backoff = min(NVML_RETRY_MAX_S, max(NVML_RETRY_FIRST_S, 2.0 * _NVML["backoff_s"]))
+    backoff = min(NVML_RETRY_MAX_S, max(NVML_RETRY_FIRST_S, 2.0 * _NVML["backoff_s"]))
+    if not nvidia_registered():
+        # no driver registered yet: NVML cannot work; say why without loading its library,
+        # and try again after the backoff (a DaemonSet may start before the driver)
         _NVML.update(reason="NVML unavailable: " + NO_NVIDIA_DEVICE, handles=None,
                      backoff_s=backoff, retry_at=time.monotonic() + backoff)
         return
-    try:
-        import pynvml  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except Exception as error:  # ImportError, or a broken install: no retry
-        _NVML["reason"] = "pynvml (nvidia-ml-py) not installed: %s" % (error,)
-        _NVML["retry_at"] = None
-        return
+    nvml = None
     initialised = False
     try:
-        pynvml.nvmlInit()
+        nvml = _load_nvml()
+        nvml.nvmlInit()
         initialised = True
-        count = pynvml.nvmlDeviceGetCount()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        count = nvml.nvmlDeviceGetCount()
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         reason = None if handles else "NVML found no GPU"
-    except Exception as error:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception as error:  # no library, driver not loaded, ...
         handles, reason = [], "NVML unavailable: %s" % (error,)
     if reason is None:
-        _NVML.update(module=pynvml, handles=handles, reason=None, retry_at=None, backoff_s=0.0)
+        _NVML.update(module=nvml, handles=handles, reason=None, retry_at=None, backoff_s=0.0)
         return
     if initialised:
         try:
-            pynvml.nvmlShutdown()
+            nvml.nvmlShutdown()
         except Exception:
             pass
-    backoff = min(NVML_RETRY_MAX_S, max(NVML_RETRY_FIRST_S, 2.0 * _NVML["backoff_s"]))
     _NVML.update(reason=reason, handles=None, backoff_s=backoff,
                  retry_at=time.monotonic() + backoff)
 
 
 def nvml_init_state() -> Dict[str, Any]:
     """Where NVML's initialisation stands: ``{"available", "reason", "attempts",
-    "retry_in_s"}`` (``retry_in_s`` None when no retry is due: NVML up, or pynvml missing)."""
+    "retry_in_s"}`` (``retry_in_s`` None when no retry is due: NVML up)."""
     retry_at = _NVML["retry_at"] if _NVML["module"] is None else None
     return {"available": _NVML["module"] is not None, "reason": _NVML["reason"],
             "attempts": _NVML["attempts"],
@@ -1249,7 +1337,7 @@ def _used_mib(value: Any) -> Optional[float]:
         value = int(value)
     except (TypeError, ValueError):
         return None
-    # NVML_VALUE_NOT_AVAILABLE is (unsigned long long)-1; pynvml maps it to None.
+    # NVML_VALUE_NOT_AVAILABLE is (unsigned long long)-1 (a stand-in may give None)
     if value < 0 or value >= 2 ** 63:
         return None
     return value / _NVML_MIB
@@ -1263,32 +1351,34 @@ _NVML_ROOM = {}  # type: Dict[str, int]
 _NVML_RAW = {}  # type: Dict[str, Any]
 
 
-def _raw_listing(pynvml: Any, getter: str) -> Any:
-    """The driver's own ``<getter>_v3`` and pynvml's entry struct, or None where this pynvml
-    lacks them (then pynvml's function is called). Resolved once per getter."""
+def _raw_listing(nvml: Any, getter: str) -> Any:
+    """The driver's ``<getter>_v3`` (else ``_v2``: the same entries) and its entry struct, or
+    None where the library lacks both (a stand-in's own ``getter`` is called then). Resolved
+    once per getter."""
     if getter not in _NVML_RAW:
         raw = None
-        struct = getattr(pynvml, "c_nvmlProcessInfo_v3_t", None)
-        resolve = getattr(pynvml, "_nvmlGetFunctionPointer", None)
-        if struct is not None and resolve is not None:
+        struct = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
+        resolve = getattr(nvml, "_nvmlGetFunctionPointer", None)
+        for version in ("_v3", "_v2") if struct is not None and resolve is not None else ():
             try:
-                raw = (resolve(getter + "_v3"), struct)
-            except Exception:  # FunctionNotFound on an older driver
-                raw = None
+                raw = (resolve(getter + version), struct)
+                break
+            except Exception:  # function not found on an older driver
+                continue
         _NVML_RAW[getter] = raw
     return _NVML_RAW[getter]
 
 
-def _listing(pynvml: Any, getter: str, handle: Any) -> List[Tuple[int, Any]]:
+def _listing(nvml: Any, getter: str, handle: Any) -> List[Tuple[int, Any]]:
     """One NVML process listing of one GPU as ``[(pid, used bytes or None)]``. One driver call
     into room sized from the last listing (pynvml's function makes two, the count then the
     entries, and builds an object per entry: twice the driver's time with 100 processes); a
     listing that outgrew the room is asked again with the count the driver gave. Raises
-    pynvml's NVMLError as pynvml's function would."""
-    raw = _raw_listing(pynvml, getter)
+    NVMLError (NVML's code as ``value``)."""
+    raw = _raw_listing(nvml, getter)
     if raw is None:
         return [(int(entry.pid), getattr(entry, "usedGpuMemory", None))
-                for entry in getattr(pynvml, getter)(handle)]
+                for entry in getattr(nvml, getter)(handle)]
     function, struct = raw
     import ctypes
 
@@ -1297,15 +1387,15 @@ def _listing(pynvml: Any, getter: str, handle: Any) -> List[Tuple[int, Any]]:
         count = ctypes.c_uint(room)
         entries = (struct * room)()
         code = function(handle, ctypes.byref(count), entries)
-        if code == pynvml.NVML_SUCCESS:
+        if code == nvml.NVML_SUCCESS:
             return [(int(entries[i].pid), entries[i].usedGpuMemory) for i in range(count.value)]
-        if code != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-            raise pynvml.NVMLError(code)
+        if code != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            raise nvml.NVMLError(code)
         room = _NVML_ROOM[getter] = 2 * count.value + 16  # processes start while we ask
-    raise pynvml.NVMLError(code)
+    raise nvml.NVMLError(code)
 
 
-def _listed(pynvml: Any, index: int, handle: Any,
+def _listed(nvml: Any, index: int, handle: Any,
             getters: Tuple[str, ...] = _NVML_LISTS) -> List[Dict[str, Any]]:
     """NVML's processes of one GPU as ``[{"pid", "used_mib"}]``: the listings of `getters`
     (compute, MPS compute, graphics by default) where this driver has them, each PID once
@@ -1313,10 +1403,11 @@ def _listed(pynvml: Any, index: int, handle: Any,
     processes = []  # type: List[Dict[str, Any]]
     seen = set()
     for getter in getters:
-        if (getter, index) in _NVML_REFUSED or not hasattr(pynvml, getter):
+        if (getter, index) in _NVML_REFUSED or (
+                _raw_listing(nvml, getter) is None and not hasattr(nvml, getter)):
             continue
         try:
-            found = _listing(pynvml, getter, handle)
+            found = _listing(nvml, getter, handle)
         except Exception as error:  # not supported on this device / driver
             name = type(error).__name__
             if getattr(error, "value", None) in _NVML_REFUSALS or "NotSupported" in name or \
@@ -1335,11 +1426,11 @@ def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
     [{"index", "uuid", "name", "memory_used_mib", "memory_total_mib", "processes": [{"pid",
     "used_mib"}]}]}``. PIDs are NVML's, i.e. of the host's PID namespace. NVML missing, no
     driver or no GPU gives ``{"available": false, "reason": "..."}``; never raises."""
-    pynvml, reason = _nvml()
-    if pynvml is None:
+    nvml, reason = _nvml()
+    if nvml is None:
         return {"available": False, "reason": reason, "driver": None, "devices": []}
     try:
-        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        driver = _text(nvml.nvmlSystemGetDriverVersion())
     except Exception:
         driver = None
     devices = []
@@ -1348,13 +1439,13 @@ def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
         device = {"index": index, "uuid": None, "name": None, "memory_used_mib": None,
                   "memory_total_mib": None, "processes": []}  # type: Dict[str, Any]
         try:
-            device["uuid"] = _text(pynvml.nvmlDeviceGetUUID(handle))
-            device["name"] = _text(pynvml.nvmlDeviceGetName(handle))
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            device["uuid"] = _text(nvml.nvmlDeviceGetUUID(handle))
+            device["name"] = _text(nvml.nvmlDeviceGetName(handle))
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             device["memory_used_mib"] = memory.used / _NVML_MIB
             device["memory_total_mib"] = memory.total / _NVML_MIB
             if with_processes:
-                device["processes"] = _listed(pynvml, index, handle)
+                device["processes"] = _listed(nvml, index, handle)
         except Exception as error:  # a GPU fallen off the bus, ...
             device["error"] = str(error)
             errors.append("GPU %d: %s" % (index, error))
@@ -1369,10 +1460,10 @@ def nvml_snapshot(with_processes: bool = True) -> Dict[str, Any]:
 def nvml_device_memory() -> List[Dict[str, Any]]:
     """Fast path for a 100 Hz sampler: ``[{"index", "used_mib", "total_mib"}]`` per GPU, one
     NVML memory query each (~10 us). Empty list when NVML is not available."""
-    pynvml, _ = _nvml()
-    if pynvml is None:
+    nvml, _ = _nvml()
+    if nvml is None:
         return []
-    get = pynvml.nvmlDeviceGetMemoryInfo
+    get = nvml.nvmlDeviceGetMemoryInfo
     result = []
     for index, handle in enumerate(_NVML["handles"]):
         memory = get(handle)
@@ -1386,12 +1477,12 @@ def nvml_gpu_processes() -> List[Dict[str, Any]]:
     process on every GPU (host PIDs), MPS clients included where the driver lists them (each
     PID once per GPU). One driver call per listing: ~10 us idle, a few ms with 100 processes:
     sample it less often than device memory. Empty list when NVML is not available."""
-    pynvml, _ = _nvml()
-    if pynvml is None:
+    nvml, _ = _nvml()
+    if nvml is None:
         return []
     return [dict(process, gpu_index=index)
             for index, handle in enumerate(_NVML["handles"])
-            for process in _listed(pynvml, index, handle, _NVML_LISTS[:2])]
+            for process in _listed(nvml, index, handle, _NVML_LISTS[:2])]
 
 
 # --------------------------------------------------------------------------------------------
@@ -2547,7 +2638,7 @@ class _GpuReading:
     thread, started only after any reader is forked; or, ``start(fork=True)`` (a one-shot
     census whose readers may be forked: ``workers`` other than 1, no cache), in a child forked
     first thing in the census, when this process is single-threaded (as the kernel counts
-    threads) and has not initialised NVML: a snapshot then pays neither pynvml's import nor
+    threads) and has not initialised NVML: a snapshot then pays neither NVML's loading nor
     NVML's calls under its own GIL (on the H200 they cost the snapshot 44 ms of its 115 at
     1,000 processes, on a thread), and they overlap the whole census."""
 
@@ -2570,10 +2661,10 @@ class _GpuReading:
                 or not self.gpu:
             return
         registered = _NVML["module"] is not None or nvidia_registered()
-        if not registered and "pynvml" not in sys.modules:
+        if not registered:
             # no driver registered: NVML's answer (unavailable, and why) takes no call to the
-            # driver nor pynvml's import, so it is read here, with no thread (~2 ms of a
-            # snapshot's start on 2 cores)
+            # driver nor its library's loading, so it is read here, with no thread (~2 ms of
+            # a snapshot's start on 2 cores)
             self.reader = "inline"
             self.section = nvml_snapshot()
             return
@@ -2731,8 +2822,8 @@ def _census(gpu_reading: _GpuReading, proc_root: str, env: bool, fds: Union[bool
     taken_at = time.time()
     errors = []  # type: List[str]
     # a one-shot census whose readers may be forked (a snapshot) forks NVML's child before
-    # anything else: on a GPU node pynvml's import and NVML's init outlast the reading of
-    # 1,000 processes (no thread yet: one starts once any reader is forked)
+    # anything else: on a GPU node NVML's init and handles outlast the reading of 1,000
+    # processes (no thread yet: one starts once any reader is forked)
     gpu_reading.start(fork=not cache and workers != 1, thread=False)
     observer = _observer(proc_root)
     proc_ns = _proc_ns(proc_root)

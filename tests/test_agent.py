@@ -663,8 +663,9 @@ def test_release_time_gives_up_at_its_deadline(agent: Agent) -> None:
 # -- NVML coming up after the agent (a fake NVML: no GPU here) ---------------------------------
 
 class FakeNVML(types.ModuleType):
-    """pynvml's functions the census and the sampler call, for one GPU: failing with "Driver
-    Not Loaded" until `working`, then listing `compute` and `mps` processes (pid, bytes)."""
+    """NVML's calls as the census's library makes them (``_load_nvml``), with pynvml's high-level
+    listings (no raw symbols), for one GPU: failing with "Driver Not Loaded" until `working`,
+    then listing `compute` and `mps` processes (pid, bytes)."""
 
     class NVMLError_DriverNotLoaded(Exception):  # noqa: N801 (pynvml's naming)
         pass
@@ -714,8 +715,9 @@ class FakeNVML(types.ModuleType):
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """NVML replaced by a FakeNVML, the census program's NVML state new (and put back after),
-    short retry backoffs."""
+    """NVML replaced by a FakeNVML (the test hands it to the census's loader), a driver said to
+    be registered, the census program's NVML state new (and put back after), short retry
+    backoffs."""
     module = census_module()
     saved = dict(module._NVML)
     module._NVML.update(module=None, reason=None, handles=None, tried=False, attempts=0,
@@ -725,6 +727,7 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for memo in ("_NVML_REFUSED", "_NVML_RAW", "_NVML_ROOM"):
         monkeypatch.setattr(module, memo, type(getattr(module, memo))())
     monkeypatch.setattr(agent_timeline, "NVML_CHECK_S", 0.2)
+    monkeypatch.setattr(module, "nvidia_registered", lambda proc_root="/proc": True)
     holders = {}
     try:
         yield holders
@@ -738,7 +741,7 @@ def test_nvml_failing_at_start_is_retried_and_mps_processes_are_listed(
     compute, client = _hold(8, "agent-gpu"), _hold(8, "agent-mps")
     fake = FakeNVML(compute=[(compute.pid, 2**30)],
                     mps=[(compute.pid, 2**30), (client.pid, 512 * 2**20)])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(census_module(), "_load_nvml", lambda: fake)
     running = _start(ttl=0.1)
     try:
         snapshot = running.get("/v1/snapshot", fresh=1, processes=0).json()

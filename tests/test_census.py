@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from census_helpers import LEADER_EXITS, PROGRAM, REPO, pod, run_program, wait_for
+from conftest import find_tool
 
 from chaosgpu import node
 from chaosgpu.node import cli
@@ -223,14 +224,19 @@ def test_nvml_missing_is_a_value_with_a_reason(monkeypatch: pytest.MonkeyPatch) 
     snapshot = node.nvml_snapshot()
     assert snapshot["available"] is False and snapshot["reason"]
     assert node.nvml_device_memory() == [] and node.nvml_gpu_processes() == []
-    # pynvml itself missing (an old container): a reason that says so
+    assert "no NVIDIA character device" in snapshot["reason"]
+    # a driver registered but its library missing (a container without it mounted): the
+    # loader's error is the reason, and no pynvml is imported for it
     monkeypatch.setitem(census_module._NVML, "tried", False)
     monkeypatch.setitem(census_module._NVML, "module", None)
-    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(census_module, "nvidia_registered", lambda proc_root="/proc": True)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it would raise
     snapshot = node.nvml_snapshot()
     assert snapshot == {"available": False, "driver": None, "devices": [],
                         "reason": snapshot["reason"]}
-    assert "pynvml (nvidia-ml-py) not installed" in snapshot["reason"]
+    assert snapshot["reason"].startswith("NVML unavailable: ")
+    assert "libnvidia-ml.so.1" in snapshot["reason"]
+    assert census_module.nvml_init_state()["retry_in_s"] is not None  # tried again later
     monkeypatch.setitem(census_module._NVML, "tried", False)
 
 
@@ -309,6 +315,60 @@ def test_a_process_listing_is_one_driver_call_into_room_grown_from_the_last(
     assert fake.calls == 1 and fake.rooms == [216]
     fake.processes = []
     assert node.nvml_gpu_processes() == []
+
+
+@pytest.fixture
+def nvml_standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The census's NVML library on tests/data/nvml_standin.c (NVML's C calls for two GPUs,
+    built here with gcc): a driver said to be registered, NVML's state new."""
+    compiler = find_tool("gcc") or find_tool("cc")
+    if compiler is None:
+        pytest.skip("missing tool: gcc (apt-get install gcc)")
+    library = tmp_path / "libnvml_standin.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
+                    str(Path(__file__).parent / "data" / "nvml_standin.c")], check=True,
+                   timeout=120)
+    for memo in ("_NVML_REFUSED", "_NVML_RAW", "_NVML_ROOM"):
+        monkeypatch.setattr(census_module, memo, type(getattr(census_module, memo))())
+    for key, value in (("module", None), ("reason", None), ("handles", None), ("tried", False),
+                       ("attempts", 0), ("retry_at", 0.0), ("backoff_s", 0.0)):
+        monkeypatch.setitem(census_module._NVML, key, value)
+    monkeypatch.setattr(census_module, "nvidia_registered", lambda proc_root="/proc": True)
+    import ctypes
+
+    monkeypatch.setattr(census_module, "_load_nvml", lambda: census_module._NvmlLibrary(
+        ctypes, ctypes.CDLL(str(library))))
+    return library
+
+
+def test_nvml_is_called_through_ctypes_with_nvmls_codes(
+        nvml_standin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The census reads NVML through its own ctypes calls (no pynvml): driver, UUIDs, names,
+    memory, the process listings (_v3, else _v2; one a driver lacks is skipped); a call that
+    fails is NVMLError with NVML's code and text, kept as that GPU's error."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it would raise
+    monkeypatch.setenv("NVML_STANDIN_PID", str(os.getpid()))
+    section = node.nvml_snapshot()
+    assert section["available"] is True and section["driver"] == "580.0-standin"
+    first, second = section["devices"]
+    assert first == {"index": 0, "uuid": "GPU-standin-0", "name": "Stand-in H200",
+                     "memory_used_mib": 1639.0, "memory_total_mib": 143771.0,
+                     "processes": [{"pid": os.getpid(), "used_mib": 1024.0}]}
+    assert second["uuid"] == "GPU-standin-1" and second["name"] is None
+    assert second["error"] == "Not Supported" and section["errors"] == ["GPU 1: Not Supported"]
+    assert node.nvml_gpu_processes() == [{"pid": os.getpid(), "used_mib": 1024.0,
+                                          "gpu_index": 0}]
+    assert [m["used_mib"] for m in node.nvml_device_memory()] == [1639.0, 0.0]
+    library = census_module._NVML["module"]
+    with pytest.raises(census_module.NVMLError) as failed:
+        library.nvmlDeviceGetHandleByIndex(7)
+    assert failed.value.value == 2 and str(failed.value) == "Unknown Error"
+    with pytest.raises(census_module.NVMLError) as missing:
+        library._nvmlGetFunctionPointer("nvmlDeviceGetGraphicsRunningProcesses_v3")
+    assert missing.value.value == 13
+    # the graphics listing: neither _v3 nor _v2 in this library, so not asked
+    assert census_module._NVML_RAW["nvmlDeviceGetGraphicsRunningProcesses"] is None
+    assert census_module._NVML_RAW["nvmlDeviceGetMPSComputeRunningProcesses"] is not None
 
 
 def test_program_prints_one_json_document() -> None:
@@ -696,13 +756,14 @@ def test_a_census_that_forks_leaves_no_child() -> None:
 
 
 def test_program_is_self_contained_without_site_packages() -> None:
-    """In a bare container: no chaosgpu, no pynvml (python -I -S): still one JSON document."""
+    """In a bare container: no chaosgpu, no pynvml (python -I -S): still one JSON document,
+    NVML read with the standard library (here: no driver, and the reason says so)."""
     result = subprocess.run([sys.executable, "-I", "-S", str(PROGRAM), "--pid", str(os.getpid())],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["gpu"]["available"] is False
-    assert "pynvml (nvidia-ml-py) not installed" in document["gpu"]["reason"]
+    assert document["gpu"]["reason"].startswith("NVML unavailable: ")
     assert document["processes"][0]["pid"] == os.getpid()
 
 

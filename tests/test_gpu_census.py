@@ -126,10 +126,16 @@ def test_fast_paths_and_record_a_snapshot(namespaced_worker) -> None:  # type: i
                                     "nvml_device_memory_us": per_call_us}, indent=2))
 
 
-def test_the_one_call_listing_agrees_with_pynvml(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
-    """The census's one-call process listing (raw NVML v3 into room sized from the last
-    listing) gives what pynvml's own function gives, also when the room is too small at first
-    (no room at all: the driver's count is asked again)."""
+def _text(value: object) -> str:
+    """pynvml's text (bytes in older releases, str in newer)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def test_the_census_nvml_calls_agree_with_pynvml(namespaced_worker) -> None:  # type: ignore[no-untyped-def]
+    """The census's own ctypes calls into libnvidia-ml (no pynvml) give what pynvml gives:
+    driver version, each GPU's UUID, name and memory, and the one-call process listing (raw
+    v3 into room sized from the last listing), also when the room is too small at first (no
+    room at all: the driver's count is asked again). A census process never imports pynvml."""
     import pynvml
 
     runner, worker = namespaced_worker
@@ -137,14 +143,34 @@ def test_the_one_call_listing_agrees_with_pynvml(namespaced_worker) -> None:  # 
     module._NVML_ROOM["nvmlDeviceGetComputeRunningProcesses"] = 0
     ours = {(p["gpu_index"], p["pid"], p["used_mib"]) for p in node.nvml_gpu_processes()}
     assert module._NVML_ROOM["nvmlDeviceGetComputeRunningProcesses"] >= 16
-    assert module._raw_listing(pynvml, "nvmlDeviceGetComputeRunningProcesses") is not None
-    theirs = set()
-    for index in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for entry in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            theirs.add((index, int(entry.pid), entry.usedGpuMemory / 2**20
-                        if entry.usedGpuMemory is not None else None))
+    library = module._NVML["module"]
+    assert isinstance(library, module._NvmlLibrary)
+    assert module._raw_listing(library, "nvmlDeviceGetComputeRunningProcesses") is not None
+    section = node.nvml_snapshot()
+    pynvml.nvmlInit()
+    try:
+        assert section["driver"] == _text(pynvml.nvmlSystemGetDriverVersion())
+        theirs = set()
+        assert len(section["devices"]) == pynvml.nvmlDeviceGetCount()
+        for index, device in enumerate(section["devices"]):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            assert device["uuid"] == _text(pynvml.nvmlDeviceGetUUID(handle))
+            assert device["name"] == _text(pynvml.nvmlDeviceGetName(handle))
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            assert device["memory_total_mib"] == memory.total / 2**20
+            assert abs(device["memory_used_mib"] - memory.used / 2**20) < 64
+            for entry in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                theirs.add((index, int(entry.pid), entry.usedGpuMemory / 2**20
+                            if entry.usedGpuMemory is not None else None))
+    finally:
+        pynvml.nvmlShutdown()
     assert theirs <= ours and any(pid == worker for _, pid, _ in ours)
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import node_census as c; "
+            "s = c.nvml_snapshot(); print(json.dumps({'available': s['available'], "
+            "'pynvml': 'pynvml' in sys.modules}))")
+    result = subprocess.run([sys.executable, "-c", code, str(PROGRAM.parent)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout) == {"available": True, "pynvml": False}
 
 
 def test_a_snapshot_with_forked_readers_reads_nvml_in_a_forked_child(namespaced_worker) -> None:  # type: ignore[no-untyped-def]

@@ -156,7 +156,7 @@ def _agent(agent: dict[str, Any]) -> Iterator[Metric]:
     if "nvml_retry_in_s" in agent:
         yield GaugeMetricFamily("chaosgpu_agent_nvml_retry_in_seconds",
                                 "seconds until NVML's initialisation is tried again (NaN: "
-                                "none due, NVML is up or pynvml is missing)",
+                                "none due: NVML is up)",
                                 value=_value(agent["nvml_retry_in_s"]))
 
 
