@@ -51,12 +51,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # the chaosgpu under test: the installed one, else this checkout's
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _results import machine  # noqa: E402
 
+import chaosgpu  # noqa: E402
 from chaosgpu.node import census_module  # noqa: E402
+
+#: the folder the chaosgpu under test is imported from (every command of the bench uses it)
+UNDER_TEST = Path(chaosgpu.__file__).resolve().parent.parent
 
 # Reads lines "N" on stdin: forks sleepers until N exist, then prints "ready N". EOF or SIGTERM:
 # SIGKILL every sleeper, reap them all, exit.
@@ -117,7 +121,8 @@ def _where_time_goes(snapshot: list[str], env: dict[str, str], repeat: int) -> s
             runner()
             into.append(time.perf_counter() - began)
         began = time.perf_counter()
-        document = subprocess.run(snapshot, stdout=subprocess.PIPE, env=env, check=True).stdout
+        document = subprocess.run(snapshot, stdout=subprocess.PIPE, env=env, cwd=OUTSIDE,
+                                  check=True).stdout
         walls.append(time.perf_counter() - began)
         inside.append(json.loads(document)["duration_ms"] / 1000)
     start, imported_s, wall, census_s = (statistics.median(values) for values in
@@ -181,7 +186,7 @@ def _nvml_child_costs(env: dict[str, str], repeat: int) -> str:
     """Where the NVML child's time goes (GPU nodes): medians over `repeat` children forked
     one after another by a new interpreter, as the snapshot forks its NVML child."""
     result = subprocess.run([sys.executable, "-c", NVML_CHILD, str(repeat)], env=env,
-                            capture_output=True, text=True, check=False)
+                            cwd=OUTSIDE, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         return f"NVML's child: could not be measured: {result.stderr.strip()[-300:]}"
     modes = "; ".join(result.stdout.strip().splitlines())
@@ -251,10 +256,15 @@ def _kernel_share(repeat: int) -> str:
             f"readers (one forked) {halves * 1000:.1f} ms (x{ours / halves:.2f} of one)")
 
 
+#: where the bench's commands run: not this checkout, whose chaosgpu a `python3 -c` started
+#: here would import (its current folder first on sys.path) instead of the one under test
+OUTSIDE = "/"
+
+
 def _command(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
     def run() -> None:
         result = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env=env, check=False)
+                                env=env, cwd=OUTSIDE, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"{argv} failed: {result.stderr.decode()[-500:]}")
     return run
@@ -314,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     # the snapshot as installed: bytecode compiled once (an installed wheel has it), and the
     # environment as a user has it
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if UNDER_TEST == ROOT:  # not installed: this checkout, for the commands too
+        env["PYTHONPATH"] = str(ROOT)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "chaosgpu"),
                     str(ROOT / "probes")], env=env, stdout=subprocess.DEVNULL, check=False)
     snapshot = [*_chaosgpu(), "snapshot", "--json"]
@@ -333,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     say("snapshot run as: " + ("the installed `chaosgpu` command" if snapshot[0] != sys.executable
                                else "`python -m chaosgpu.cli` from the checkout") + ", from "
         + ("a virtual environment" if sys.prefix != sys.base_prefix else "the system Python"))
+    say("chaosgpu under test (the snapshot, the polled census, NVML's child): "
+        + ("this checkout's" if UNDER_TEST == ROOT else "the installed one"))
     say(f"fd scan on this node: {census.census(pids=[os.getpid()])['observer']['nvidia_fd_scan']}")
     scratch = tempfile.NamedTemporaryFile(prefix="chaosgpu-bench-", delete=False)
     scratch.close()
@@ -352,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
             total = len(census.list_pids())
             say(f"== {count} extra processes ({total} in /proc, spawned in "
                 f"{time.monotonic() - started:.1f} s); medians of {args.repeat}, interleaved")
-            picked = json.loads(subprocess.run(snapshot, stdout=subprocess.PIPE, env=env,
-                                               check=True).stdout)["observer"].get("readers")
+            picked = json.loads(subprocess.run(
+                snapshot, stdout=subprocess.PIPE, env=env, cwd=OUTSIDE, check=True,
+            ).stdout)["observer"].get("readers")
             say(f"  readers `chaosgpu snapshot` picks here (one untimed run): {picked}")
             say("  " + _where_time_goes(snapshot, env, args.repeat))
             say("  " + _kernel_share(args.repeat))
