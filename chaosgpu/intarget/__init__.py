@@ -1,6 +1,6 @@
 """Locate, load and run the in-target programs (the repository's `probes/` and `actions/`).
 
-The in-target programs are self-contained files (standard library + optional pynvml) that run
+The in-target programs are self-contained files (standard library only; NVML via ctypes) that run
 where chaosgpu is not installed: inside a container, through the Kubernetes exec API. The package
 uses the very same files locally, so a reading of /proc or NVML is written once. This module owns
 finding them (installed wheel or source checkout) and loading them as modules; it must not
