@@ -1293,7 +1293,7 @@ def _nvml_init() -> None:
         _NVML.update(reason="NVML unavailable: " + NO_NVIDIA_DEVICE, handles=None,
                      backoff_s=backoff, retry_at=time.monotonic() + backoff)
         return
-    nvml = None
+    nvml = None  # type: Any
     initialised = False
     try:
         nvml = _load_nvml()
@@ -1356,9 +1356,9 @@ def _raw_listing(nvml: Any, getter: str) -> Any:
     None where the library lacks both (a stand-in's own ``getter`` is called then). Resolved
     once per getter."""
     if getter not in _NVML_RAW:
-        raw = None
+        raw = None  # type: Any
         struct = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
-        resolve = getattr(nvml, "_nvmlGetFunctionPointer", None)
+        resolve = getattr(nvml, "_nvmlGetFunctionPointer", None)  # type: Any
         for version in ("_v3", "_v2") if struct is not None and resolve is not None else ():
             try:
                 raw = (resolve(getter + version), struct)
