@@ -1356,7 +1356,7 @@ def _raw_listing(nvml: Any, getter: str) -> Any:
     None where the library lacks both (a stand-in's own ``getter`` is called then). Resolved
     once per getter."""
     if getter not in _NVML_RAW:
-        raw = None  # type: Any
+        raw = None
         struct = getattr(nvml, "c_nvmlProcessInfo_v3_t", None)
         resolve = getattr(nvml, "_nvmlGetFunctionPointer", None)  # type: Any
         for version in ("_v3", "_v2") if struct is not None and resolve is not None else ():
