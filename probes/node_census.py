@@ -2613,6 +2613,79 @@ def _attribute(gpu: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
     return result
 
 
+#: a cached census lists /proc in full at least this often; in between it reads the processes
+#: of its last census and those of the PIDs the kernel allocated since (``_cached_listing``)
+FULL_LISTING_S = 10.0
+#: more PIDs allocated than this since the last cached census: /proc is listed in full (probing
+#: a PID costs about what listing five processes does)
+PROBED_PIDS_MAX = 200
+#: proc root -> [the kernel's last PID, read before the last cached census took its PIDs; when
+#: /proc was last listed in full (monotonic); the PIDs of the last cached census]
+_LISTINGS = {}  # type: Dict[str, List[Any]]
+
+
+def _processes_among(first: int, last: int) -> Optional[List[int]]:
+    """The PIDs from ``first`` to ``last`` that are processes (thread-group leaders) of this
+    process's PID namespace now, told by pidfd_open (a thread's ID and a free PID are refused:
+    ENOENT, ESRCH); None when it cannot be told here (no pidfd_open: Python < 3.9 or Linux
+    < 5.3; out of fds; refused by a seccomp filter)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    found = []  # type: List[int]
+    for pid in range(first, last + 1):
+        try:
+            os.close(pidfd_open(pid))
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+        except OSError:
+            return None
+        found.append(pid)
+    return found
+
+
+def _cached_listing(proc_root: str) -> Tuple[List[int], str]:
+    """The PIDs a cached census reads, and how they were found (the observer's ``listing``).
+    Listing /proc costs about 1 us a process (a tenth of a polled census). The kernel hands
+    PIDs out in turn, so a process started since the last cached census has a PID allocated
+    since the kernel's last PID read then: between full listings (at most FULL_LISTING_S
+    apart), a census of a /proc of its own PID namespace reads the processes of the last one
+    and the processes among the PIDs allocated since. /proc is listed in full the first time,
+    after FULL_LISTING_S, when PIDs wrapped, past PROBED_PIDS_MAX new PIDs, for another
+    namespace's /proc, or where the PIDs cannot be probed. A process given a PID of its
+    choosing (clone3's set_tid, for checkpoint/restore) is found at the next full listing."""
+    now = time.monotonic()
+    try:
+        last = last_pid(proc_root)  # type: Optional[int]
+    except (OSError, ValueError, IndexError):
+        last = None
+    previous = _LISTINGS.get(proc_root)
+    if previous is not None and last is not None and previous[0] is not None \
+            and previous[2] is not None and now - previous[1] < FULL_LISTING_S \
+            and 0 <= last - previous[0] <= PROBED_PIDS_MAX and shows_own_pid_ns(proc_root):
+        new = _processes_among(previous[0] + 1, last)
+        if new is not None:
+            allocated, previous[0] = last - previous[0], last
+            if new:  # a PID of the last census may be reused already: read once
+                known = set(previous[2])
+                new = [pid for pid in new if pid not in known]
+            return previous[2] + new, ("the last census's processes and %d new of %d PIDs "
+                                       "allocated since" % (len(new), allocated))
+    pids = list_pids(proc_root)
+    _LISTINGS[proc_root] = [last, now, None]
+    return pids, "full"
+
+
+def _remember_listing(proc_root: str, wanted: List[int],
+                      processes: Dict[int, Dict[str, Any]]) -> None:
+    """Keep the PIDs a cached census read for the next one (``_cached_listing``): those it
+    found, and those it did not whose /proc entry is still there (a stat that failed)."""
+    listing = _LISTINGS.get(proc_root)
+    if listing is not None:
+        listing[2] = [pid for pid in wanted if pid in processes
+                      or os.path.exists("%s/%d" % (proc_root, pid))]
+
+
 def _cache_before(proc_root: str) -> Optional[int]:
     """Clock ticks since boot before which a process is old enough to be cached (2 s ago)."""
     try:
@@ -2815,6 +2888,26 @@ def _census_without_gc(proc_root: str, env: bool, fds: Union[bool, str], gpu: bo
             gc.enable()
 
 
+def _wanted(proc_root: str, pids: Optional[Iterable[int]], cache: bool,
+            observer: Dict[str, Any], errors: List[str]) -> List[int]:
+    """The PIDs a census reads: ``pids`` when given, else those of ``proc_root`` (by
+    ``_cached_listing`` for a cached census, which says how in ``observer["listing"]``); a
+    listing that fails or finds no process is said in ``errors``."""
+    if pids is not None:
+        return list(pids)
+    try:
+        if cache:
+            wanted, observer["listing"] = _cached_listing(proc_root)
+        else:
+            wanted = list_pids(proc_root)
+    except OSError as error:
+        errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
+        return []
+    if not wanted:  # a live /proc always shows at least its reader
+        errors.append("no process directories under %s: not a /proc" % proc_root)
+    return wanted
+
+
 def _census(gpu_reading: _GpuReading, proc_root: str, env: bool, fds: Union[bool, str],
             pids: Optional[Iterable[int]], cgroup_root: str, cache: bool, detail: str,
             workers: int) -> Dict[str, Any]:
@@ -2833,14 +2926,7 @@ def _census(gpu_reading: _GpuReading, proc_root: str, env: bool, fds: Union[bool
         fd_mode = fds if not fds or nvidia_registered(proc_root) else NO_NVIDIA_DEVICE
     observer["nvidia_fd_scan"] = ("skipped: " + NO_NVIDIA_DEVICE if fd_mode == NO_NVIDIA_DEVICE
                                   else bool(fds))
-    try:
-        wanted = list(pids) if pids is not None else list_pids(proc_root)
-    except OSError as error:
-        wanted = []
-        errors.append("cannot list %s: %s" % (proc_root, _errno_name(error)))
-    else:
-        if not wanted and pids is None:  # a live /proc always shows at least its reader
-            errors.append("no process directories under %s: not a /proc" % proc_root)
+    wanted = _wanted(proc_root, pids, cache, observer, errors)
     processes, more, observer["readers"] = _read_all(wanted, proc_root, env, fd_mode, proc_ns,
                                                      detail == "lite", cache, workers,
                                                      gpu_reading)
@@ -2848,6 +2934,7 @@ def _census(gpu_reading: _GpuReading, proc_root: str, env: bool, fds: Union[bool
     observer["gpu_reader"] = gpu_reading.reader
     errors.extend(more)
     if cache and pids is None:
+        _remember_listing(proc_root, wanted, processes)
         for key in [k for k in _CACHE if k[0] == proc_root and k[1] not in processes]:
             del _CACHE[key]
         _drop_held_stats(proc_root, processes)

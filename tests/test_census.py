@@ -1127,3 +1127,74 @@ def test_files_served_a_page_at_a_time_are_read_to_their_end() -> None:
     # every child was killed and reaped by the parent: none is left
     assert [pid for pid, start in started.items()
             if node.process_state(pid, starttime=start) is not None] == []
+
+
+def _polled_pids() -> tuple[set[int], str]:
+    census = node.take_census(gpu=False, cache=True)
+    return {p["pid"] for p in census["processes"]}, census["observer"]["listing"]
+
+
+def test_a_polled_census_finds_new_processes_among_the_pids_allocated_since_the_last() -> None:
+    """Between full listings a cached census reads the last one's processes and the processes
+    among the PIDs the kernel allocated since: a new process is found, a new thread is not a
+    process, an exited process is gone, and the PIDs equal a full listing's."""
+    import threading
+
+    census_module._LISTINGS.clear()
+    assert _polled_pids()[1] == "full"  # the first time
+    release = threading.Event()
+    tids: list[int] = []
+    worker = threading.Thread(target=lambda: (tids.append(threading.get_native_id()),
+                                              release.wait(30)))
+    child = subprocess.Popen(["sleep", "30"])
+    worker.start()
+    try:
+        wait_for(lambda: tids, what="the thread's ID")
+        before = set(node.list_pids())
+        pids, listing = _polled_pids()
+        after = set(node.list_pids())
+        assert listing.startswith("the last census's processes and "), listing
+        assert child.pid in pids and tids[0] not in pids and os.getpid() in pids
+        assert before & after <= pids <= before | after  # a full listing's, up to churn
+        child.kill()
+        child.wait()
+        pids, listing = _polled_pids()
+        assert child.pid not in pids and listing != "full"
+    finally:
+        release.set()
+        worker.join()
+        child.kill()
+        child.wait()
+    assert not os.path.exists(f"/proc/{child.pid}")
+
+
+def test_a_polled_census_lists_proc_in_full_when_the_pids_since_cannot_be_trusted(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """/proc is listed in full: past FULL_LISTING_S, past PROBED_PIDS_MAX new PIDs, when the
+    last PID went back (PIDs wrapped), without pidfd_open, and for a /proc of another
+    namespace (a copied tree)."""
+    census_module._LISTINGS.clear()
+    _polled_pids()
+
+    def new_process_then_listing() -> str:
+        subprocess.run(["true"], check=True)
+        return _polled_pids()[1]
+
+    assert new_process_then_listing() != "full"
+    monkeypatch.setattr(census_module, "PROBED_PIDS_MAX", 0)
+    assert new_process_then_listing() == "full"
+    monkeypatch.undo()
+    _polled_pids()
+    census_module._LISTINGS["/proc"][0] = node.last_pid() + 1000  # as if PIDs wrapped
+    assert new_process_then_listing() == "full"
+    monkeypatch.setattr(census_module, "FULL_LISTING_S", 0.0)
+    assert new_process_then_listing() == "full"
+    monkeypatch.undo()
+    monkeypatch.delattr(census_module.os, "pidfd_open")
+    assert new_process_then_listing() == "full"
+    monkeypatch.undo()
+    fake = _fake_proc(tmp_path)
+    for _ in range(2):
+        census = node.take_census(gpu=False, cache=True, proc_root=str(fake))
+        assert census["observer"]["listing"] == "full"
+    census_module._LISTINGS.clear()
