@@ -84,7 +84,8 @@ def test_malformed_env_values_are_marked_not_fatal() -> None:
                RANK="abc", WORLD_SIZE="-1", LOCAL_RANK="x", LOCAL_WORLD_SIZE="0")
     child = subprocess.Popen(["sleep", "30"], env=env)
     try:
-        wait_for(lambda: (node.read_process(child.pid)["env"] or {}).get("RANK"), what="exec")
+        wait_for(lambda: ((node.read_process(child.pid) or {}).get("env") or {}).get("RANK"),
+                 what="exec")
         census = node.take_census(gpu=False)
         found = [j for j in census["jobs"] if j["id"] == job]
         assert len(found) == 1
@@ -261,7 +262,8 @@ class _RawListingNVML:
                         ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
 
         self.c_nvmlProcessInfo_v3_t = Entry
-        self.processes, self.refuse, self.calls, self.rooms = processes, refuse, 0, []
+        self.processes, self.refuse, self.calls = processes, refuse, 0
+        self.rooms: list[int] = []
         signature = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint),
                                      ctypes.POINTER(Entry))
         self._functions = {}
@@ -324,6 +326,7 @@ def nvml_standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     compiler = find_tool("gcc") or find_tool("cc")
     if compiler is None:
         pytest.skip("missing tool: gcc (apt-get install gcc)")
+    assert compiler is not None  # (pytest.skip does not return)
     library = tmp_path / "libnvml_standin.so"
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
                     str(Path(__file__).parent / "data" / "nvml_standin.c")], check=True,
@@ -577,9 +580,8 @@ def test_the_snapshots_plain_loop_makes_the_records_read_process_makes(env: bool
             plain = [p.pid for p in started[:3]]
             zombie = started[3].pid
             wait_for(lambda: node.process_state(zombie) == "Z", what="the zombie")
-            wait_for(lambda: all(node.read_process(pid)["cmdline"][:2] in (["sleep", "60"],
-                                                                          [sys.executable, "-c"])
-                                 for pid in plain), what="the exec")
+            wait_for(lambda: all((node.read_process(pid) or {}).get("cmdline", [])[:2] in (
+                ["sleep", "60"], [sys.executable, "-c"]) for pid in plain), what="the exec")
             # Each sleeper asleep, so its state read twice is one letter (a Python still
             # importing reads R once and S the next time).
             wait_for(lambda: all(node.process_state(pid) == "S" for pid in plain),
@@ -944,6 +946,7 @@ def test_held_stat_fds_follow_their_process_and_are_closed_once_it_is_gone() -> 
             return next(p for p in census["processes"] if p["pid"] == child.pid)
 
         fresh = node.read_process(child.pid, fds=False)
+        assert fresh is not None
         kept = polled()
         kept.pop("not_read", None)
         private = ("_nssid", "_nspgid")  # not in the census
@@ -1144,8 +1147,11 @@ def test_a_polled_census_finds_new_processes_among_the_pids_allocated_since_the_
     assert _polled_pids()[1] == "full"  # the first time
     release = threading.Event()
     tids: list[int] = []
-    worker = threading.Thread(target=lambda: (tids.append(threading.get_native_id()),
-                                              release.wait(30)))
+    def work() -> None:
+        tids.append(threading.get_native_id())
+        release.wait(30)
+
+    worker = threading.Thread(target=work)
     child = subprocess.Popen(["sleep", "30"])
     worker.start()
     try:
