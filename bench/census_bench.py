@@ -19,7 +19,9 @@ times each:
   automatic readers and once with `--workers 1`;
 * the polled census: what the job observer takes every tick (`census(gpu=True, fds=False,
   cache=True)`, warm, in this process) and what the probes take (`gpu=False, fds=False,
-  cache=True`).
+  cache=True`), and the job observer's again with /proc listed in full every time (as
+  before round 17: a cached census now reads the last one's processes and the PIDs
+  allocated since, between full listings).
 
 Before those, at each count, it prints where the snapshot's time goes (interpreter, imports,
 census, JSON) and the kernel's share: the bare open, read and close of the census's five files
@@ -49,6 +51,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # the chaosgpu under test: the installed one, else this checkout's
@@ -270,6 +273,20 @@ def _command(argv: list[str], env: dict[str, str]) -> Callable[[], None]:
     return run
 
 
+def _listed_in_full(census: Any) -> Callable[[], None]:
+    """The job observer's polled census with /proc listed in full every time (its
+    ``FULL_LISTING_S`` set to 0 for the call): what reading the last census's processes and
+    the PIDs allocated since saves."""
+    def run() -> None:
+        every = census.FULL_LISTING_S
+        census.FULL_LISTING_S = 0.0
+        try:
+            census.census(gpu=True, fds=False, cache=True)
+        finally:
+            census.FULL_LISTING_S = every
+    return run
+
+
 def _timed(function: Callable[[], object]) -> float:
     started = time.perf_counter()
     function()
@@ -342,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         "polled census, probes (no gpu, no fds, cache)":
             lambda: census.census(gpu=False, fds=False, cache=True),
     }
+    if hasattr(census, "FULL_LISTING_S"):  # the job observer's, as before round 17
+        subjects["polled census, job observer, /proc listed in full"] = _listed_in_full(census)
     say("snapshot run as: " + ("the installed `chaosgpu` command" if snapshot[0] != sys.executable
                                else "`python -m chaosgpu.cli` from the checkout") + ", from "
         + ("a virtual environment" if sys.prefix != sys.base_prefix else "the system Python"))
