@@ -1199,6 +1199,13 @@ def test_a_polled_census_lists_proc_in_full_when_the_pids_since_cannot_be_truste
     monkeypatch.delattr(census_module.os, "pidfd_open")
     assert new_process_then_listing() == "full"
     monkeypatch.undo()
+
+    def refused(pid: int) -> int:
+        raise PermissionError(1, "refused by a seccomp filter")
+
+    monkeypatch.setattr(census_module.os, "pidfd_open", refused)
+    assert new_process_then_listing() == "full"
+    monkeypatch.undo()
     fake = _fake_proc(tmp_path)
     for _ in range(2):
         census = node.take_census(gpu=False, cache=True, proc_root=str(fake))
