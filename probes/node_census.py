@@ -2619,8 +2619,9 @@ FULL_LISTING_S = 10.0
 #: more PIDs allocated than this since the last cached census: /proc is listed in full (probing
 #: a PID costs about what listing five processes does)
 PROBED_PIDS_MAX = 200
-#: proc root -> [the kernel's last PID, read before the last cached census took its PIDs; when
-#: /proc was last listed in full (monotonic); the PIDs of the last cached census]
+#: proc root -> [(the kernel's last PID as the census before the last one read it, as the last
+#: one read it: each read before that census took its PIDs), when /proc was last listed in full
+#: (monotonic), the PIDs of the last cached census]
 _LISTINGS = {}  # type: Dict[str, List[Any]]
 
 
@@ -2647,32 +2648,36 @@ def _processes_among(first: int, last: int) -> Optional[List[int]]:
 def _cached_listing(proc_root: str) -> Tuple[List[int], str]:
     """The PIDs a cached census reads, and how they were found (the observer's ``listing``).
     Listing /proc costs about 1 us a process (a tenth of a polled census). The kernel hands
-    PIDs out in turn, so a process started since the last cached census has a PID allocated
-    since the kernel's last PID read then: between full listings (at most FULL_LISTING_S
-    apart), a census of a /proc of its own PID namespace reads the processes of the last one
-    and the processes among the PIDs allocated since. /proc is listed in full the first time,
-    after FULL_LISTING_S, when PIDs wrapped, past PROBED_PIDS_MAX new PIDs, for another
-    namespace's /proc, or where the PIDs cannot be probed. A process given a PID of its
-    choosing (clone3's set_tid, for checkpoint/restore) is found at the next full listing."""
+    PIDs out in turn (its last one is read before the PIDs are taken), so a process started
+    since the census before the last one has a PID allocated since that census read the last
+    PID. Between full listings (at most FULL_LISTING_S apart), a census of a /proc of its own
+    PID namespace reads the processes of the last census and the processes among those PIDs.
+    The range starts a census further back because a fork takes its PID a moment before its
+    process shows in /proc: one caught between the two by a census shows to the next. /proc is
+    listed in full the first two times, after FULL_LISTING_S, when PIDs wrapped, past
+    PROBED_PIDS_MAX PIDs to probe, for another namespace's /proc, or where the PIDs cannot be
+    probed. A process given a PID of its choosing (clone3's set_tid, for checkpoint/restore)
+    is found at the next full listing."""
     now = time.monotonic()
     try:
         last = last_pid(proc_root)  # type: Optional[int]
     except (OSError, ValueError, IndexError):
         last = None
     previous = _LISTINGS.get(proc_root)
-    if previous is not None and last is not None and previous[0] is not None \
+    since = previous[0][0] if previous is not None else None
+    if previous is not None and last is not None and since is not None \
             and previous[2] is not None and now - previous[1] < FULL_LISTING_S \
-            and 0 <= last - previous[0] <= PROBED_PIDS_MAX and shows_own_pid_ns(proc_root):
-        new = _processes_among(previous[0] + 1, last)
+            and 0 <= last - since <= PROBED_PIDS_MAX and shows_own_pid_ns(proc_root):
+        new = _processes_among(since + 1, last)
         if new is not None:
-            allocated, previous[0] = last - previous[0], last
-            if new:  # a PID of the last census may be reused already: read once
+            previous[0] = (previous[0][1], last)
+            if new:  # most were read by the last census, or their PID is reused: read once
                 known = set(previous[2])
                 new = [pid for pid in new if pid not in known]
-            return previous[2] + new, ("the last census's processes and %d new of %d PIDs "
-                                       "allocated since" % (len(new), allocated))
+            return previous[2] + new, ("the last census's processes and %d new among %d PIDs "
+                                       "probed" % (len(new), last - since))
     pids = list_pids(proc_root)
-    _LISTINGS[proc_root] = [last, now, None]
+    _LISTINGS[proc_root] = [(previous[0][1] if previous is not None else None, last), now, None]
     return pids, "full"
 
 

@@ -1144,7 +1144,7 @@ def test_a_polled_census_finds_new_processes_among_the_pids_allocated_since_the_
     import threading
 
     census_module._LISTINGS.clear()
-    assert _polled_pids()[1] == "full"  # the first time
+    assert [_polled_pids()[1] for _ in range(2)] == ["full", "full"]  # the first two times
     release = threading.Event()
     tids: list[int] = []
     def work() -> None:
@@ -1162,6 +1162,12 @@ def test_a_polled_census_finds_new_processes_among_the_pids_allocated_since_the_
         assert listing.startswith("the last census's processes and "), listing
         assert child.pid in pids and tids[0] not in pids and os.getpid() in pids
         assert before & after <= pids <= before | after  # a full listing's, up to churn
+        # as if that census had read the kernel's last PID after the child's fork took its PID
+        # but before the child showed in /proc: the next census still finds it
+        state = census_module._LISTINGS["/proc"]
+        state[2] = [pid for pid in state[2] if pid != child.pid]
+        pids, listing = _polled_pids()
+        assert child.pid in pids and listing != "full"
         child.kill()
         child.wait()
         pids, listing = _polled_pids()
@@ -1181,6 +1187,7 @@ def test_a_polled_census_lists_proc_in_full_when_the_pids_since_cannot_be_truste
     namespace (a copied tree)."""
     census_module._LISTINGS.clear()
     _polled_pids()
+    _polled_pids()
 
     def new_process_then_listing() -> str:
         subprocess.run(["true"], check=True)
@@ -1191,8 +1198,10 @@ def test_a_polled_census_lists_proc_in_full_when_the_pids_since_cannot_be_truste
     assert new_process_then_listing() == "full"
     monkeypatch.undo()
     _polled_pids()
-    census_module._LISTINGS["/proc"][0] = node.last_pid() + 1000  # as if PIDs wrapped
-    assert new_process_then_listing() == "full"
+    _polled_pids()
+    census_module._LISTINGS["/proc"][0] = (node.last_pid() + 1000, node.last_pid() + 1000)
+    assert new_process_then_listing() == "full"  # as if PIDs wrapped
+    _polled_pids()
     monkeypatch.setattr(census_module, "FULL_LISTING_S", 0.0)
     assert new_process_then_listing() == "full"
     monkeypatch.undo()
