@@ -21,7 +21,8 @@ times each:
   cache=True)`, warm, in this process) and what the probes take (`gpu=False, fds=False,
   cache=True`), and the job observer's again with /proc listed in full every time (as
   before round 17: a cached census now reads the last one's processes and the PIDs
-  allocated since, between full listings).
+  allocated since, between full listings). The two job observer's rows trade places every
+  other round (the first census after the snapshots finds the kernel's data cold).
 
 Before those, at each count, it prints where the snapshot's time goes (interpreter, imports,
 census, JSON) and the kernel's share: the bare open, read and close of the census's five files
@@ -100,6 +101,7 @@ finish()
 """
 
 PS = ["ps", "-eo", "pid,ppid,stat,sess,comm,args"]
+LISTED_IN_FULL = "polled census, job observer, /proc listed in full"
 
 
 def _chaosgpu() -> list[str]:
@@ -293,13 +295,20 @@ def _timed(function: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def _measure(subjects: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+def _measure(subjects: dict[str, Callable[[], object]], repeat: int,
+             alternate: tuple[str, ...] = ()) -> dict[str, float]:
     """Median seconds of each subject, measured interleaved (one of each per round) so that a
-    load change on the machine hits them all alike."""
+    load change on the machine hits them all alike. ``alternate``: two subjects that trade
+    places every other round, so that each comes first after the same subjects half the time
+    (the first census after the snapshots finds the kernel's data cold: an A/B pair)."""
     samples: dict[str, list[float]] = {name: [] for name in subjects}
-    for _ in range(repeat):
-        for name, function in subjects.items():
-            samples[name].append(_timed(function))
+    for round_ in range(repeat):
+        order = list(subjects)
+        if alternate and round_ % 2:
+            first, second = order.index(alternate[0]), order.index(alternate[1])
+            order[first], order[second] = order[second], order[first]
+        for name in order:
+            samples[name].append(_timed(subjects[name]))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -356,11 +365,13 @@ def main(argv: list[str] | None = None) -> int:
             _command([*snapshot, "--scan-fds", "--workers", "1"], env),
         "polled census, job observer (gpu, no fds, cache)":
             lambda: census.census(gpu=True, fds=False, cache=True),
-        "polled census, probes (no gpu, no fds, cache)":
-            lambda: census.census(gpu=False, fds=False, cache=True),
     }
+    alternate: tuple[str, ...] = ()
     if hasattr(census, "FULL_LISTING_S"):  # the job observer's, as before round 17
-        subjects["polled census, job observer, /proc listed in full"] = _listed_in_full(census)
+        subjects[LISTED_IN_FULL] = _listed_in_full(census)
+        alternate = ("polled census, job observer (gpu, no fds, cache)", LISTED_IN_FULL)
+    subjects["polled census, probes (no gpu, no fds, cache)"] = (
+        lambda: census.census(gpu=False, fds=False, cache=True))
     say("snapshot run as: " + ("the installed `chaosgpu` command" if snapshot[0] != sys.executable
                                else "`python -m chaosgpu.cli` from the checkout") + ", from "
         + ("a virtual environment" if sys.prefix != sys.base_prefix else "the system Python"))
@@ -403,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                             for _ in range(busy)]
                 try:
                     time.sleep(0.3 if busy else 0)
-                    medians = _measure(subjects, args.repeat)
+                    medians = _measure(subjects, args.repeat, alternate)
                 finally:
                     for spinner in spinners:
                         spinner.kill()
