@@ -80,6 +80,14 @@ PY
     cp bench/results/timeline-gpu100-*.txt "$results/" 2>/dev/null
     ;;
   tests)
+    if ! command -v py-spy >/dev/null && ! python3 -c 'import py_spy' 2>/dev/null; then
+      # the verdict tests need ranks' stacks: without py-spy they wait minutes for a verdict
+      # that must stay unknown (round 17 lost 7 minutes of GPU time so)
+      echo "tests: py-spy is not on PATH here: carry its wheel (pip install --no-deps --target" \
+        "DIR py_spy-*.whl; PATH=DIR/bin:\$PATH) and run again" | tee "$results/tests.txt"
+      pack
+      continue
+    fi
     {
       header "cd tests && python3 -m pytest -v -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py"
       (cd tests && CHAOSGPU_GPU_EVIDENCE="$results/evidence" timeout 420 python3 -m pytest -v \
