@@ -2619,10 +2619,10 @@ FULL_LISTING_S = 10.0
 #: more PIDs allocated than this since the last cached census: /proc is listed in full (probing
 #: a PID costs about what listing five processes does)
 PROBED_PIDS_MAX = 200
-#: proc root -> [(the kernel's last PID as the census before the last one read it, as the last
-#: one read it: each read before that census took its PIDs), when /proc was last listed in full
-#: (monotonic), the PIDs of the last cached census]
-_LISTINGS = {}  # type: Dict[str, List[Any]]
+#: proc root -> {"since": the kernel's last PID as the census before the last one read it,
+#: "last": as the last one read it (each read before that census took its PIDs), "listed_at":
+#: when /proc was last listed in full (monotonic), "pids": the PIDs of the last cached census}
+_LISTINGS = {}  # type: Dict[str, Dict[str, Any]]
 
 
 def _processes_among(first: int, last: int) -> Optional[List[int]]:
@@ -2663,21 +2663,22 @@ def _cached_listing(proc_root: str) -> Tuple[List[int], str]:
         last = last_pid(proc_root)  # type: Optional[int]
     except (OSError, ValueError, IndexError):
         last = None
-    previous = _LISTINGS.get(proc_root)
-    since = previous[0][0] if previous is not None else None
-    if previous is not None and last is not None and since is not None \
-            and previous[2] is not None and now - previous[1] < FULL_LISTING_S \
+    previous = _LISTINGS.get(proc_root) or {"last": None}
+    since = previous.get("since")
+    if last is not None and since is not None and previous["pids"] is not None \
+            and now - previous["listed_at"] < FULL_LISTING_S \
             and 0 <= last - since <= PROBED_PIDS_MAX and shows_own_pid_ns(proc_root):
         new = _processes_among(since + 1, last)
         if new is not None:
-            previous[0] = (previous[0][1], last)
+            previous["since"], previous["last"] = previous["last"], last
             if new:  # most were read by the last census, or their PID is reused: read once
-                known = set(previous[2])
+                known = set(previous["pids"])
                 new = [pid for pid in new if pid not in known]
-            return previous[2] + new, ("the last census's processes and %d new among %d PIDs "
-                                       "probed" % (len(new), last - since))
+            return previous["pids"] + new, ("the last census's processes and %d new among %d "
+                                            "PIDs probed" % (len(new), last - since))
     pids = list_pids(proc_root)
-    _LISTINGS[proc_root] = [(previous[0][1] if previous is not None else None, last), now, None]
+    _LISTINGS[proc_root] = {"since": previous["last"], "last": last, "listed_at": now,
+                            "pids": None}
     return pids, "full"
 
 
@@ -2687,8 +2688,8 @@ def _remember_listing(proc_root: str, wanted: List[int],
     found, and those it did not whose /proc entry is still there (a stat that failed)."""
     listing = _LISTINGS.get(proc_root)
     if listing is not None:
-        listing[2] = [pid for pid in wanted if pid in processes
-                      or os.path.exists("%s/%d" % (proc_root, pid))]
+        listing["pids"] = [pid for pid in wanted if pid in processes
+                           or os.path.exists("%s/%d" % (proc_root, pid))]
 
 
 def _cache_before(proc_root: str) -> Optional[int]:

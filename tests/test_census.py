@@ -1165,7 +1165,7 @@ def test_a_polled_census_finds_new_processes_among_the_pids_allocated_since_the_
         # as if that census had read the kernel's last PID after the child's fork took its PID
         # but before the child showed in /proc: the next census still finds it
         state = census_module._LISTINGS["/proc"]
-        state[2] = [pid for pid in state[2] if pid != child.pid]
+        state["pids"] = [pid for pid in state["pids"] if pid != child.pid]
         pids, listing = _polled_pids()
         assert child.pid in pids and listing != "full"
         child.kill()
@@ -1199,7 +1199,8 @@ def test_a_polled_census_lists_proc_in_full_when_the_pids_since_cannot_be_truste
     monkeypatch.undo()
     _polled_pids()
     _polled_pids()
-    census_module._LISTINGS["/proc"][0] = (node.last_pid() + 1000, node.last_pid() + 1000)
+    census_module._LISTINGS["/proc"].update(since=node.last_pid() + 1000,
+                                            last=node.last_pid() + 1000)
     assert new_process_then_listing() == "full"  # as if PIDs wrapped
     _polled_pids()
     monkeypatch.setattr(census_module, "FULL_LISTING_S", 0.0)
