@@ -2490,37 +2490,86 @@ def _collect_work(forked: Tuple[int, int], redo: Any,
     return result
 
 
+#: PIDs a reader of a parallel census takes at a time (``_read_parallel``); more where there
+#: would be over BLOCKS_MAX blocks
+BLOCK_PIDS = 64
+#: blocks at most: their numbers (2 bytes each) are one write no larger than PIPE_BUF into an
+#: empty pipe, which never blocks and which the readers share whole
+BLOCKS_MAX = 2000
+
+
 def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
                    proc_ns: Optional[str], level: str, workers: int,
                    forked: Any = None, unreaped: Optional[List[int]] = None,
                    ) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
     """Read ``wanted`` over ``workers`` readers: ``workers - 1`` forked children and this
-    process, which reads its own share meanwhile. A child that fails is redone serially here,
-    so the result never depends on the fork succeeding. With ``unreaped``, children whose
-    results are taken are left there to be reaped once the census is made (see
-    ``_collect_work``)."""
-    chunks = [wanted[i::workers] for i in range(workers)]
+    process. The PIDs are cut into blocks (``BLOCK_PIDS``) whose numbers wait in a pipe; each
+    reader takes the next number (a 2-byte read: each goes to one reader) until none is left,
+    so a reader slowed down (a busy CPU, a child's sending of its records) takes fewer blocks
+    and none waits for another's fixed share. The blocks that no reader returned (a child
+    that failed, or could not be forked) are read here afterwards, so the result never
+    depends on the fork. With ``unreaped``, children whose results are taken are left there
+    to be reaped once the census is made (see ``_collect_work``)."""
+    size = max(BLOCK_PIDS, -(-len(wanted) // BLOCKS_MAX))
+    blocks = [wanted[i:i + size] for i in range(0, len(wanted), size)]
 
-    def reader(chunk: List[int]) -> Any:
-        return lambda: _read_serial(chunk, proc_root, env, fds, proc_ns, level, None, None)
+    def read_blocks(numbers: List[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+        processes = {}  # type: Dict[int, Dict[str, Any]]
+        errors = []  # type: List[str]
+        for number in numbers:
+            more, errs = _read_serial(blocks[number], proc_root, env, fds, proc_ns, level,
+                                      None, None)
+            processes.update(more)
+            errors.extend(errs)
+        return processes, errors
 
-    children = []  # type: List[Tuple[Tuple[int, int], List[int]]]
-    for chunk in chunks[1:]:
-        child = _fork_work(reader(chunk))
-        if child is None:
-            chunks[0].extend(chunk)
-        else:
-            children.append((child, chunk))
+    def reader(queue: int) -> Any:
+        def take() -> Tuple[Dict[int, Dict[str, Any]], List[str], List[int]]:
+            taken = []  # type: List[int]
+            processes = {}  # type: Dict[int, Dict[str, Any]]
+            errors = []  # type: List[str]
+            while True:
+                number = os.read(queue, 2)
+                if len(number) < 2:  # none left (the write end is closed: end of file)
+                    return processes, errors, taken
+                taken.append(int.from_bytes(number, "little"))
+                more, errs = read_blocks(taken[-1:])
+                processes.update(more)
+                errors.extend(errs)
+        return take
+
     try:
+        queue, filler = os.pipe()
+    except OSError:
+        return read_blocks(list(range(len(blocks))))
+    try:
+        os.write(filler, b"".join(n.to_bytes(2, "little") for n in range(len(blocks))))
+    finally:
+        os.close(filler)
+    children = []  # type: List[Tuple[int, int]]
+    try:
+        for _ in range(workers - 1):
+            child = _fork_work(reader(queue))
+            if child is not None:
+                children.append(child)
         if forked is not None:
             forked()  # every reader is forked: threads may start now
-        processes, errors = reader(chunks[0])()
+        processes, errors, done = reader(queue)()
     except BaseException:  # no forked reader outlives a census that failed here
-        for child, _ in children:
+        for child in children:
             _collect_work(child, lambda: None)
         raise
-    for child, chunk in children:
-        more, errs = _collect_work(child, reader(chunk), unreaped)
+    finally:
+        os.close(queue)
+    returned = set(done)
+    for child in children:
+        more, errs, taken = _collect_work(child, lambda: ({}, [], []), unreaped)
+        processes.update(more)
+        errors.extend(errs)
+        returned.update(taken)
+    left = [n for n in range(len(blocks)) if n not in returned]
+    if left:  # taken by a child that failed: read here
+        more, errs = read_blocks(left)
         processes.update(more)
         errors.extend(errs)
     return processes, errors

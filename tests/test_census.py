@@ -493,11 +493,17 @@ def test_the_snapshot_program_starts_without_json_argparse_threading_or_re() -> 
         assert "re" not in imported
 
 
-def test_the_snapshots_json_is_what_json_dumps_writes() -> None:
-    """The snapshot's encoder (json's C encoder, without importing json) writes what
-    json.dumps writes, for a census and for values of every kind."""
+@pytest.mark.parametrize("piece", [250, 7, 1])
+def test_the_snapshots_json_is_what_json_dumps_writes(monkeypatch: pytest.MonkeyPatch,
+                                                      piece: int) -> None:
+    """The snapshot's encoder (json's C encoder, without importing json, a long list in
+    pieces) writes what json.dumps writes, for a census and for values of every kind."""
     from chaosgpu.node import cli as snapshot_cli
 
+    monkeypatch.setattr(snapshot_cli, "PIECE_RECORDS", piece)
+    assert snapshot_cli._encode({}) == "{}"
+    assert snapshot_cli._encode({"a": [], "b": [1] * piece, "c": [2] * (piece + 1)}) == \
+        json.dumps({"a": [], "b": [1] * piece, "c": [2] * (piece + 1)}, separators=(",", ":"))
     document: dict[str, Any] = node.take_census(gpu=False)
     document["odd"] = ["\u00e9\u2028\x00\"\\\ud7ff", 1.5, float("inf"), float("nan"), -0.0, 10**30,
                        True, False, None, {"1": [], "": {}}, (1, 2), 2**63]
@@ -505,6 +511,23 @@ def test_the_snapshots_json_is_what_json_dumps_writes() -> None:
         document, separators=(",", ":"), check_circular=False, ensure_ascii=False)
     with pytest.raises(TypeError, match="not JSON serializable"):
         snapshot_cli._encode({"x": object()})
+
+
+def test_a_snapshot_whose_reader_goes_away_ends_without_a_traceback() -> None:
+    """`chaosgpu snapshot --json | head -c 100`: the reader closes its end; the snapshot ends
+    as a program that SIGPIPE ended (141), and says nothing on stderr."""
+    snapshot = subprocess.Popen([sys.executable, "-m", "chaosgpu.cli", "snapshot", "--json",
+                                 "--no-gpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert snapshot.stdout is not None and snapshot.stderr is not None
+    snapshot.stdout.close()  # before anything is written: the first write finds no reader
+    try:
+        assert snapshot.stderr.read() == b""
+        assert snapshot.wait(timeout=60) == 141
+    finally:
+        if snapshot.poll() is None:
+            snapshot.kill()
+            snapshot.wait()
+        snapshot.stderr.close()
 
 
 def test_census_is_fast_here() -> None:
@@ -559,6 +582,51 @@ def test_forked_readers_give_the_same_census() -> None:
         for child in children:
             child.kill()
             child.wait()
+
+
+@pytest.mark.parametrize("failure", ["dies after one block", "cannot be forked"])
+def test_blocks_no_forked_reader_returned_are_read_here(
+        monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    """The readers take blocks of PIDs from one queue; a reader that dies with a block taken
+    (or a fork that fails) leaves nothing unread: the census reads those blocks itself, and
+    the dead reader is reaped."""
+    module = census_module
+    pids = node.list_pids()
+    proc_ns = module._proc_ns("/proc")
+    monkeypatch.setattr(module, "BLOCK_PIDS", 4)  # many blocks for a few dozen processes
+    forked: list[int] = []
+    if failure == "cannot be forked":
+        monkeypatch.setattr(module, "_fork_work", lambda work: None)
+    else:
+        reader = os.getpid()
+        read_serial = module._read_serial
+        fork_work = module._fork_work
+
+        def dies_in_a_child(*args: Any) -> Any:
+            if os.getpid() != reader:
+                os._exit(3)  # its first block taken, nothing sent
+            return read_serial(*args)
+
+        def fork_and_remember(work: Any) -> Any:
+            child = fork_work(work)
+            if child is not None:
+                forked.append(child[0])
+            return child
+
+        monkeypatch.setattr(module, "_read_serial", dies_in_a_child)
+        monkeypatch.setattr(module, "_fork_work", fork_and_remember)
+    parallel, errors = module._read_parallel(pids, "/proc", True, True, proc_ns, "full", 3)
+    monkeypatch.undo()
+    serial, _ = module._read_serial(pids, "/proc", True, True, proc_ns, "full", None, None)
+    gone = {pid for pid in pids if node.process_state(pid) is None}
+    assert set(serial) - gone <= set(parallel) <= set(pids), "a block was left unread"
+    both = set(serial) & set(parallel)
+    assert {pid: parallel[pid]["starttime"] for pid in both} == \
+        {pid: serial[pid]["starttime"] for pid in both}
+    assert not errors or gone
+    assert len(forked) == (2 if failure == "dies after one block" else 0)
+    for child in forked:
+        assert node.process_state(child) is None  # reaped, nothing left behind
 
 
 @pytest.mark.parametrize("env", [True, False], ids=["env", "no-env"])

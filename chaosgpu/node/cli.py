@@ -13,6 +13,7 @@ from chaosgpu.node import take_census
 
 TYPE_CHECKING = False  # mypy reads it as true; typing costs ~5-9 ms of every command's start
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 __all__ = ["main", "render"]
@@ -244,12 +245,20 @@ def _parse_with_argparse(words: list[str]) -> dict[str, Any] | int:
         return int(exit_.code or 0)
 
 
-def _encode(document: dict[str, Any], indent: int | None = None) -> str:
-    """`document` as JSON, exactly as `json.dumps(document, indent=indent, separators=...,
-    check_circular=False, ensure_ascii=False)` writes it (compact separators without indent).
-    Compact, by the C encoder json itself uses but without importing json (its import brings
-    re and enum: ~5 ms of a snapshot's start on 2 cores); indented, or where that encoder is
-    missing (not CPython), by json."""
+#: records per piece of a long top-level list (the census's processes) in the compact JSON:
+#: a piece is encoded and written before the next is made, so the output never exists whole
+#: in memory (at 10,000 processes the whole text, its UTF-8 bytes and their copy took 15 MB
+#: of fresh pages, 15-20 ms of a snapshot on 2 cores: docs/census.md, round 18)
+PIECE_RECORDS = 250
+
+
+def _encoded_pieces(document: dict[str, Any], indent: int | None = None) -> Iterator[str]:
+    """`document` as JSON, in pieces whose concatenation is exactly what `json.dumps(document,
+    indent=indent, separators=..., check_circular=False, ensure_ascii=False)` writes (compact
+    separators without indent). Compact, by the C encoder json itself uses but without
+    importing json (its import brings re and enum: ~5 ms of a snapshot's start on 2 cores),
+    a top-level list in pieces of PIECE_RECORDS items; indented, or where that encoder is
+    missing (not CPython), in one piece by json."""
     try:
         import _json
     except ImportError:  # not CPython: json's own pure-Python encoder
@@ -257,23 +266,61 @@ def _encode(document: dict[str, Any], indent: int | None = None) -> str:
     if indent is not None or _json is None:
         import json
 
-        return json.dumps(document, indent=indent,
-                          separators=(",", ":") if indent is None else None,
-                          check_circular=False, ensure_ascii=False)
+        yield json.dumps(document, indent=indent,
+                         separators=(",", ":") if indent is None else None,
+                         check_circular=False, ensure_ascii=False)
+        return
 
     def refuse(value: Any) -> Any:
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
     encoder = _json.make_encoder(None, refuse, _json.encode_basestring, None, ":", ",", False,
                                  False, True)
-    return "".join(encoder(document, 0))
+    if not all(isinstance(key, str) for key in document):  # json's rules for other keys
+        yield "".join(encoder(document, 0))
+        return
+    separator = "{"
+    for key, value in document.items():
+        head = separator + _json.encode_basestring(key) + ":"
+        separator = ","
+        if not isinstance(value, list) or len(value) <= PIECE_RECORDS:
+            yield head + "".join(encoder(value, 0))
+            continue
+        for start in range(0, len(value), PIECE_RECORDS):
+            piece = "".join(encoder(value[start:start + PIECE_RECORDS], 0))
+            yield (head + piece[:-1] if start == 0 else "," + piece[1:-1])
+        yield "]"
+    yield "}" if separator == "," else "{}"
+
+
+def _encode(document: dict[str, Any], indent: int | None = None) -> str:
+    """`document` as one JSON text (``_encoded_pieces`` joined)."""
+    return "".join(_encoded_pieces(document, indent))
+
+
+def _write_json(document: dict[str, Any], indent: int | None) -> None:
+    """Write `document` to stdout as one line of JSON (``_encoded_pieces``), in UTF-8 whatever
+    the locale says (the JSON may carry any command line)."""
+    raw = getattr(sys.stdout, "buffer", None)
+    if raw is None:  # a text-only stream (a caller's StringIO)
+        for piece in _encoded_pieces(document, indent):
+            sys.stdout.write(piece)
+        sys.stdout.write("\n")
+        return
+    sys.stdout.flush()
+    for piece in _encoded_pieces(document, indent):
+        raw.write(piece.encode("utf-8"))
+    raw.write(b"\n")
+    raw.flush()
 
 
 def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
     """Run `chaosgpu snapshot [--json] [--no-gpu] [--no-env] [--no-fds] [--device N]`.
     `exit_when_written` (the command run as a program, not a caller's function) ends the
     process once the output is flushed, without freeing the census first: that teardown costs
-    ~27 ms with 10,000 processes on 2 cores (a snapshot's whole budget is what `ps` takes)."""
+    ~27 ms with 10,000 processes on 2 cores (a snapshot's whole budget is what `ps` takes);
+    where the reader closes its end early (`| head`), it ends with 141, as a program that
+    SIGPIPE ended, and no traceback."""
     args = _parse_args(argv)
     if isinstance(args, int):
         return args
@@ -304,24 +351,22 @@ def main(argv: list[str] | None = None, exit_when_written: bool = False) -> int:
         if problem is not None:
             print(f"chaosgpu snapshot: {problem}", file=sys.stderr)
             return 2
-    if args["json"]:
-        # one C-encoded string, one write: the pure-Python indenting encoder costs as much as
-        # reading 3,000 processes, so indentation is for terminals (or --indent)
-        indent = args["indent"]
-        if indent is None:
-            indent = 1 if sys.stdout.isatty() else None
-        # compact separators, no cycle check (the census is a tree): 12 % of the encoding;
-        # UTF-8 written as is (no backslash-u escapes): another 12 %, and the same JSON
-        text = _encode(census, indent)
-        raw = getattr(sys.stdout, "buffer", None)
-        if raw is None:  # a text-only stream (a caller's StringIO)
-            sys.stdout.write(text + "\n")
-        else:  # UTF-8 whatever the locale says: the JSON may carry any command line
-            sys.stdout.flush()
-            raw.write(text.encode("utf-8") + b"\n")
-            raw.flush()
-    else:
-        print(render(census))
+    try:
+        if args["json"]:
+            # the C encoder, piece by piece: the pure-Python indenting encoder costs as much
+            # as reading 3,000 processes, so indentation is for terminals (or --indent)
+            indent = args["indent"]
+            if indent is None:
+                indent = 1 if sys.stdout.isatty() else None
+            # compact separators, no cycle check (the census is a tree): 12 % of the
+            # encoding; UTF-8 written as is (no backslash-u escapes): another 12 %, the same
+            _write_json(census, indent)
+        else:
+            print(render(census), flush=True)
+    except BrokenPipeError:  # the reader stopped reading (`| head`): nothing left to say
+        if not exit_when_written:
+            raise
+        os._exit(141)  # as a program that SIGPIPE ended, without a traceback
     if exit_when_written:
         sys.stdout.flush()
         sys.stderr.flush()
