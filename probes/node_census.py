@@ -73,6 +73,7 @@ __all__ = [
     "nvml_device_memory",
     "nvml_gpu_processes",
     "nvml_init_state",
+    "nvml_device",
     "gpu_snapshot_problem",
     "load_gpu_snapshot",
     "census",
@@ -1192,8 +1193,13 @@ class _NvmlLibrary:
     raises ``NVMLError`` with NVML's code where it does not return NVML_SUCCESS."""
 
     NVML_SUCCESS = 0
+    NVML_ERROR_NOT_FOUND = 6
     NVML_ERROR_INSUFFICIENT_SIZE = 7
+    NVML_ERROR_TIMEOUT = 10
     NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    NVML_GPU_UTILIZATION_SAMPLES = 1
+    NVML_MEMORY_UTILIZATION_SAMPLES = 2
+    nvmlEventTypeXidCriticalError = 0x8
     NVMLError = NVMLError
 
     def __init__(self, ctypes: Any, library: Any) -> None:
@@ -1209,8 +1215,28 @@ class _NvmlLibrary:
             _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
                         ("used", ctypes.c_ulonglong)]
 
+        class Utilization(ctypes.Structure):  # nvmlUtilization_t
+            _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+        class Value(ctypes.Union):  # nvmlValue_t
+            _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint),
+                        ("ulVal", ctypes.c_ulong), ("ullVal", ctypes.c_ulonglong),
+                        ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
+                        ("usVal", ctypes.c_ushort)]
+
+        class Sample(ctypes.Structure):  # nvmlSample_t
+            _fields_ = [("timeStamp", ctypes.c_ulonglong), ("sampleValue", Value)]
+
+        class EventData(ctypes.Structure):  # nvmlEventData_t
+            _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong),
+                        ("eventData", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
+                        ("computeInstanceId", ctypes.c_uint)]
+
         self.c_nvmlProcessInfo_v3_t = ProcessInfo
         self._memory = Memory
+        self._utilization = Utilization
+        self._sample = Sample
+        self._event_data = EventData
 
     def _call(self, name: str, *args: Any) -> None:
         code = self._nvmlGetFunctionPointer(name)(*args)
@@ -1273,6 +1299,73 @@ class _NvmlLibrary:
         memory = self._memory()
         self._call("nvmlDeviceGetMemoryInfo", handle, self._ctypes.byref(memory))
         return memory
+
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:  # noqa: N802
+        """A GPU's busy shares over the driver's last sample period, in %: ``gpu`` (a kernel
+        ran), ``memory`` (device memory was read or written)."""
+        rates = self._utilization()
+        self._call("nvmlDeviceGetUtilizationRates", handle, self._ctypes.byref(rates))
+        return rates
+
+    #: nvmlValueType_t -> the field of nvmlValue_t that holds such a value
+    _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+    def nvmlDeviceGetSamples(self, handle: Any, sampling: int,  # noqa: N802
+                             since_us: int) -> List[Tuple[int, Any]]:
+        """The driver's samples of kind ``sampling`` (``NVML_GPU_UTILIZATION_SAMPLES``...)
+        newer than ``since_us`` (NVML's timestamps, in us): ``[(timestamp_us, value)]``;
+        NVMLError ``NVML_ERROR_NOT_FOUND`` where there is none."""
+        ctypes = self._ctypes
+        kind = ctypes.c_int(0)
+        count = ctypes.c_uint(0)
+        arguments = (handle, ctypes.c_int(sampling), ctypes.c_ulonglong(since_us),
+                     ctypes.byref(kind), ctypes.byref(count))
+        self._call("nvmlDeviceGetSamples", *(arguments + (None,)))  # the count
+        samples = (self._sample * max(1, count.value))()
+        self._call("nvmlDeviceGetSamples", *(arguments + (samples,)))
+        field = self._VALUE_FIELDS[kind.value] if 0 <= kind.value < 7 else "ullVal"
+        return [(int(sample.timeStamp), getattr(sample.sampleValue, field))
+                for sample in samples[:count.value]]
+
+    def nvmlEventSetCreate(self) -> Any:  # noqa: N802
+        """A new event set (free it with ``nvmlEventSetFree``)."""
+        event_set = self._ctypes.c_void_p()
+        self._call("nvmlEventSetCreate", self._ctypes.byref(event_set))
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int,  # noqa: N802
+                                 event_set: Any) -> None:
+        """Deliver a GPU's events of ``event_types`` (a mask) to ``event_set``."""
+        self._call("nvmlDeviceRegisterEvents", handle, self._ctypes.c_ulonglong(event_types),
+                   event_set)
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:  # noqa: N802
+        """The next event of ``event_set`` (``device``: the GPU's handle as a number,
+        ``eventType``, ``eventData``: the XID for an XID event); NVMLError
+        ``NVML_ERROR_TIMEOUT`` where none came within ``timeout_ms``."""
+        data = self._event_data()
+        self._call("nvmlEventSetWait_v2", event_set, self._ctypes.byref(data),
+                   self._ctypes.c_uint(timeout_ms))
+        return data
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:  # noqa: N802
+        """Free an event set."""
+        self._call("nvmlEventSetFree", event_set)
+
+
+def nvml_device(index: int) -> Tuple[Any, Any]:
+    """NVML (initialised by the census, retried as it retries) and the handle of GPU
+    ``index``: ``(library, handle)``, the library's calls under NVML's names
+    (``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetSamples``, event sets); RuntimeError
+    naming why where NVML is unavailable, ValueError where there is no GPU ``index``."""
+    library, reason = _nvml()
+    handles = _NVML["handles"]
+    if library is None or handles is None:
+        raise RuntimeError(reason or "NVML unavailable")
+    if not 0 <= index < len(handles):
+        raise ValueError("no GPU %d: NVML sees %d" % (index, len(handles)))
+    return library, handles[index]
 
 
 def _load_nvml() -> Any:

@@ -374,6 +374,36 @@ def test_nvml_is_called_through_ctypes_with_nvmls_codes(
     assert census_module._NVML_RAW["nvmlDeviceGetMPSComputeRunningProcesses"] is not None
 
 
+def test_the_gpu_layer_reads_utilisation_samples_and_xids_through_the_census_nvml(
+        nvml_standin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """chaosgpu.gpu.nvml calls NVML through the census's library (no pynvml): utilisation
+    rates, the driver's samples newer than a timestamp (none newer: []; the value read by its
+    type), an XID watch that gets the event NVML delivers and says which GPU refused to
+    register; an unknown GPU index is a ValueError naming it."""
+    from chaosgpu.gpu import nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it would raise
+    assert nvml.available() == (True, None)
+    assert {k: v for k, v in nvml.utilization(0).items() if k != "t"} == {
+        "gpu_pct": 37, "memory_pct": 12}
+    assert nvml.utilization_samples(0) == [[1000, 10], [2000, 20], [3000, 30]]
+    assert nvml.utilization_samples(0, "memory", since_us=2000) == [[3000, 30]]
+    assert nvml.utilization_samples(0, since_us=3000) == []
+    with pytest.raises(ValueError, match="kind must be"):
+        nvml.utilization_samples(0, "power")
+    with pytest.raises(ValueError, match="no GPU 5: NVML sees 2"):
+        nvml.utilization(5)
+    watch = nvml.XidWatch()
+    try:
+        seen = watch.wait(10.0)
+    finally:
+        watch.stop()
+    watch.stop()  # twice: nothing more to free
+    assert watch.registered == [0] and list(watch.unsupported) == ["1"]
+    assert "Not Supported" in watch.unsupported["1"] and watch.error is None
+    assert [(e["device"], e["event_type"], e["xid"]) for e in seen] == [(0, 8, 79)]
+
+
 def test_program_prints_one_json_document() -> None:
     result = run_program("--no-gpu", "--pid", str(os.getpid()))
     assert result.returncode == 0, result.stderr

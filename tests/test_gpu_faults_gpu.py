@@ -63,6 +63,26 @@ def test_nvml_layer_reads_utilization_samples_and_xid_registration(gpu_baseline:
     finally:
         watch.stop()
     assert 0 <= reading["gpu_pct"] <= 100 and 0 <= reading["memory_pct"] <= 100
+    assert watch.registered == [0] or watch.unsupported, (watch.registered, watch.unsupported)
+    # the census's own NVML calls read what pynvml reads: the driver's samples it still keeps
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        since = samples[0][0] - 1 if samples else 0
+        ours = {stamp: value for stamp, value in nvml.utilization_samples(0, since_us=since)}
+        try:
+            _, raw = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                 since)
+        except pynvml.NVMLError_NotFound:
+            raw = []
+        theirs = {int(s.timeStamp): int(s.sampleValue.uiVal) for s in raw}
+    finally:
+        pynvml.nvmlShutdown()
+    both = set(ours) & set(theirs)
+    assert both or not (ours or theirs), (ours, theirs)
+    assert {stamp: ours[stamp] for stamp in both} == {stamp: theirs[stamp] for stamp in both}
     _record("nvml_h200_xid_registration.json",
             {"reading": reading, "samples": samples[-20:], "registered": watch.registered,
              "unsupported": watch.unsupported, "error": watch.error})

@@ -1,71 +1,67 @@
 """The NVML readings the census does not take: utilisation over time and XID events.
 
-This module is the thin real layer (device memory and processes are read by the census in
-probes/node_census.py, never here). It owns: utilisation rates (SM busy %, memory-controller
-busy %) and the driver's utilisation sample buffer, and an XID watch (an NVML event set for
-nvmlEventTypeXidCriticalError on the chosen devices, read by a thread). Everything that interprets
-these readings lives in chaosgpu.gpu.monitor and runs on recorded readings on machines without a
-GPU. Errors come back as values ({"available": False, "reason": ...}); nothing here changes a
-device.
+This module is a thin real layer over the census's NVML (probes/node_census.py: the driver's
+libnvidia-ml called through ctypes, its initialisation tried again with a backoff where it
+failed, so a process started before the driver sees the GPUs once they come). Device memory
+and processes are read by the census, never here. This module owns: utilisation rates (SM busy
+%, memory-controller busy %), the driver's utilisation sample buffer, and an XID watch (an NVML
+event set for critical XID errors on the chosen devices, read by a thread). Everything that
+interprets these readings lives in chaosgpu.gpu.monitor and runs on recorded readings on
+machines without a GPU. Errors come back as values ({"available": False, "reason": ...});
+nothing here changes a device.
 """
 
 import threading
 import time
 from typing import Any
 
+from chaosgpu.node import census_module
+
 __all__ = ["available", "utilization", "utilization_samples", "XidWatch"]
 
-_lock = threading.Lock()
-_module: dict[str, Any] = {"pynvml": None, "reason": None, "tried": False}
+
+def _device(index: int) -> tuple[Any, Any]:
+    """(NVML, the handle of GPU `index`); RuntimeError naming why NVML is unusable."""
+    return census_module().nvml_device(index)
 
 
-def _nvml() -> Any:
-    """pynvml, initialised once; raises RuntimeError naming why NVML is unusable."""
-    with _lock:
-        if not _module["tried"]:
-            _module["tried"] = True
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                _module["pynvml"] = pynvml
-            except Exception as error:  # not installed, no driver, no GPU
-                _module["reason"] = f"NVML unavailable: {error}"
-    if _module["pynvml"] is None:
-        raise RuntimeError(str(_module["reason"]))
-    return _module["pynvml"]
+def _library() -> Any:
+    """NVML, initialised (as the census initialises it); RuntimeError naming why not."""
+    return _device(0)[0]
 
 
 def available() -> tuple[bool, str | None]:
     """(True, None) when NVML can be used here, else (False, why)."""
     try:
-        _nvml()
+        _library()
         return True, None
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:
         return False, str(error)
 
 
 def utilization(index: int) -> dict[str, Any]:
     """One reading: {"t", "gpu_pct" (time a kernel ran), "memory_pct" (time device memory was
     read or written)} over the driver's last sample period."""
-    pynvml = _nvml()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+    library, handle = _device(index)
+    rates = library.nvmlDeviceGetUtilizationRates(handle)
     return {"t": time.time(), "gpu_pct": int(rates.gpu), "memory_pct": int(rates.memory)}
 
 
 def utilization_samples(index: int, kind: str = "gpu", since_us: int = 0) -> list[list[int]]:
     """The driver's own utilisation samples newer than `since_us` (NVML timestamps, in us):
     [[timestamp_us, percent], ...]; kind "gpu" or "memory"."""
-    pynvml = _nvml()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-    sampling = (pynvml.NVML_GPU_UTILIZATION_SAMPLES if kind == "gpu"
-                else pynvml.NVML_MEMORY_UTILIZATION_SAMPLES)
+    if kind not in ("gpu", "memory"):
+        raise ValueError(f"kind must be 'gpu' or 'memory', got {kind!r}")
+    library, handle = _device(index)
+    sampling = (library.NVML_GPU_UTILIZATION_SAMPLES if kind == "gpu"
+                else library.NVML_MEMORY_UTILIZATION_SAMPLES)
     try:
-        _, samples = pynvml.nvmlDeviceGetSamples(handle, sampling, since_us)
-    except pynvml.NVMLError_NotFound:
-        return []
-    return [[int(s.timeStamp), int(s.sampleValue.uiVal)] for s in samples]
+        samples = library.nvmlDeviceGetSamples(handle, sampling, since_us)
+    except library.NVMLError as error:
+        if error.value == library.NVML_ERROR_NOT_FOUND:  # no sample newer than since_us
+            return []
+        raise
+    return [[int(stamp), int(value)] for stamp, value in samples]
 
 
 class XidWatch:
@@ -77,38 +73,38 @@ class XidWatch:
         self.unsupported: dict[str, str] = {}
         self.error: str | None = None
         self._stop = threading.Event()
-        pynvml = _nvml()
-        self._pynvml = pynvml
-        count = pynvml.nvmlDeviceGetCount()
+        library = _library()
+        self._library = library
+        count = library.nvmlDeviceGetCount()
         wanted = list(range(count)) if indexes is None else list(indexes)
-        self._set = pynvml.nvmlEventSetCreate()
+        self._set = library.nvmlEventSetCreate()
         self._by_handle: dict[int, int] = {}
         for index in wanted:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             try:
-                pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError,
-                                                self._set)
-            except pynvml.NVMLError as error:
+                _, handle = _device(index)
+                library.nvmlDeviceRegisterEvents(handle, library.nvmlEventTypeXidCriticalError,
+                                                 self._set)
+            except (library.NVMLError, ValueError) as error:
                 self.unsupported[str(index)] = str(error)
                 continue
             self.registered.append(index)
-            self._by_handle[_address(handle)] = index
+            self._by_handle[int(handle.value or 0)] = index
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._run, name="chaosgpu-xid-watch", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        pynvml = self._pynvml
+        library = self._library
         while not self._stop.is_set():
             try:
-                data = pynvml.nvmlEventSetWait_v2(self._set, 100)
-            except pynvml.NVMLError_Timeout:
-                continue
-            except pynvml.NVMLError as error:
+                data = library.nvmlEventSetWait(self._set, 100)
+            except library.NVMLError as error:
+                if error.value == library.NVML_ERROR_TIMEOUT:
+                    continue
                 self.error = str(error)
                 return
             self.events.append({"t": time.time(), "device": self._by_handle.get(
-                _address(data.device)), "event_type": int(data.eventType),
+                int(data.device or 0)), "event_type": int(data.eventType),
                 "xid": int(data.eventData)})
 
     def wait(self, timeout_s: float, after: float = 0.0) -> list[dict[str, Any]]:
@@ -128,12 +124,6 @@ class XidWatch:
         self._stop.set()
         self._thread.join(timeout=2.0)
         try:
-            self._pynvml.nvmlEventSetFree(self._set)
-        except Exception:
+            self._library.nvmlEventSetFree(self._set)
+        except self._library.NVMLError:
             pass
-
-
-def _address(handle: Any) -> int:
-    import ctypes
-
-    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)

@@ -66,17 +66,17 @@ def driver_available() -> tuple[bool, str | None]:
 
 
 def gpu_count() -> int:
-    """Return how many GPUs this process can use (NVML, else the driver API); 0 when none."""
-    try:
-        import pynvml
+    """Return how many GPUs this process can use (NVML, as the census reads it, else the
+    driver API); 0 when none."""
+    from chaosgpu.node import census_module
 
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        pass
+    census = census_module()
+    try:
+        seen = len(census.nvml_device_memory())
+    except census.NVMLError:  # a GPU that does not answer: ask the driver API
+        seen = 0
+    if seen:
+        return seen
     try:
         lib = _load()
         _check(lib, lib.cuInit(0), "cuInit")

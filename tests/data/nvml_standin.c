@@ -2,9 +2,13 @@
  * census makes, with NVML's signatures and return codes, for two GPUs. GPU 0 lists the
  * process in NVML_STANDIN_PID (1 GiB) as compute (_v3) and as an MPS client (only _v2 here:
  * the census falls back to it); GPU 1's name is not supported. No graphics listing at all
- * (an older driver without the function). Built by tests/test_census.py with gcc. */
+ * (an older driver without the function). Utilisation: GPU 0 reads 37 % busy, 12 % memory,
+ * and keeps three samples (timestamps 1000, 2000, 3000 us; 10, 20, 30 %); GPU 1 refuses events.
+ * An event set delivers one XID 79 event of GPU 0 once it was registered, then times out.
+ * Built by tests/test_census.py with gcc. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } process_t;
 typedef struct { unsigned long long total, free, used; } memory_t;
@@ -18,7 +22,9 @@ const char *nvmlErrorString(int code) {
     switch (code) {
     case 1: return "Uninitialized";
     case 3: return "Not Supported";
+    case 6: return "Not Found";
     case 7: return "Insufficient Size";
+    case 10: return "Timeout";
     default: return "Unknown Error";
     }
 }
@@ -83,4 +89,69 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int *count,
 int nvmlDeviceGetMPSComputeRunningProcesses_v2(void *handle, unsigned int *count,
                                                process_t *entries) {
     return listing(handle, count, entries);
+}
+
+typedef struct { unsigned int gpu, memory; } utilization_t;
+typedef struct { unsigned long long stamp; unsigned long long value; } sample_t;
+typedef struct {
+    void *device; unsigned long long type, data; unsigned int gi, ci;
+} event_t;
+
+int nvmlDeviceGetUtilizationRates(void *handle, utilization_t *rates) {
+    if (handle != (void *)0x1000UL) return 3;
+    rates->gpu = 37;
+    rates->memory = 12;
+    return 0;
+}
+
+int nvmlDeviceGetSamples(void *handle, int kind, unsigned long long since, int *value_type,
+                         unsigned int *count, sample_t *samples) {
+    unsigned int found = 0, i;
+    (void)kind;
+    if (handle != (void *)0x1000UL) return 3;
+    for (i = 1; i <= 3; i++)
+        if (i * 1000ULL > since) found++;
+    if (samples == NULL) { *count = 3; return 0; } /* the room to give, as NVML says */
+    if (!found) return 6;
+    if (*count < found) return 7;
+    *value_type = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+    *count = 0;
+    for (i = 1; i <= 3; i++) {
+        if (i * 1000ULL <= since) continue;
+        samples[*count].stamp = i * 1000ULL;
+        samples[*count].value = 0xFFFFFFFF00000000ULL | (i * 10); /* only the low 32 bits */
+        (*count)++;
+    }
+    return 0;
+}
+
+static int registered, delivered;
+
+int nvmlEventSetCreate(void **set) { *set = (void *)0x2000UL; delivered = 0; return 0; }
+
+int nvmlDeviceRegisterEvents(void *handle, unsigned long long types, void *set) {
+    if (set != (void *)0x2000UL || types != 0x8ULL) return 2;
+    if (handle != (void *)0x1000UL) return 3;
+    registered = 1;
+    return 0;
+}
+
+int nvmlEventSetWait_v2(void *set, event_t *event, unsigned int timeout_ms) {
+    if (set != (void *)0x2000UL) return 2;
+    if (!registered || delivered) {
+        usleep((timeout_ms < 20 ? timeout_ms : 20) * 1000); /* as NVML waits, a little */
+        return 10;
+    }
+    delivered = 1;
+    event->device = (void *)0x1000UL;
+    event->type = 0x8ULL;
+    event->data = 79;
+    event->gi = event->ci = 0xFFFFFFFF;
+    return 0;
+}
+
+int nvmlEventSetFree(void *set) {
+    if (set != (void *)0x2000UL) return 2;
+    registered = 0;
+    return 0;
 }
