@@ -3,6 +3,7 @@
 processes.
 
     python3 bench/census_bench.py [--counts 1000 5000 10000] [--repeat 7] [--out FILE]
+                                  [--other-snapshot PATH]
 
 A spawner (its own session) forks the extra processes in steps (each pauses, holding a scratch
 file open, so an fd scan has links to read). At each count it times, interleaved, `--repeat`
@@ -29,6 +30,11 @@ census, JSON) and the kernel's share: the bare open, read and close of the censu
 and of ps's files for every process, one reader, per file in microseconds (the floor no
 reader of those files goes under on one CPU), and the census's files by two readers (what the
 machine's CPUs give a forked reader at that moment: on a shared VM, anywhere from 1.1x to 2x).
+
+With `--other-snapshot PATH` (another install's `chaosgpu` command, such as the last
+release's in its own virtual environment) that install's `chaosgpu snapshot --json` is timed
+in the same rounds, trading places with this one's every other round: an A/B of the change in
+one run, on the same machine state.
 
 With `--busy 0 1 2` every count is measured again with that many CPUs kept busy by spinning
 tasks (started before, killed and reaped after): what readers buy when the node is not quiet.
@@ -102,6 +108,7 @@ finish()
 
 PS = ["ps", "-eo", "pid,ppid,stat,sess,comm,args"]
 LISTED_IN_FULL = "polled census, job observer, /proc listed in full"
+OTHER_SNAPSHOT = "chaosgpu snapshot --json, the other install"
 
 
 def _chaosgpu() -> list[str]:
@@ -296,16 +303,16 @@ def _timed(function: Callable[[], object]) -> float:
 
 
 def _measure(subjects: dict[str, Callable[[], object]], repeat: int,
-             alternate: tuple[str, ...] = ()) -> dict[str, float]:
+             alternate: list[tuple[str, str]] | None = None) -> dict[str, float]:
     """Median seconds of each subject, measured interleaved (one of each per round) so that a
-    load change on the machine hits them all alike. ``alternate``: two subjects that trade
-    places every other round, so that each comes first after the same subjects half the time
-    (the first census after the snapshots finds the kernel's data cold: an A/B pair)."""
+    load change on the machine hits them all alike. ``alternate``: pairs of subjects that
+    trade places every other round, so that each comes first after the same subjects half the
+    time (the first census after the snapshots finds the kernel's data cold: an A/B pair)."""
     samples: dict[str, list[float]] = {name: [] for name in subjects}
     for round_ in range(repeat):
         order = list(subjects)
-        if alternate and round_ % 2:
-            first, second = order.index(alternate[0]), order.index(alternate[1])
+        for pair in (alternate or []) if round_ % 2 else []:
+            first, second = order.index(pair[0]), order.index(pair[1])
             order[first], order[second] = order[second], order[first]
         for name in order:
             samples[name].append(_timed(subjects[name]))
@@ -324,18 +331,55 @@ def _session_members(sid: int) -> list[int]:
     return left
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked (a bad value: argparse's error, exit 2)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[1000, 5000, 10000])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--busy", type=int, nargs="+", default=[0],
                         help="CPUs kept busy by spinning tasks while measuring (each value a run)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--other-snapshot", metavar="PATH", default=None,
+                        help="another install's chaosgpu command, timed in the same rounds")
     args = parser.parse_args(argv)
+    if args.other_snapshot and not os.access(args.other_snapshot, os.X_OK):
+        parser.error(f"--other-snapshot: {args.other_snapshot} is not an executable file")
     if any(n < 1 for n in args.counts) or args.repeat < 1:
         parser.error("--counts and --repeat must be >= 1")
     if any(n < 0 or n > (os.cpu_count() or 1) for n in args.busy):
         parser.error(f"--busy values must be between 0 and {os.cpu_count()} (the CPUs here)")
+    return args
+
+
+def _subjects(census: Any, snapshot: list[str], env: dict[str, str], other: str | None,
+              ) -> tuple[dict[str, Callable[[], object]], list[tuple[str, str]]]:
+    """What is timed at each count, in order, and the pairs that trade places every other
+    round (``_measure``)."""
+    subjects: dict[str, Callable[[], object]] = {
+        "ps -eo pid,ppid,stat,sess,comm,args": _command(PS, env),
+        "chaosgpu snapshot --json": _command(snapshot, env),
+        **({OTHER_SNAPSHOT: _command([other, "snapshot", "--json"],
+                                     {k: v for k, v in env.items() if k != "PYTHONPATH"})}
+           if other else {}),
+        "chaosgpu snapshot --json --workers 1": _command([*snapshot, "--workers", "1"], env),
+        "chaosgpu snapshot --json --no-gpu": _command([*snapshot, "--no-gpu"], env),
+        "chaosgpu snapshot --json --scan-fds": _command([*snapshot, "--scan-fds"], env),
+        "chaosgpu snapshot --json --scan-fds --workers 1":
+            _command([*snapshot, "--scan-fds", "--workers", "1"], env),
+        "polled census, job observer (gpu, no fds, cache)":
+            lambda: census.census(gpu=True, fds=False, cache=True),
+    }
+    alternate = [("chaosgpu snapshot --json", OTHER_SNAPSHOT)] if other else []
+    if hasattr(census, "FULL_LISTING_S"):  # the job observer's, as before round 17
+        subjects[LISTED_IN_FULL] = _listed_in_full(census)
+        alternate.append(("polled census, job observer (gpu, no fds, cache)", LISTED_IN_FULL))
+    subjects["polled census, probes (no gpu, no fds, cache)"] = (
+        lambda: census.census(gpu=False, fds=False, cache=True))
+    return subjects, alternate
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
     census = census_module()
     now = datetime.datetime.now(datetime.UTC)
     out = Path(args.out) if args.out else (
@@ -355,28 +399,14 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "chaosgpu"),
                     str(ROOT / "probes")], env=env, stdout=subprocess.DEVNULL, check=False)
     snapshot = [*_chaosgpu(), "snapshot", "--json"]
-    subjects: dict[str, Callable[[], object]] = {
-        "ps -eo pid,ppid,stat,sess,comm,args": _command(PS, env),
-        "chaosgpu snapshot --json": _command(snapshot, env),
-        "chaosgpu snapshot --json --workers 1": _command([*snapshot, "--workers", "1"], env),
-        "chaosgpu snapshot --json --no-gpu": _command([*snapshot, "--no-gpu"], env),
-        "chaosgpu snapshot --json --scan-fds": _command([*snapshot, "--scan-fds"], env),
-        "chaosgpu snapshot --json --scan-fds --workers 1":
-            _command([*snapshot, "--scan-fds", "--workers", "1"], env),
-        "polled census, job observer (gpu, no fds, cache)":
-            lambda: census.census(gpu=True, fds=False, cache=True),
-    }
-    alternate: tuple[str, ...] = ()
-    if hasattr(census, "FULL_LISTING_S"):  # the job observer's, as before round 17
-        subjects[LISTED_IN_FULL] = _listed_in_full(census)
-        alternate = ("polled census, job observer (gpu, no fds, cache)", LISTED_IN_FULL)
-    subjects["polled census, probes (no gpu, no fds, cache)"] = (
-        lambda: census.census(gpu=False, fds=False, cache=True))
+    subjects, alternate = _subjects(census, snapshot, env, args.other_snapshot)
     say("snapshot run as: " + ("the installed `chaosgpu` command" if snapshot[0] != sys.executable
                                else "`python -m chaosgpu.cli` from the checkout") + ", from "
         + ("a virtual environment" if sys.prefix != sys.base_prefix else "the system Python"))
     say("chaosgpu under test (the snapshot, the polled census, NVML's child): "
         + ("this checkout's" if UNDER_TEST == ROOT else "the installed one"))
+    if args.other_snapshot:
+        say(f"the other install's snapshot ({OTHER_SNAPSHOT!r}): {args.other_snapshot}")
     say(f"fd scan on this node: {census.census(pids=[os.getpid()])['observer']['nvidia_fd_scan']}")
     scratch = tempfile.NamedTemporaryFile(prefix="chaosgpu-bench-", delete=False)
     scratch.close()
@@ -425,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"  goal: snapshot / ps <= 1.0 -> "
                     f"{medians['chaosgpu snapshot --json'] / ps:.2f}; polled / ps <= 0.3 -> "
                     f"{medians['polled census, job observer (gpu, no fds, cache)'] / ps:.2f}")
+                if args.other_snapshot:
+                    say(f"  this snapshot / the other install's: "
+                        f"{medians['chaosgpu snapshot --json'] / medians[OTHER_SNAPSHOT]:.2f}")
     finally:
         try:
             spawner.stdin.close()  # EOF: the spawner SIGKILLs and reaps every sleeper
