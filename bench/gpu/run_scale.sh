@@ -20,9 +20,23 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(env nvml census timeline tests)
 . "$(dirname "$0")/common.sh"
 work=$(mktemp -d)
+
+# make_venv DIR WHEEL: a fresh virtual environment with chaosgpu from WHEEL (no index, no
+# dependencies), pynvml copied from the system Python for trees that still import it, and
+# its files compiled, as an installed wheel has them
+make_venv() {
+  python3 -m venv --without-pip "$1" &&
+    python3 -m pip --python "$1/bin/python" install -q --no-index --no-deps "$2" &&
+    cp "$(python3 -c 'import pynvml; print(pynvml.__file__)')" \
+      "$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" &&
+    "$1/bin/python" -m compileall -q "$1/lib"
+}
 results="$work/results"
 mkdir -p "$results" "$out"
 pack() { tar czf "$out/results.tar.gz" -C "$work" results; }
+# the NVML layer of the GPU faults (utilisation, samples, XID registration): the census's
+# NVML calls, compared with pynvml's
+NVML_LAYER_TEST=test_gpu_faults_gpu.py::test_nvml_layer_reads_utilization_samples_and_xid_registration
 
 for step in "${steps[@]}"; do
   echo "== step $step $(date -u +%FT%TZ)"
@@ -54,24 +68,31 @@ PY
     python3 bench/census_bench.py --repeat 5 --out "$results/census.txt" 2>&1 | tail -40
     ;;
   census-venv)
-    venv="$work/venv"
     wheel=${CHAOSGPU_WHEEL:-}
     if [ -z "$wheel" ]; then
       python3 -m pip wheel -q --no-deps --no-build-isolation -w "$work/wheel" . &&
         wheel=$(ls "$work"/wheel/*.whl)
       rm -rf build ./*.egg-info
     fi
-    if [ -z "$wheel" ] || ! python3 -m venv --without-pip "$venv" ||
-      ! python3 -m pip --python "$venv/bin/python" install -q --no-index --no-deps "$wheel" ||
-      ! cp "$(python3 -c 'import pynvml; print(pynvml.__file__)')" \
-        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/" ||
-      ! "$venv/bin/python" -m compileall -q "$venv/lib"; then
+    other=()
+    if [ -n "${CHAOSGPU_OTHER_WHEEL:-}" ]; then
+      if make_venv "$work/venv-other" "$CHAOSGPU_OTHER_WHEEL"; then
+        other=(--other-snapshot "$work/venv-other/bin/chaosgpu")
+      else
+        echo "census-venv: no virtual environment could be made from $CHAOSGPU_OTHER_WHEEL" \
+          | tee "$results/census-venv.txt"
+        pack
+        continue
+      fi
+    fi
+    if [ -z "$wheel" ] || ! make_venv "$work/venv" "$wheel"; then
       echo "census-venv: no virtual environment with chaosgpu could be made here" \
         | tee "$results/census-venv.txt"
     else
       # shellcheck disable=SC2086  # CENSUS_BENCH_ARGS: words for the bench (default --repeat 5)
-      env -u PYTHONPATH "$venv/bin/python" bench/census_bench.py ${CENSUS_BENCH_ARGS:---repeat 5} \
-        --out "$results/census-venv.txt" 2>&1 | tail -40
+      env -u PYTHONPATH "$work/venv/bin/python" bench/census_bench.py \
+        ${CENSUS_BENCH_ARGS:---repeat 5} "${other[@]}" --out "$results/census-venv.txt" 2>&1 \
+        | tail -40
     fi
     ;;
   timeline)
@@ -89,10 +110,10 @@ PY
       continue
     fi
     {
-      header "cd tests && python3 -m pytest -v -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py"
+      header "cd tests && python3 -m pytest -v -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py $NVML_LAYER_TEST"
       (cd tests && CHAOSGPU_GPU_EVIDENCE="$results/evidence" timeout 420 python3 -m pytest -v \
-        -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py --rootdir=.. \
-        -c ../pyproject.toml 2>&1)
+        -m gpu test_gpu_census.py test_timeline.py test_verdicts_gpu.py test_agent_gpu.py \
+        "$NVML_LAYER_TEST" --rootdir=.. -c ../pyproject.toml 2>&1)
     } >"$results/tests.txt" 2>&1
     tail -30 "$results/tests.txt"
     ;;
