@@ -51,7 +51,7 @@ import time
 
 TYPE_CHECKING = False  # mypy reads it as true; typing costs ~5-9 ms of every command's start
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+    from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 SCHEMA = "chaosgpu.census/1"
 #: The initial ("host") PID namespace: its inode number is fixed by the kernel (0xEFFFFFFC).
@@ -2591,6 +2591,17 @@ BLOCK_PIDS = 64
 BLOCKS_MAX = 2000
 
 
+def _queued_blocks(queue: int, taken: List[int]) -> Iterator[int]:
+    """The block numbers this reader takes from ``queue`` (2 bytes each, one reader per
+    number), each also added to ``taken``, until none is left (end of file)."""
+    while True:
+        number = os.read(queue, 2)
+        if len(number) < 2:
+            return
+        taken.append(int.from_bytes(number, "little"))
+        yield taken[-1]
+
+
 def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool, str],
                    proc_ns: Optional[str], level: str, workers: int,
                    forked: Any = None, unreaped: Optional[List[int]] = None,
@@ -2606,7 +2617,7 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
     size = max(BLOCK_PIDS, -(-len(wanted) // BLOCKS_MAX))
     blocks = [wanted[i:i + size] for i in range(0, len(wanted), size)]
 
-    def read_blocks(numbers: List[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    def read_blocks(numbers: Iterable[int]) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
         processes = {}  # type: Dict[int, Dict[str, Any]]
         errors = []  # type: List[str]
         for number in numbers:
@@ -2619,16 +2630,8 @@ def _read_parallel(wanted: List[int], proc_root: str, env: bool, fds: Union[bool
     def reader(queue: int) -> Any:
         def take() -> Tuple[Dict[int, Dict[str, Any]], List[str], List[int]]:
             taken = []  # type: List[int]
-            processes = {}  # type: Dict[int, Dict[str, Any]]
-            errors = []  # type: List[str]
-            while True:
-                number = os.read(queue, 2)
-                if len(number) < 2:  # none left (the write end is closed: end of file)
-                    return processes, errors, taken
-                taken.append(int.from_bytes(number, "little"))
-                more, errs = read_blocks(taken[-1:])
-                processes.update(more)
-                errors.extend(errs)
+            processes, errors = read_blocks(_queued_blocks(queue, taken))
+            return processes, errors, taken
         return take
 
     try:
