@@ -2021,6 +2021,7 @@ def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
 #: DDP tutorial does; ``init_method="tcp://..."``), the connections to its TCPStore.
 FOUND_BY_ENV = "environment"
 FOUND_BY_STORE = "store connections"
+FOUND_BY_PEERS = "peer connections"
 #: Torch's libraries in a process's memory map (libtorch_cpu.so, libtorch_python.so ...).
 _TORCH_LIBRARY = b"/libtorch"
 #: (proc_root, pid, start time) -> None for a process seen with torch loaded (a library stays
@@ -2067,23 +2068,59 @@ def _tcp_table(base: str) -> Tuple[Dict[int, set], List[Tuple[Tuple[bytes, int],
     return listeners, connections
 
 
-def _store_ports(base: str) -> Dict[int, Dict[str, Any]]:
-    """In the network namespace of the process at ``base``: every listening TCP port with at
-    least two connections from this namespace (both ends seen), as ``{port: {"listeners":
-    {inode}, "clients": {client inode: server inode}, "address": what the clients dialled}}``."""
+if TYPE_CHECKING:
+    _Links = Tuple[Dict[int, set], List[Tuple[int, int, Tuple[bytes, int]]]]
+
+
+def _node_links(base: str) -> _Links:
+    """The TCP connections within the network namespace of the process at ``base`` (both ends
+    seen) to one of its listening ports: ``({listening port: {socket inode}}, [(client socket
+    inode, server socket inode, the address and port the client dialled)])``."""
     listeners, connections = _tcp_table(base)
     by_ends = {(local, remote): inode for local, remote, inode in connections}
-    ports = {}  # type: Dict[int, Dict[str, Any]]
+    links = []
     for local, remote, inode in connections:
         if remote[1] not in listeners:
             continue
         server = by_ends.get((remote, local))  # the accepted end: a connection within the node
-        if server is None:
-            continue
+        if server is not None:
+            links.append((inode, server, remote))
+    return listeners, links
+
+
+def _store_ports(links: _Links) -> Dict[int, Dict[str, Any]]:
+    """Of ``_node_links``: every listening port with at least two clients, as ``{port:
+    {"listeners": {inode}, "clients": {client inode: server inode}, "address": what the
+    clients dialled}}``."""
+    listeners, connections = links
+    ports = {}  # type: Dict[int, Dict[str, Any]]
+    for client, server, remote in connections:
         entry = ports.setdefault(remote[1], {"listeners": listeners[remote[1]], "clients": {},
                                              "address": _address_of(remote[0])})
-        entry["clients"][inode] = server
+        entry["clients"][client] = server
     return {port: entry for port, entry in ports.items() if len(entry["clients"]) >= 2}
+
+
+def _peer_groups(links: _Links, holder: Dict[int, Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+    """The processes of ``holder`` joined by ``_node_links`` (a connection between two of them,
+    either way), in groups of two or more, each group's processes by PID."""
+    group_of = {}  # type: Dict[int, int]  # PID -> a PID of its group (union-find)
+
+    def root(pid: int) -> int:
+        while group_of.setdefault(pid, pid) != pid:
+            group_of[pid] = group_of[group_of[pid]]
+            pid = group_of[pid]
+        return pid
+
+    for client, server, _ in links[1]:
+        one, other = holder.get(client), holder.get(server)
+        if one is not None and other is not None and one is not other:
+            group_of[root(one["pid"])] = root(other["pid"])
+    by_pid = {proc["pid"]: proc for proc in holder.values()}
+    groups = {}  # type: Dict[int, List[Dict[str, Any]]]
+    for pid in sorted(group_of):
+        groups.setdefault(root(pid), []).append(by_pid[pid])
+    return [members for members in groups.values() if len(members) >= 2]
 
 
 def _torch_loaded(proc: Dict[str, Any], proc_root: str) -> bool:
@@ -2135,7 +2172,13 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
     socket (a DataLoader worker forked by its rank), the oldest holds it and the others are its
     helpers. A job found by environment is kept as it is when its ranks carry their numbers
     or are these same processes; otherwise (ranks that set MASTER_PORT in os.environ: only the
-    DataLoader workers they spawn show it) the store's job replaces it."""
+    DataLoader workers they spawn show it) the store's job replaces it.
+    Where no store shows (a ``file://`` rendezvous; the ranks left when the store's host, rank
+    0, is gone), the ranks' own connections do: gloo's pairs and NCCL's bootstrap ring join
+    every rank to another. Such processes (the same kind: Python, torch loaded), joined by
+    connections within the node and in no job found already, are a job found by "peer
+    connections", named ``peers:PID`` after its oldest process, no rank number known unless a
+    launcher's variables give it."""
     candidates = _store_candidates(processes, launchers)
     if len(candidates) < 2:
         return
@@ -2156,10 +2199,11 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
         if len(members) < 2:
             continue
         # any member's view of the namespace will do: one read of its TCP tables
-        ports = _store_ports("%s/%d" % (proc_root, members[0]["pid"]))
-        if not ports:
+        links = _node_links("%s/%d" % (proc_root, members[0]["pid"]))
+        if not links[1]:
             continue
         holder = _socket_holders(members, proc_root)
+        ports = _store_ports(links)
         # the oldest listener first (socket inodes grow): a job's TCPStore, opened by
         # init_process_group, names it, not NCCL's bootstrap root (the same shape, for a moment)
         for port in sorted(ports, key=lambda p: min(ports[p]["listeners"])):
@@ -2170,9 +2214,17 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
             if len(hosts) != 1 or min(hosts) not in clients or len(clients) < 2 \
                     or not all(_torch_loaded(proc, proc_root) for proc in clients.values()):
                 continue  # no store served and used by these processes, or not torch's
-            _add_store_job("%s:%d" % (store["address"], port), processes[min(hosts)], clients,
-                           processes, jobs, member_of, gpu_by_pid, errors, cgroup_root,
-                           proc_root)
+            _add_found_job("%s:%d" % (store["address"], port), FOUND_BY_STORE,
+                           processes[min(hosts)], clients, processes, jobs, member_of,
+                           gpu_by_pid, errors, cgroup_root, proc_root)
+        for group in _peer_groups(links, holder):
+            if any(proc["pid"] in member_of for proc in group) \
+                    or not all(_torch_loaded(proc, proc_root) for proc in group):
+                continue  # a job found already, or not torch's processes
+            oldest = min(group, key=lambda p: (p["starttime"], p["pid"]))
+            _add_found_job("peers:%d" % oldest["pid"], FOUND_BY_PEERS, None,
+                           {proc["pid"]: proc for proc in group}, processes, jobs, member_of,
+                           gpu_by_pid, errors, cgroup_root, proc_root)
 
 
 def _socket_holders(members: List[Dict[str, Any]], proc_root: str) -> Dict[int, Dict[str, Any]]:
@@ -2192,12 +2244,14 @@ def _socket_holders(members: List[Dict[str, Any]], proc_root: str) -> Dict[int, 
     return holder
 
 
-def _add_store_job(job_id: str, host: Dict[str, Any], clients: Dict[int, Dict[str, Any]],
-                   processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
-                   member_of: Dict[int, str], gpu_by_pid: Dict[int, float],
-                   errors: List[str], cgroup_root: str, proc_root: str) -> None:
-    """Add the job of a store (see ``_store_jobs``) unless a job found by environment already
-    names these ranks."""
+def _add_found_job(job_id: str, found_by: str, host: Optional[Dict[str, Any]],
+                   clients: Dict[int, Dict[str, Any]], processes: Dict[int, Dict[str, Any]],
+                   jobs: Dict[str, Dict[str, Any]], member_of: Dict[int, str],
+                   gpu_by_pid: Dict[int, float], errors: List[str], cgroup_root: str,
+                   proc_root: str) -> None:
+    """Add a job found by its connections (see ``_store_jobs``: a store's, whose ``host`` is
+    rank 0, or peers', with no host) unless a job found by environment already names these
+    ranks."""
     known = {member_of[pid] for pid in clients if pid in member_of}
     if job_id in jobs:
         known.add(job_id)
@@ -2211,8 +2265,8 @@ def _add_store_job(job_id: str, host: Dict[str, Any], clients: Dict[int, Dict[st
     for other in known:
         del jobs[other]
     job = jobs[job_id] = _new_job(job_id)
-    job["master"] = job_id
-    job["found_by"] = FOUND_BY_STORE
+    job["master"] = job_id if host is not None else None
+    job["found_by"] = found_by
     ranks = sorted(clients.values(), key=lambda p: p["pid"])
     for proc in ranks:  # numbered where a launcher's variables show (mpirun, srun)
         _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root,

@@ -16,6 +16,7 @@ from census_helpers import wait_for
 
 from chaosgpu import node
 from chaosgpu.job import probes as job_probes
+from chaosgpu.job.observe import Observer
 from chaosgpu.node import probes
 
 pytest.importorskip("torch")
@@ -192,3 +193,92 @@ def test_only_torchs_store_shape_is_a_job_found_by_its_connections() -> None:
                 assert [r["rank"] for r in job["ranks"]] == [0, None, None], job["ranks"]
                 assert job["ranks"][0]["rank_source"] == "store host"
                 assert job["launcher"] == "bare" and job["world_size"] is None
+
+
+# A stand-in for the ranks' own connections (gloo's pairs, NCCL's bootstrap ring), without
+# torch.distributed: each process listens, connects to the ports given, and prints its own.
+PEER_SHAPE = r"""
+import select, socket, sys, threading
+if sys.argv[1] == "torch":
+    import torch  # noqa: F401
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+held = [socket.create_connection(("127.0.0.1", int(port))) for port in sys.argv[2:]]
+print(server.getsockname()[1], flush=True)
+while True:
+    held.append(server.accept()[0])
+"""
+
+
+@contextlib.contextmanager
+def peer_shape(torch: bool, groups: list[int], tag: str = "") -> Iterator[list[list[int]]]:
+    """Groups of processes, each connected to every earlier one of its group (tagged `tag`
+    when given); yields each group's PIDs; kills the processes after."""
+    env = dict(os.environ, CHAOSGPU_TAG=tag) if tag else None
+    started: list[subprocess.Popen[str]] = []
+    pids: list[list[int]] = []
+    try:
+        for size in groups:
+            ports: list[str] = []
+            pids.append([])
+            for _ in range(size):
+                proc = subprocess.Popen([sys.executable, "-c", PEER_SHAPE,
+                                         "torch" if torch else "plain", *ports],
+                                        stdout=subprocess.PIPE, text=True, env=env)
+                started.append(proc)
+                assert proc.stdout is not None
+                ports.append(proc.stdout.readline().strip())
+                pids[-1].append(proc.pid)
+        yield pids
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_processes_joined_by_their_own_connections_are_a_job_when_torchs() -> None:
+    """No store, no environment (a file:// rendezvous): torch processes connected to one
+    another within the node are a job found by "peer connections", named after the oldest,
+    no rank numbered; two separate groups are two jobs; the same shape without torch is none."""
+    for torch, groups in ((False, [3]), (True, [3, 2])):
+        with peer_shape(torch, groups) as pids:
+            mine = {pid for group in pids for pid in group}
+            jobs = [j for j in node.take_census(gpu=False)["jobs"]
+                    if {r["pid"] for r in j["ranks"]} & mine]
+            if not torch:
+                assert jobs == [], jobs
+                continue
+            assert sorted(sorted(r["pid"] for r in j["ranks"]) for j in jobs) == sorted(
+                sorted(group) for group in pids), jobs
+            for job in jobs:
+                first = min(r["pid"] for r in job["ranks"])
+                assert job["id"] == f"peers:{first}" and job["found_by"] == "peer connections"
+                assert job["master"] is None and job["launcher"] == "bare"
+                assert all(r["rank"] is None and r["state"] == "alive" for r in job["ranks"])
+
+
+@pytest.mark.slow
+def test_an_observer_keeps_judging_a_peer_job_whose_oldest_process_ended() -> None:
+    """A job found by its peers' connections is named after its oldest process: when that one
+    dies the census names the job after the next, and an observer keeps the job it saw (the
+    same rank processes), the dead one's exit included."""
+    tag = f"peers-{os.environ['CHAOSGPU_TEST_ID']}"
+    with peer_shape(True, [3], tag=tag) as (pids,):
+        observer = Observer(tag=tag, stacks=False, census_every_s=0.05)
+        try:
+            observer.tick()
+            assert list(observer.tracks) == [f"peers:{pids[0]}"], observer.tracks
+            os.kill(pids[0], signal.SIGKILL)
+            wait_for(lambda: any(j["id"] == f"peers:{pids[1]}"
+                                 for j in node.take_census(gpu=False)["jobs"]),
+                     timeout=20, what="the job to be named after its next oldest process")
+            time.sleep(0.1)
+            observer.tick()
+            assert list(observer.tracks) == [f"peers:{pids[0]}"], observer.tracks
+            ranks = observer.tracks[f"peers:{pids[0]}"].ranks
+            assert sorted(pid for pid, _ in ranks) == sorted(pids), ranks
+        finally:
+            observer.close()

@@ -9,6 +9,7 @@ faults must hit the trainer processes, and the verdicts must hold."""
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,47 @@ def test_a_killed_spawn_rank_fails_the_job(tmp_path: Path, jobs: list[Job],
     ranks = found["ranks"]
     assert ranks[0]["rank"] == 0 and ranks[0]["exit"]["signal"] == "SIGKILL"
     assert ranks[1]["rank"] is None and ranks[1]["exit"] is not None  # ended by mp.spawn
+    assert job.wait_exit(30)[0] not in (None, 0)  # the main process raised
+
+
+def test_a_file_rendezvous_job_is_found_by_its_ranks_connections(tmp_path: Path,
+                                                                  jobs: list[Job]) -> None:
+    """init_method="file://...": no store and no variable name the job; the ranks' own
+    connections (gloo's pairs) do. No rank shows its number. A frozen rank hangs the job and is
+    named by PID; a killed one fails it, and the survivors' exits (mp.spawn ends them) are
+    listed by PID."""
+    job = start_spawn(tmp_path, world_size=3, rendezvous="file")
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    found = census_job(tag=job.tag)
+    main = job.processes[0].pid
+    ranks = found["ranks"]
+    trainers = children(main) - {p for r in ranks for p in r["helpers"]} \
+        - _resource_trackers(main)
+    assert {r["pid"] for r in ranks} == trainers and len(trainers) == 3, found
+    assert found["found_by"] == "peer connections" and found["master"] is None
+    assert found["id"] in {f"peers:{pid}" for pid in trainers}, found["id"]
+    assert [(r["rank"], r["rank_source"]) for r in ranks] == [(None, None)] * 3
+    assert found["launcher"] == "multiprocessing" and found["launcher_pid"] == main
+    assert all(len(r["helpers"]) == 2 for r in ranks), ranks
+    state = probes.job_state(tag=job.tag)
+    assert state["verdict"] == "running", state["reason"]
+    victim = ranks[1]["pid"]
+    assert process_actions.freeze_processes(scope={"pids": [victim]})["sent"] == 1
+    hung = probes.detect_hang(tag=job.tag, timeout_s=30)
+    assert hung["verdict"] == "hung", hung["reason"]
+    assert [c["pid"] for c in hung["culprit_ranks"]] == [victim], hung
+    assert f"rank ? (PID {victim})" in hung["reason"]
+    assert process_actions.resume_processes(scope={"pids": [victim]})["sent"] == 1
+    with ThreadPoolExecutor(1) as pool:  # the wait begins while all three run
+        waiting = pool.submit(probes.wait_survivors_exit, tag=job.tag, timeout_s=30)
+        time.sleep(2.0)
+        killed = process_actions.signal_processes(scope={"pids": [victim]}, signal="SIGKILL")
+        assert killed["sent"] == 1, killed
+        waited = waiting.result(timeout=60)
+    assert waited["all_exited"] is True and waited["verdict"] == "failed", waited
+    assert waited["survivors"] == [None] * 3, waited
+    assert set(waited["exits"]) == {f"? (PID {r['pid']})" for r in ranks}, waited["exits"]
     assert job.wait_exit(30)[0] not in (None, 0)  # the main process raised
 
 

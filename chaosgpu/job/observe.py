@@ -225,13 +225,24 @@ class Observer:
                 self.tracks[job_id] = self.tracks.pop(known)
                 self._by_launcher[key] = job_id
             return track
-        existing = self.tracks.get(job_id)
+        existing = self.tracks.get(job_id) or self._track_of_ranks(entry)
         if existing is None:
             existing = self.tracks[job_id] = JobTrack(job_id, self.window_s, now)
         track = existing
         if key[0] is not None:
             self._by_launcher[key] = job_id
         return track
+
+    def _track_of_ranks(self, entry: dict[str, Any]) -> JobTrack | None:
+        """The track of a job seen before under another id, now found again by the same rank
+        processes: a store's job whose host (rank 0) is gone is found by its other ranks'
+        own connections (``peers:PID``); those ranks are still that job's."""
+        keys = {(r["pid"], r["starttime"]) for r in entry.get("ranks") or []
+                if r.get("pid") is not None and r.get("starttime") is not None}
+        if not keys:
+            return None
+        owners = [t for t in self.tracks.values() if keys <= set(t.ranks)]
+        return owners[0] if len(owners) == 1 else None
 
     def _sockets(self) -> dict[int, dict[str, Any]] | None:
         from chaosgpu.node import tcp_sockets

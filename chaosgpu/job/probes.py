@@ -204,19 +204,26 @@ def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
         result.update(all_exited=True, still_alive=[], exits={}, survivors=[])
         return result
     ranks = result["ranks"]
-    result["survivors"] = sorted(r["rank"] for r in ranks
-                                 if (r["pid"], r["starttime"]) in survivors)
+    # by number, the unnumbered last (a spawn job's ranks show no number: None)
+    result["survivors"] = [r["rank"] for r in sorted(
+        (r for r in ranks if (r["pid"], r["starttime"]) in survivors),
+        key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"]))]
     result["still_alive"] = [{"rank": r["rank"], "pid": r["pid"]} for r in ranks
                              if (r["pid"], r["starttime"]) in survivors
                              and r["state"] in ("alive", "stopped", "frozen")]
     result["all_exited"] = not result["still_alive"]
-    result["exits"] = {str(r["rank"]): {"exit": r["exit"], "at": r["exited_at"],
+    result["exits"] = {_rank_key(r): {"exit": r["exit"], "at": r["exited_at"],
                                         "error": r["error"]} for r in ranks if r["exit"]}
     result["survivors_left"] = [r["rank"] for r in result["still_alive"]]
     gpu = _gpu_pids()
     if gpu is not None:
         result["still_on_gpu"] = sorted({r["pid"] for r in ranks} & gpu)
     return result
+
+
+def _rank_key(rank: Dict[str, Any]) -> str:
+    """A rank's key in a result's map: its number, or "? (PID P)" where none shows."""
+    return str(rank["rank"]) if rank["rank"] is not None else f"? (PID {rank['pid']})"
 
 
 @checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)

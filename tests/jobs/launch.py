@@ -207,16 +207,19 @@ def start_spawn(workdir: Path, world_size: int = 2, loader_workers: int = 2,
     """The tutorial-shaped torch.multiprocessing.spawn DDP job (tests/jobs/spawn_ddp.py): no
     RANK in any environment, DataLoader worker processes under each rank; `rendezvous` says
     where the store's address is given (the main process's environment, each rank's os.environ
-    as the tutorial does, or a tcp:// init_method). Its job id is the store's address either
-    way; the tag is inherited from the main process's environment."""
+    as the tutorial does, a tcp:// init_method, or a file:// one in `workdir`). Its job id is
+    the store's address (with a file:// rendezvous it is not known here: `run_id` is empty,
+    select it by its tag); the tag is inherited from the main process's environment."""
     tag = f"verdict-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    job = Job(f"127.0.0.1:{port}", tag, workdir, world_size=world_size)
+    job = Job(f"127.0.0.1:{port}" if rendezvous != "file" else "", tag, workdir,
+              world_size=world_size)
     with open(workdir / "spawn.log", "wb") as log:
         job.processes.append(subprocess.Popen(
             [sys.executable, str(SPAWN_DDP), str(port), "--world-size", str(world_size),
              "--loader-workers", str(loader_workers), "--steps", str(steps),
-             "--device", device, "--rendezvous", rendezvous],
+             "--device", device, "--rendezvous", rendezvous,
+             "--store-file", str(workdir / "spawn-ddp.store")],
             env=_env(tag), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             start_new_session=True))
     return job

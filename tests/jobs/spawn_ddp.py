@@ -7,13 +7,15 @@ worker processes. Where the rendezvous is named (`--rendezvous`):
   spawning, so the ranks' environment names the job;
 * `rank-env`: each rank sets them in os.environ itself before init_process_group, as the DDP
   tutorial's setup() does: no process's environment (/proc/PID/environ) shows them;
-* `tcp`: init_process_group(init_method="tcp://127.0.0.1:PORT"): no variable at all.
+* `tcp`: init_process_group(init_method="tcp://127.0.0.1:PORT"): no variable at all;
+* `file`: init_process_group(init_method="file://PATH") (`--store-file PATH`): no variable and
+  no store served by any rank (PORT is not used).
 
 It knows nothing of chaosgpu. It prints one line per step to stdout ("rank R step N"), the
 ground truth for the tests' own assertions.
 
     python spawn_ddp.py PORT [--world-size 2] [--loader-workers 2] [--steps 0] [--device cuda]
-                             [--rendezvous parent-env|rank-env|tcp]
+                             [--rendezvous parent-env|rank-env|tcp|file] [--store-file PATH]
 """
 
 import argparse
@@ -30,8 +32,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def train(rank: int, world_size: int, loader_workers: int, steps: int, device: str,
-          port: str, rendezvous: str) -> None:
-    if rendezvous == "tcp":
+          port: str, rendezvous: str, store_file: str) -> None:
+    if rendezvous == "file":
+        dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
+                                world_size=world_size)
+    elif rendezvous == "tcp":
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size)
     else:
@@ -68,14 +73,16 @@ def main() -> None:
     parser.add_argument("--loader-workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=0, help="0: until killed")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (every rank on GPU 0)")
-    parser.add_argument("--rendezvous", choices=("parent-env", "rank-env", "tcp"),
+    parser.add_argument("--rendezvous", choices=("parent-env", "rank-env", "tcp", "file"),
                         default="parent-env")
+    parser.add_argument("--store-file", default=os.path.abspath("spawn-ddp.store"),
+                        help="the file of a file:// rendezvous (absolute; it must not exist)")
     args = parser.parse_args()
     if args.rendezvous == "parent-env":
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = args.port
     mp.spawn(train, args=(args.world_size, args.loader_workers, args.steps, args.device,
-                          args.port, args.rendezvous),
+                          args.port, args.rendezvous, args.store_file),
              nprocs=args.world_size, join=True)
 
 
