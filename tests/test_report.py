@@ -178,6 +178,29 @@ def test_verdict_rows_and_the_remediation_outcome() -> None:
     assert remedy.metrics["hang_detected"].value is False
 
 
+def test_a_verdict_of_unnumbered_ranks_names_them_by_pid() -> None:
+    """A job whose ranks show no number (a spawn or file:// job): culprits, ranks still alive
+    and exits read "rank ? (PID n)" in the report, never "rank None"."""
+    from types import SimpleNamespace
+
+    from chaosgpu.timeline.events import VERDICT_SCHEMA, verdict_rows
+
+    output = {"schema": VERDICT_SCHEMA, "id": "peers:11", "verdict": "failed",
+              "culprit_ranks": [{"rank": None, "pid": 11, "why": "killed by SIGKILL"}],
+              "all_exited": False, "survivors": [None, None],
+              "still_alive": [{"rank": None, "pid": 12}],
+              "exits": {"? (PID 13)": {"exit": {"code": 1}}}}
+    (row,) = verdict_rows([("wait-survivors-exit", "method", output)])
+    assert row["culprits"] == [{"rank": None, "pid": 11, "why": "killed by SIGKILL"}]
+    assert row["still_alive"] == ["? (PID 12)"]
+    header, (cells,) = verdict_table(SimpleNamespace(verdicts=[row],  # type: ignore[arg-type]
+                                                     is_remediation=False))
+    cells_by = dict(zip(header, cells, strict=True))
+    assert cells_by["culprits"] == "rank ? (PID 11): killed by SIGKILL"
+    assert cells_by["survivors' exits"] == ("still alive: ranks ? (PID 12) "
+                                            "(rank ? (PID 13): exit code 1)"), cells_by
+
+
 def test_markdown_and_html_show_verdicts_node_loss_and_memory_kind(tmp_path: Path) -> None:
     build_report([str(JOURNALS / "handmade-nccl-rank-kill.json"),
                   str(JOURNALS / "handmade-nccl-timeout-remediation.json")], str(tmp_path),

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Union
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.errors import InvalidArgument
 from chaosgpu.job import observe as _observe
-from chaosgpu.job.verdict import DEFAULT_WINDOW_S
+from chaosgpu.job.verdict import DEFAULT_WINDOW_S, rank_key
 
 __all__ = ["job_state", "job_hung", "job_running", "detect_hang", "wait_survivors_exit",
            "wait_job_verdict", "job_ranks"]
@@ -212,18 +212,13 @@ def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
                              if (r["pid"], r["starttime"]) in survivors
                              and r["state"] in ("alive", "stopped", "frozen")]
     result["all_exited"] = not result["still_alive"]
-    result["exits"] = {_rank_key(r): {"exit": r["exit"], "at": r["exited_at"],
+    result["exits"] = {rank_key(r["rank"], r["pid"]): {"exit": r["exit"], "at": r["exited_at"],
                                         "error": r["error"]} for r in ranks if r["exit"]}
     result["survivors_left"] = [r["rank"] for r in result["still_alive"]]
     gpu = _gpu_pids()
     if gpu is not None:
         result["still_on_gpu"] = sorted({r["pid"] for r in ranks} & gpu)
     return result
-
-
-def _rank_key(rank: Dict[str, Any]) -> str:
-    """A rank's key in a result's map: its number, or "? (PID P)" where none shows."""
-    return str(rank["rank"]) if rank["rank"] is not None else f"? (PID {rank['pid']})"
 
 
 @checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)

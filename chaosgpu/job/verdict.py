@@ -45,7 +45,8 @@ from chaosgpu.job.stacks import (
     signature,
 )
 
-__all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S", "rank_name"]
+__all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S", "rank_key",
+           "rank_name"]
 
 VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
 DEFAULT_WINDOW_S = 3.0
@@ -69,10 +70,15 @@ def _ranks_text(tracks: "list[RankTrack]") -> str:
     return "[" + ", ".join(t.label for t in tracks) + "]"
 
 
+def rank_key(rank: int | None, pid: int | None) -> str:
+    """"N", or "? (PID P)" where no process shows the number (a rank started by
+    torch.multiprocessing.spawn carries no RANK in its environment): a rank's key in maps."""
+    return str(rank) if rank is not None else f"? (PID {pid})"
+
+
 def rank_name(rank: int | None, pid: int | None) -> str:
-    """"rank N", or "rank ? (PID P)" where no process shows the number (a rank started by
-    torch.multiprocessing.spawn carries no RANK in its environment)."""
-    return f"rank {rank}" if rank is not None else f"rank ? (PID {pid})"
+    """"rank N", or "rank ? (PID P)" where no process shows the number (see rank_key)."""
+    return f"rank {rank_key(rank, pid)}"
 
 
 def _culprit_text(culprit: dict[str, Any]) -> str:

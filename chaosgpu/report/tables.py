@@ -207,7 +207,8 @@ def verdict_table(run: RunView) -> tuple[list[str], list[list[str]]]:
         exits = MISSING
         if "all_exited" in row:
             exits = ("all exited" if row["all_exited"] else
-                     f"still alive: ranks {row.get('still_alive')}")
+                     "still alive: ranks " + ", ".join(
+                         str(rank) for rank in row.get("still_alive") or []))
             if row.get("exits"):
                 exits += " (" + ", ".join(f"rank {k}: {_exit_text(v)}"
                                           for k, v in row["exits"].items()) + ")"

@@ -196,6 +196,7 @@ def _release(fault: dict[str, Any] | None, measurements: dict[str, Any],
 def verdict_rows(records: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
     """One row per observed verdict in (activity, part, output): the verdict, the job, the
     culprits, where the survivors were blocked, detection after the fault, survivors' exits."""
+    from chaosgpu.job.verdict import rank_key
     rows = []
     for activity, part, output in records:
         if not isinstance(output, dict) or output.get("schema") != VERDICT_SCHEMA:
@@ -206,7 +207,7 @@ def verdict_rows(records: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
         detection = detection if isinstance(detection, dict) else {}
         row = {"activity": activity, "part": part, "job": output.get("id"),
                "verdict": output.get("verdict"), "reason": output.get("reason"),
-               "culprits": [{"rank": c.get("rank"), "why": c.get("why")}
+               "culprits": [{"rank": c.get("rank"), "pid": c.get("pid"), "why": c.get("why")}
                             for c in output.get("culprit_ranks") or [] if isinstance(c, dict)],
                "culprits_note": output.get("culprits_note"),
                "blocked_in": {k: blocked.get(k) for k in ("kind", "what", "ranks")}
@@ -216,7 +217,9 @@ def verdict_rows(records: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
         if "all_exited" in output:
             row.update(all_exited=output.get("all_exited"),
                        survivors=output.get("survivors"),
-                       still_alive=[s.get("rank") for s in output.get("still_alive") or []
+                       still_alive=[s.get("rank") if s.get("rank") is not None
+                                    else rank_key(None, s.get("pid"))
+                                    for s in output.get("still_alive") or []
                                     if isinstance(s, dict)],
                        exits={rank: (e or {}).get("exit") for rank, e in
                               (output.get("exits") or {}).items()})
