@@ -282,3 +282,48 @@ def test_an_observer_keeps_judging_a_peer_job_whose_oldest_process_ended() -> No
             assert sorted(pid for pid, _ in ranks) == sorted(pids), ranks
         finally:
             observer.close()
+
+
+# A bare torch.distributed rank: tcp:// rendezvous (rank 0 serves the store), one all_reduce,
+# then idle with its connections open.
+BARE_RANK = r"""
+import sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2],
+                        rank=int(sys.argv[1]), world_size=3)
+dist.all_reduce(torch.ones(2))
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+def test_the_ranks_left_when_the_store_host_dies_are_found_by_their_own_connections() -> None:
+    """A 3-rank job found by its store; rank 0, the store's host, is killed: its store and the
+    job's id go with it, and the two ranks left are found by their connections to each other."""
+    port = str(_free_port())
+    ranks = [subprocess.Popen([sys.executable, "-c", BARE_RANK, str(rank), port],
+                              stdout=subprocess.PIPE, text=True, env=dict(
+                                  os.environ, OMP_NUM_THREADS="1")) for rank in range(3)]
+    try:
+        for rank in ranks:
+            assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        pids = [rank.pid for rank in ranks]
+        job = wait_for(lambda: next((j for j in node.take_census(gpu=False)["jobs"]
+                                     if j["id"] == f"127.0.0.1:{port}"), None),
+                       timeout=20, what="the job to be found by its store")
+        assert [(r["rank"], r["pid"]) for r in job["ranks"]] == [
+            (0, pids[0]), (None, pids[1]), (None, pids[2])], job["ranks"]
+        ranks[0].kill()
+        ranks[0].wait()
+        found = wait_for(lambda: next((j for j in node.take_census(gpu=False)["jobs"]
+                                       if j["found_by"] == "peer connections"
+                                       and {r["pid"] for r in j["ranks"]} & set(pids)), None),
+                         timeout=20, what="the ranks left to be found by their connections")
+        assert found["id"] == f"peers:{pids[1]}", found
+        assert [r["pid"] for r in found["ranks"]] == pids[1:], found["ranks"]
+        assert not [j for j in node.take_census(gpu=False)["jobs"]
+                    if j["id"] == f"127.0.0.1:{port}"]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
