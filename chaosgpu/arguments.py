@@ -20,8 +20,8 @@ from typing import Any, TypeVar, cast
 from chaosgpu.errors import InvalidArgument
 
 __all__ = ["Rule", "checked", "rules_of", "option", "missing_allowed", "SECONDS",
-           "POSITIVE_SECONDS", "COUNT", "INDEX", "MIB", "TEXT", "PID", "FRACTION", "POSITIVE",
-           "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT", "LONGEST_WAIT_S"]
+           "POSITIVE_SECONDS", "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID", "FRACTION",
+           "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT", "LONGEST_WAIT_S"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,6 +59,9 @@ NON_NEGATIVE = Rule("a number >= 0", lambda v: _number(v) and v >= 0)
 FRACTION = Rule("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
 COUNT = Rule(">= 1 (an integer)", lambda v: _integer(v) and v >= 1)
 INDEX = Rule("a non-negative integer", lambda v: _integer(v) and v >= 0)
+#: A rank of a job: its number, or "any" (a live rank chaosgpu picks; chaosgpu.job.actions).
+RANK = Rule('a rank number (a non-negative integer) or "any"',
+            lambda v: (_integer(v) and v >= 0) or v == "any")
 MIB = Rule("a number of MiB >= 0", lambda v: _number(v) and v >= 0)
 PID = Rule("a positive host PID (an integer > 0)", lambda v: _integer(v) and v > 0)
 TEXT = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))

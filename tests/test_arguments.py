@@ -29,6 +29,7 @@ BAD: dict[str, list[Any]] = {
     "FRACTION": [0, 1.5, -0.1, True],
     "COUNT": [0, -1, 1.5, True, "2"],
     "INDEX": [-1, 1.5, True, "0"],
+    "RANK": [-1, 1.5, True, "0", "some", ""],
     "MIB": [-1, float("nan"), True, "64"],
     "PID": [0, -3, 1.0, True, "12"],
     "TEXT": ["", "   ", 3, ["x"]],
@@ -46,7 +47,7 @@ def _placeholder(param: inspect.Parameter) -> Any:
         return {"pids": [1]}
     if "List" in text or "list" in text:
         return ["x"]
-    if param.annotation is int:
+    if param.annotation is int or "int" in text:  # Union[int, str] (a rank or "any")
         return 1
     return "x"
 
@@ -129,7 +130,7 @@ def test_kill_rank_with_a_negative_wait_kills_nothing() -> None:
     try:
         with pytest.raises(InvalidArgument, match="kill_rank: wait_s must be a number of seconds"):
             kill_rank(rank=0, tag=tag, wait_s=-1)
-        with pytest.raises(InvalidArgument, match="kill_rank: rank must be a non-negative"):
+        with pytest.raises(InvalidArgument, match="kill_rank: rank must be a rank number"):
             kill_rank(rank=-1, tag=tag)
         with pytest.raises(InvalidArgument, match=r"kill_rank: unknown argument 'rnk'; it "
                                                   r"takes rank, job, tag, signal, wait_s"):

@@ -145,7 +145,7 @@ def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
         actions.kill_rank(tag="x")  # type: ignore[call-arg]
     with pytest.raises(JobError, match="name the job"):
         actions.kill_rank(rank=0)
-    with pytest.raises(ValueError, match="rank must be a non-negative integer"):
+    with pytest.raises(ValueError, match="rank must be a rank number"):
         actions.kill_rank(tag="x", rank=-1)
     with pytest.raises(ValueError, match="wait_s must be"):
         actions.kill_rank(tag="x", rank=0, wait_s=-1)

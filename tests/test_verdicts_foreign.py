@@ -8,6 +8,7 @@ rank's environment, RANK included). The census must find the ranks and only the 
 faults must hit the trainer processes, and the verdicts must hold."""
 
 import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -407,6 +408,61 @@ def test_the_freeze_recovery_game_day_on_a_lightning_job(tmp_path: Path, jobs: l
     before = spawn_steps(job)
     wait_spawn_steps(job, max(before.values()) + 3)  # still training after the game-day
     assert all(p.poll() is None for p in job.processes)
+
+
+def test_the_freeze_recovery_game_day_on_a_job_whose_ranks_show_no_number(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    """The game-day, as written, on a file:// spawn job (no rank numbered anywhere): rank
+    "any" freezes the newest rank, the hang names it by PID, the same process is resumed
+    (the one this run froze) and the job trains on: exit 0."""
+    (tmp_path / "job").mkdir()
+    job = start_spawn(tmp_path / "job", rendezvous="file")
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    ranks = census_job(tag=job.tag)["ranks"]
+    newest = max(r["pid"] for r in ranks)
+    code, journal = run_experiment(RECOVERY, tmp_path, {"tag": job.tag})
+    log = (tmp_path / "chaostoolkit.log").read_text()[-4000:]
+    assert code == 0 and journal["status"] == "completed" and not journal["deviated"], log
+    out = outputs(journal)
+    assert out["freeze-rank"]["output"]["pid"] == newest, out["freeze-rank"]["output"]
+    assert out["freeze-rank"]["output"]["rank"] is None
+    found = out["detect-hang"]["output"]
+    assert found["verdict"] == "hung", found["reason"]
+    assert [c["pid"] for c in found["culprit_ranks"]] == [newest], found["culprit_ranks"]
+    assert out["resume-rank"]["output"]["pid"] == newest
+    assert all(e["status"] == "succeeded" for e in journal["rollbacks"]), journal["rollbacks"]
+    before = spawn_steps(job)
+    wait_spawn_steps(job, max(before.values()) + 3)  # still training after the game-day
+    assert all(p.poll() is None for p in job.processes)
+
+
+def test_resume_rank_any_resumes_only_what_this_run_froze(tmp_path: Path,
+                                                          jobs: list[Job]) -> None:
+    """rank="any" for resume_rank is the rank this run froze: with none frozen by this run it
+    fails and names what to do, and a rank stopped by someone else stays stopped."""
+    job = start_spawn(tmp_path, rendezvous="file")
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    other = census_job(tag=job.tag)["ranks"][0]["pid"]
+    os.kill(other, signal.SIGSTOP)  # stopped by someone else (a debugger, say)
+    try:
+        with pytest.raises(actions.JobError, match="was frozen by this run"):
+            actions.resume_rank(rank="any", tag=job.tag)
+        assert _state(other) == "T"
+        frozen = actions.freeze_rank(rank="any", tag=job.tag)
+        assert frozen["pid"] != other and frozen["rank"] is None, frozen
+        resumed = actions.resume_rank(rank="any", tag=job.tag)
+        assert resumed["pid"] == frozen["pid"] and _state(other) == "T", resumed
+    finally:
+        os.kill(other, signal.SIGCONT)
+    with pytest.raises(ValueError, match='or "any"'):
+        actions.freeze_rank(rank="some", tag=job.tag)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_the_freeze_recovery_game_day_refuses_a_job_that_is_not_there(tmp_path: Path) -> None:

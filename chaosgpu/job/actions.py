@@ -15,12 +15,13 @@ function has a deadline.
 import logging
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import INDEX, POSITIVE_SECONDS, SECONDS, checked
+from chaosgpu.arguments import INDEX, POSITIVE_SECONDS, RANK, SECONDS, checked
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
+from chaosgpu.job.verdict import rank_name
 from chaosgpu.process.actions import (
     FREEZE_METHODS,
     _freeze_with_freezer,
@@ -38,10 +39,46 @@ SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIG
            "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 
-def _check_rank(rank: Any) -> int:
+#: rank="any": the last live rank in the census's order (ranks by number, then those whose
+#: number no process shows, by PID): the highest number, or the newest unnumbered process.
+#: For resume_rank: the rank this run froze in the job.
+ANY_RANK = "any"
+
+
+def _check_rank(rank: Any) -> Union[int, str]:
+    if rank == ANY_RANK:
+        return rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank must be a non-negative integer, got {rank!r}")
+        raise ValueError(f'rank must be a non-negative integer or "any", got {rank!r}')
     return rank
+
+
+def _frozen_by_this_run(found: dict[str, Any]) -> dict[str, Any] | None:
+    """The rank of `found` this runner froze last (SIGSTOP or the freezer) that still lives,
+    by PID and start time; None when none."""
+    live = {(r.get("pid"), r.get("starttime")): r for r in found.get("ranks") or []
+            if r.get("state") not in ("zombie", "missing") and r.get("pid") is not None}
+    for fault in reversed(faultlog.recent()):
+        if fault.get("kind") in ("SIGSTOP", "freezer"):
+            entry = live.get((fault.get("pid"), fault.get("starttime")))
+            if entry is not None:
+                return entry
+    return None
+
+
+def _pick_rank(found: dict[str, Any], rank: Union[int, str],
+               frozen: bool = False) -> dict[str, Any] | None:
+    """The census entry of `rank` in the job `found`: that number's live process; for "any",
+    the rank this run froze when `frozen`, else the last live rank (see ANY_RANK), a running
+    one before a stopped or frozen one."""
+    live = [r for r in found.get("ranks") or [] if r.get("state") not in ("zombie", "missing")
+            and r.get("pid") is not None]
+    if rank != ANY_RANK:
+        return next((r for r in live if r.get("rank") == rank), None)
+    if frozen:
+        return _frozen_by_this_run(found)
+    running = [r for r in live if r.get("state") == "alive"] or live
+    return running[-1] if running else None
 
 
 def _check_seconds(name: str, value: Any) -> float:
@@ -50,9 +87,11 @@ def _check_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _rank_process(job: str | None, tag: str | None, rank: int, deadline_s: float
-                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(census, job, the rank's live process), waiting up to `deadline_s` for the rank."""
+def _rank_process(job: str | None, tag: str | None, rank: Union[int, str], deadline_s: float,
+                  frozen: bool = False
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int | None]:
+    """(census, job, the rank's live process, its number: None where no process shows it),
+    waiting up to `deadline_s` for the rank (see _pick_rank)."""
     _check_rank(rank)
     check_selector(job, tag)
     end = time.monotonic() + deadline_s
@@ -64,25 +103,29 @@ def _rank_process(job: str | None, tag: str | None, rank: int, deadline_s: float
                            "name one with job=<id>")
         found = matches[0] if matches else None
         if found is not None:
-            entry = next((r for r in found.get("ranks") or [] if r.get("rank") == rank
-                          and r.get("state") not in ("zombie", "missing")), None)
-            if entry is not None and entry.get("pid") is not None:
+            entry = _pick_rank(found, rank, frozen)
+            if entry is not None:
                 proc = next(p for p in census["processes"] if p["pid"] == entry["pid"])
-                return census, found, proc
+                return census, found, proc, entry.get("rank")
         if time.monotonic() >= end:
             what = f"job {job!r}" if job else f"the job tagged {tag!r}"
             if found is None:
                 note = visibility_note(census)
                 raise JobError(f"{what} is not running on this node (no such job in the census)"
                                + (f"; {note}" if note else ""))
+            ranks = [(r.get("rank"), r.get("state")) for r in found["ranks"]]
+            if rank == ANY_RANK:
+                raise JobError(f"{what} has no live rank (ranks: {ranks})" if not frozen else
+                               f"no live rank of {what} was frozen by this run (ranks: {ranks}):"
+                               " name the rank to resume")
             hidden = [r.get("pid") for r in found["ranks"] if r.get("rank") is None
                       and r.get("pid") is not None]
-            raise JobError(f"{what} has no live process for rank {rank} (ranks: "
-                           f"{[(r.get('rank'), r.get('state')) for r in found['ranks']]})"
+            raise JobError(f"{what} has no live process for rank {rank} (ranks: {ranks})"
                            + (f"; the numbers of ranks {hidden} (PIDs) are not visible from "
                               "outside (no RANK in their environment: torch.multiprocessing."
-                              "spawn passes it as an argument): target one by PID with a "
-                              "process fault and the scope {\"pids\": [...]}" if hidden else ""))
+                              "spawn passes it as an argument): name one with rank=\"any\", "
+                              "or target one by PID with a process fault and the scope "
+                              "{\"pids\": [...]}" if hidden else ""))
         time.sleep(0.05)
 
 
@@ -119,7 +162,7 @@ def job_helpers(census: dict[str, Any], found: dict[str, Any]) -> list[list[int]
             for pid in entry.get("helpers") or [] if pid in by_pid]
 
 
-def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int,
+def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | None,
                     proc: dict[str, Any], signal: str, wait_s: float) -> dict[str, Any]:
     """Send `signal` to the rank's process; raise unless the kernel accepted it."""
     peers = watch_peers(census, found, proc)
@@ -129,8 +172,9 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int,
            "result": result["result"], "reason": result.get("reason"),
            "sent_at": result.get("sent_at")}
     if result["result"] != "sent":
-        raise PermissionError(f"{signal} was not sent to rank {rank} (PID {proc['pid']}): "
-                              f"{result['result']}: {result.get('reason')}")
+        raise PermissionError(f"{signal} was not sent to {rank_name(rank, proc['pid'])} "
+                              f"(PID {proc['pid']}): {result['result']}: "
+                              f"{result.get('reason')}")
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                     peers=peers, helpers=job_helpers(census, found))
@@ -146,72 +190,78 @@ def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-@checked(rank=INDEX, wait_s=SECONDS)
-def kill_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+@checked(rank=RANK, wait_s=SECONDS)
+def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
               signal: str = "SIGKILL", wait_s: float = 2.0,
               configuration: Optional[Dict[str, Any]] = None,
               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Kill one rank of a training job (by job id or the ranks' tag) with `signal` (SIGKILL, a
     crash, by default; SIGTERM for a polite stop) through a pidfd, and wait up to `wait_s` for
     it to die. The other ranks are untouched: gloo peers see the connection close and fail
-    fast; NCCL peers hang in their next collective. Fails when the signal could not be sent
-    (gone, refused by the scope rules, or by the kernel: the reason is given)."""
+    fast; NCCL peers hang in their next collective. `rank` is a number, or "any": the last
+    live rank (the highest number; where no process shows its number, as in a
+    torch.multiprocessing.spawn or file:// job, the newest such rank); the result names the
+    rank and PID hit. Fails when the signal could not be sent (gone, refused by the scope
+    rules, or by the kernel: the reason is given)."""
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {list(SIGNALS)}, got {signal!r}")
     wait = _check_seconds("wait_s", wait_s)
-    census, found, proc = _rank_process(job, tag, rank, 2.0)
-    return _signal_process(census, found, rank, proc, signal, wait)
+    census, found, proc, number = _rank_process(job, tag, rank, 2.0)
+    return _signal_process(census, found, number, proc, signal, wait)
 
 
-@checked(rank=INDEX)
-def freeze_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+@checked(rank=RANK)
+def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                 method: str = "sigstop", configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze one rank of a training job (SIGSTOP, or the cgroup freezer with
     method="freezer"): a peer that stops answering while its connections stay open, so its
-    peers wait in their next collective. Resume it with resume_rank, or clean the job up with
-    cleanup_hung_job."""
+    peers wait in their next collective. `rank` is a number or "any" (as kill_rank takes it).
+    Resume it with resume_rank, or clean the job up with cleanup_hung_job."""
     if method not in FREEZE_METHODS:
         raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
                          f"to choose the cgroup version), got {method!r}")
-    census, found, proc = _rank_process(job, tag, rank, 5.0)
+    census, found, proc, number = _rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
-        out = _signal_process(census, found, rank, proc, "SIGSTOP", 0)
+        out = _signal_process(census, found, number, proc, "SIGSTOP", 0)
     else:
         # The refusal rules hold for the freezer too: checked with the null signal (a SIGCONT
         # would resume a rank stopped on purpose).
         check = send([proc], NULL_SIGNAL, {"job": found["id"]})["results"][0]
         if check["result"] != "sent":
-            raise PermissionError(f"rank {rank} (PID {proc['pid']}) may not be frozen: "
-                                  f"{check['result']}: {check.get('reason')}")
+            raise PermissionError(f"{rank_name(number, proc['pid'])} (PID {proc['pid']}) may "
+                                  f"not be frozen: {check['result']}: {check.get('reason')}")
         version = "auto" if method == "freezer" else method[len("freezer-"):]
-        frozen = _freeze_with_freezer({"job": f"{found['id']}-rank{rank}"}, [proc], 5.0,
-                                      version)
-        faultlog.record("freezer", job=found["id"], tag=found.get("tag"), rank=rank,
+        which = f"rank{number}" if number is not None else f"pid{proc['pid']}"
+        frozen = _freeze_with_freezer({"job": f"{found['id']}-{which}"}, [proc], 5.0, version)
+        faultlog.record("freezer", job=found["id"], tag=found.get("tag"), rank=number,
                         pid=proc["pid"],
                         starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                         peers=watch_peers(census, found, proc),
                         helpers=job_helpers(census, found))
-        out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "frozen",
+        out = {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "frozen",
                **frozen}
     out["method"] = method
     return out
 
 
-@checked(rank=INDEX)
-def resume_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+@checked(rank=RANK)
+def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). Fails when the
-    SIGCONT could not be sent."""
-    _, found, proc = _rank_process(job, tag, rank, 5.0)
+    """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). `rank` is a
+    number, or "any": the rank of this job that this run froze last (by PID and start time),
+    never one frozen by someone else. Fails when the SIGCONT could not be sent, or, for "any",
+    when this run froze no rank of the job that still lives."""
+    _, found, proc, number = _rank_process(job, tag, rank, 5.0, frozen=True)
     thawed = _thaw_freezer_groups({proc["pid"]})
     report = send([proc], "SIGCONT", {"job": found["id"]})
     result = report["results"][0]
     if result["result"] != "sent":
-        raise PermissionError(f"SIGCONT was not sent to rank {rank} (PID {proc['pid']}): "
-                              f"{result['result']}: {result.get('reason')}")
-    return {"job": found["id"], "rank": rank, "pid": proc["pid"], "result": "sent",
+        raise PermissionError(f"SIGCONT was not sent to {rank_name(number, proc['pid'])} "
+                              f"(PID {proc['pid']}): {result['result']}: "
+                              f"{result.get('reason')}")
+    return {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "sent",
             "thawed_cgroups": thawed}
 
 
@@ -243,7 +293,7 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
     if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
         raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
                          f"got {how!r}")
-    census, found, proc = _rank_process(job, tag, rank, 5.0)
+    census, found, proc, _ = _rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
     chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
     note = None

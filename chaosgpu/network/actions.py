@@ -39,7 +39,7 @@ def partition_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = No
     kill. Raises when the rank is not found or nothing could be dropped."""
     from chaosgpu.job.actions import _rank_process, _signal_process, job_helpers, watch_peers
 
-    census, found, proc = _rank_process(job, tag, rank, 5.0)
+    census, found, proc, _ = _rank_process(job, tag, rank, 5.0)
     target = _target(proc, rank, found["id"])
     record = partitions.create([target], reason=f"partition rank {rank} of {found['id']}")
     faultlog.record("partition", job=found["id"], tag=found.get("tag"), rank=rank,
