@@ -19,7 +19,7 @@ from chaosgpu.errors import ActivityError
 from chaosgpu.job import flight_recorder
 from chaosgpu.job.exits import ExitWatch, read_error
 from chaosgpu.job.stacks import take_samples
-from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack
+from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack, rank_name
 from chaosgpu.progress import Progress
 
 __all__ = ["JobError", "not_found_message", "Observer", "observe", "select_jobs",
@@ -370,7 +370,8 @@ class Observer:
             error = read_error(who["pid"], env, None, roots)
         track.update_exit(rank, exit_info, error, now)
         how = (f"{fault['kind']} by chaosgpu at {fault['t']:.3f}" if target else
-               f"a peer of rank {fault.get('rank')} at chaosgpu's {fault['kind']}; ended before "
+               f"a peer of {rank_name(fault.get('rank'), fault.get('pid'))} at chaosgpu's "
+               f"{fault['kind']}; ended before "
                f"this observer saw it, time is when it was seen gone")
         track.note(now, exit_info.source or "faultlog",
                    f"{rank.label} (PID {rank.pid}, {how}) {exit_info.describe()}"

@@ -462,7 +462,7 @@ class JobTrack:
         if not track.up and track.backend is not None and (site is None
                                                             or site.kind != "rendezvous"):
             track.up = True
-            self.note(now, "py-spy", f"rank {track.rank} is past its rendezvous", track.rank)
+            self.note(now, "py-spy", f"{track.label} is past its rendezvous", track.rank)
         # Only the thread that does the job's work moves it forward: the one waiting in a known
         # site, else the main thread. Background pollers (a watchdog, a logger's heartbeat, an
         # injector's watcher) change their locals forever, which is not the job's progress.
@@ -513,7 +513,7 @@ class JobTrack:
                  if any((t.get("pid"), t.get("starttime")) in mine for t in p.get("targets", []))]
         if found and not self.partitions:
             self.note(now, "nftables", "a network partition drops the traffic of "
-                      + ", ".join(f"rank {t.get('rank')}" for p in found
+                      + ", ".join(rank_name(t.get("rank"), t.get("pid")) for p in found
                                   for t in p.get("targets", [])))
         self.partitions = found
 
@@ -527,7 +527,7 @@ class JobTrack:
         track.state = "exited"
         track.exited_at = now
         track.site = None
-        self.note(now, source, f"rank {track.rank} (PID {track.pid}) {how}", track.rank)
+        self.note(now, source, f"{track.label} (PID {track.pid}) {how}", track.rank)
 
     def _progress(self, track: RankTrack, now: float, how: str, hard: bool = False) -> None:
         if track.last_progress is None or now - track.last_progress >= self.window_s / 2:
