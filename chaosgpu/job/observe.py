@@ -374,7 +374,7 @@ class Observer:
                f"{fault['kind']}; ended before "
                f"this observer saw it, time is when it was seen gone")
         track.note(now, exit_info.source or "faultlog",
-                   f"{rank.label} (PID {rank.pid}, {how}) {exit_info.describe()}"
+                   f"{rank.label_with_pid} ({how}) {exit_info.describe()}"
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
 
     def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:

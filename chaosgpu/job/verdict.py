@@ -143,6 +143,11 @@ class RankTrack:
         return rank_name(self.rank, self.pid)
 
     @property
+    def label_with_pid(self) -> str:
+        """Its name with its PID, once: "rank 1 (PID 42)", "rank ? (PID 42)"."""
+        return self.label if self.rank is None else f"{self.label} (PID {self.pid})"
+
+    @property
     def live(self) -> bool:
         """Alive, stopped or frozen (not ended)."""
         return self.state in _LIVE
@@ -527,7 +532,7 @@ class JobTrack:
         track.state = "exited"
         track.exited_at = now
         track.site = None
-        self.note(now, source, f"{track.label} (PID {track.pid}) {how}", track.rank)
+        self.note(now, source, f"{track.label_with_pid} {how}", track.rank)
 
     def _progress(self, track: RankTrack, now: float, how: str, hard: bool = False) -> None:
         if track.last_progress is None or now - track.last_progress >= self.window_s / 2:
