@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -148,29 +148,39 @@ else:
 
 
 @contextlib.contextmanager
-def store_shape(torch: bool, self_connected: bool, stores: int = 1) -> Iterator[list[int]]:
-    """A host of `stores` listeners and two clients of each; yields the ports, in the order
-    they were opened; kills the processes after."""
-    mode = "torch" if torch else "plain"
+def shape_processes() -> Iterator[Callable[..., tuple[int, str]]]:
+    """A starter of `python -c SCRIPT ARGS...` processes: each call starts one (environment
+    `env` when given) and returns its PID and the first line it prints; every process started
+    is killed after."""
     started: list[subprocess.Popen[str]] = []
+
+    def start(script: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+        proc = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=env)
+        started.append(proc)
+        assert proc.stdout is not None
+        return proc.pid, proc.stdout.readline().strip()
+
     try:
-        host = subprocess.Popen([sys.executable, "-c", STORE_SHAPE, mode, "host",
-                                 "self" if self_connected else "alone", str(stores)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        started.append(host)
-        assert host.stdout is not None
-        ports = [int(port) for port in host.stdout.readline().split()]
-        for _ in range(2):
-            client = subprocess.Popen([sys.executable, "-c", STORE_SHAPE, mode, "client",
-                                       *map(str, ports)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            started.append(client)
-            assert client.stdout is not None and client.stdout.readline().strip() == "connected"
-        yield ports
+        yield start
     finally:
         for proc in started:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def store_shape(torch: bool, self_connected: bool, stores: int = 1) -> Iterator[list[int]]:
+    """A host of `stores` listeners and two clients of each; yields the ports, in the order
+    they were opened; kills the processes after."""
+    mode = "torch" if torch else "plain"
+    with shape_processes() as start:
+        _, line = start(STORE_SHAPE, mode, "host", "self" if self_connected else "alone",
+                        str(stores))
+        ports = [int(port) for port in line.split()]
+        for _ in range(2):
+            assert start(STORE_SHAPE, mode, "client", *map(str, ports))[1] == "connected"
+        yield ports
 
 
 @pytest.mark.slow
@@ -217,25 +227,16 @@ def peer_shape(torch: bool, groups: list[int], tag: str = "") -> Iterator[list[l
     """Groups of processes, each connected to every earlier one of its group (tagged `tag`
     when given); yields each group's PIDs; kills the processes after."""
     env = dict(os.environ, CHAOSGPU_TAG=tag) if tag else None
-    started: list[subprocess.Popen[str]] = []
     pids: list[list[int]] = []
-    try:
+    with shape_processes() as start:
         for size in groups:
             ports: list[str] = []
             pids.append([])
             for _ in range(size):
-                proc = subprocess.Popen([sys.executable, "-c", PEER_SHAPE,
-                                         "torch" if torch else "plain", *ports],
-                                        stdout=subprocess.PIPE, text=True, env=env)
-                started.append(proc)
-                assert proc.stdout is not None
-                ports.append(proc.stdout.readline().strip())
-                pids[-1].append(proc.pid)
+                pid, port = start(PEER_SHAPE, "torch" if torch else "plain", *ports, env=env)
+                ports.append(port)
+                pids[-1].append(pid)
         yield pids
-    finally:
-        for proc in started:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

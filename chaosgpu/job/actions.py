@@ -21,7 +21,7 @@ from chaosgpu import faultlog
 from chaosgpu.arguments import INDEX, POSITIVE_SECONDS, RANK, SECONDS, checked
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
-from chaosgpu.job.verdict import rank_name
+from chaosgpu.job.verdict import rank_with_pid
 from chaosgpu.process.actions import (
     FREEZE_METHODS,
     _freeze_with_freezer,
@@ -45,22 +45,13 @@ SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIG
 ANY_RANK = "any"
 
 
-def _check_rank(rank: Any) -> Union[int, str]:
-    if rank == ANY_RANK:
-        return rank
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f'rank must be a non-negative integer or "any", got {rank!r}')
-    return rank
-
-
-def _frozen_by_this_run(found: dict[str, Any]) -> dict[str, Any] | None:
-    """The rank of `found` this runner froze last (SIGSTOP or the freezer) that still lives,
-    by PID and start time; None when none."""
-    live = {(r.get("pid"), r.get("starttime")): r for r in found.get("ranks") or []
-            if r.get("state") not in ("zombie", "missing") and r.get("pid") is not None}
+def _frozen_by_this_run(live: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of a job's `live` rank entries, the one this runner froze last (SIGSTOP or the
+    freezer), by PID and start time; None when none."""
+    by_key = {(r.get("pid"), r.get("starttime")): r for r in live}
     for fault in reversed(faultlog.recent()):
         if fault.get("kind") in ("SIGSTOP", "freezer"):
-            entry = live.get((fault.get("pid"), fault.get("starttime")))
+            entry = by_key.get((fault.get("pid"), fault.get("starttime")))
             if entry is not None:
                 return entry
     return None
@@ -76,7 +67,7 @@ def _pick_rank(found: dict[str, Any], rank: Union[int, str],
     if rank != ANY_RANK:
         return next((r for r in live if r.get("rank") == rank), None)
     if frozen:
-        return _frozen_by_this_run(found)
+        return _frozen_by_this_run(live)
     running = [r for r in live if r.get("state") == "alive"] or live
     return running[-1] if running else None
 
@@ -92,7 +83,7 @@ def _rank_process(job: str | None, tag: str | None, rank: Union[int, str], deadl
                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int | None]:
     """(census, job, the rank's live process, its number: None where no process shows it),
     waiting up to `deadline_s` for the rank (see _pick_rank)."""
-    _check_rank(rank)
+    RANK.require("rank", rank)
     check_selector(job, tag)
     end = time.monotonic() + deadline_s
     while True:
@@ -172,9 +163,8 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
            "result": result["result"], "reason": result.get("reason"),
            "sent_at": result.get("sent_at")}
     if result["result"] != "sent":
-        raise PermissionError(f"{signal} was not sent to {rank_name(rank, proc['pid'])} "
-                              f"(PID {proc['pid']}): {result['result']}: "
-                              f"{result.get('reason')}")
+        raise PermissionError(f"{signal} was not sent to {rank_with_pid(rank, proc['pid'])}: "
+                              f"{result['result']}: {result.get('reason')}")
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                     peers=peers, helpers=job_helpers(census, found))
@@ -229,8 +219,8 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
         # would resume a rank stopped on purpose).
         check = send([proc], NULL_SIGNAL, {"job": found["id"]})["results"][0]
         if check["result"] != "sent":
-            raise PermissionError(f"{rank_name(number, proc['pid'])} (PID {proc['pid']}) may "
-                                  f"not be frozen: {check['result']}: {check.get('reason')}")
+            raise PermissionError(f"{rank_with_pid(number, proc['pid'])} may not be frozen: "
+                                  f"{check['result']}: {check.get('reason')}")
         version = "auto" if method == "freezer" else method[len("freezer-"):]
         which = f"rank{number}" if number is not None else f"pid{proc['pid']}"
         frozen = _freeze_with_freezer({"job": f"{found['id']}-{which}"}, [proc], 5.0, version)
@@ -258,9 +248,8 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     report = send([proc], "SIGCONT", {"job": found["id"]})
     result = report["results"][0]
     if result["result"] != "sent":
-        raise PermissionError(f"SIGCONT was not sent to {rank_name(number, proc['pid'])} "
-                              f"(PID {proc['pid']}): {result['result']}: "
-                              f"{result.get('reason')}")
+        raise PermissionError(f"SIGCONT was not sent to {rank_with_pid(number, proc['pid'])}: "
+                              f"{result['result']}: {result.get('reason')}")
     return {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "sent",
             "thawed_cgroups": thawed}
 

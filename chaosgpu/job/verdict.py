@@ -46,7 +46,7 @@ from chaosgpu.job.stacks import (
 )
 
 __all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S", "rank_key",
-           "rank_name"]
+           "rank_name", "rank_with_pid"]
 
 VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
 DEFAULT_WINDOW_S = 3.0
@@ -79,6 +79,11 @@ def rank_key(rank: int | None, pid: int | None) -> str:
 def rank_name(rank: int | None, pid: int | None) -> str:
     """"rank N", or "rank ? (PID P)" where no process shows the number (see rank_key)."""
     return f"rank {rank_key(rank, pid)}"
+
+
+def rank_with_pid(rank: int | None, pid: int | None) -> str:
+    """Its name with its PID, once: "rank 1 (PID 42)", "rank ? (PID 42)"."""
+    return rank_name(rank, pid) if rank is None else f"rank {rank} (PID {pid})"
 
 
 def _culprit_text(culprit: dict[str, Any]) -> str:
@@ -144,8 +149,8 @@ class RankTrack:
 
     @property
     def label_with_pid(self) -> str:
-        """Its name with its PID, once: "rank 1 (PID 42)", "rank ? (PID 42)"."""
-        return self.label if self.rank is None else f"{self.label} (PID {self.pid})"
+        """Its name with its PID, once (see rank_with_pid)."""
+        return rank_with_pid(self.rank, self.pid)
 
     @property
     def live(self) -> bool:
