@@ -125,7 +125,9 @@ def test_hold_gil_stalls_a_live_rank_and_its_peer_then_both_resume(tmp_path: Pat
 def test_raise_in_a_rank_fails_the_job(tmp_path: Path) -> None:
     with torchrun_job(tmp_path) as job:
         _wait_running(job)
-        out = actions.inject_rank_fault(mode="raise", tag=job["tag"], rank=1, timeout_s=10)
+        # "any" is the last live rank, as kill_rank picks it: rank 1 of two, named in the result
+        out = actions.inject_rank_fault(mode="raise", tag=job["tag"], rank="any", timeout_s=10)
+        assert (out["rank"], out["pid"]) == (1, _rank_record(job, 1)["pid"])
         assert out["ack"]["detail"]["exception"].endswith("ChaosGPUInjectedFault")
         assert job["launcher"].wait(timeout=60) != 0
         assert "ChaosGPUInjectedFault" in job["log"].read_text()
@@ -217,7 +219,8 @@ def test_fault_arguments_are_refused_before_anything_is_looked_at() -> None:
             ({"mode": "gpu-hang", "exception": "RuntimeError"}, "exception applies"),
             ({"mode": "gpu-hang", "device": -1}, "device must be >= 0"),
             ({"mode": "gpu-hang", "timeout_s": 0}, "timeout_s must be > 0"),
-            ({"mode": "gpu-hang", "rank": -2, "tag": "x"}, "rank must be a non-negative"),
+            ({"mode": "gpu-hang", "rank": -2, "tag": "x"}, "rank must be a rank number"),
+            ({"mode": "gpu-hang", "rank": "some", "tag": "x"}, "rank must be a rank number"),
             ({"mode": "gpu-hang", "rank": None}, "name the target"),
     ):
         with pytest.raises(ValueError, match=match):

@@ -192,49 +192,41 @@ def stop_all_gpu_faults(grace_s: float = 0.0, deadline_s: float = 10.0,
             if record.get("kind") in launch.FAULT_KINDS]
 
 
-def _rank_process(job: str | None, tag: str | None, rank: int | None,
+def _rank_process(job: str | None, tag: str | None, rank: Union[int, str, None],
                   deadline_s: float = 3.0) -> dict[str, Any]:
-    """The census record of the target process: rank `rank` of the job (by id or tag), or, with
-    rank None, the one process carrying `tag`. Waits up to `deadline_s` for it to appear."""
-    from chaosgpu.job import hang
-    from chaosgpu.node import take_census
-
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
-        raise ValueError(f"rank must be a non-negative integer or null, got {rank!r}")
-    if rank is None and (tag is None or job is not None):
-        raise ValueError("name the target: job=<id> or tag=<tag> with rank=<R>, or tag=<tag> "
-                         "alone for the single process carrying it")
+    """The census record of the target process, with its `job` id and `rank` number: rank
+    `rank` (a number, or "any") of the job named by id or tag, found the way every rank fault
+    finds it (chaosgpu.job.actions.rank_process), or, with rank None, the one armed process
+    carrying `tag`. Waits up to `deadline_s` for it to appear."""
     from chaosgpu.job.observe import check_selector
 
+    if rank is not None:
+        from chaosgpu.job.actions import rank_process
+
+        _, found, proc, number = rank_process(job, tag, rank, deadline_s)
+        return dict(proc, job=found["id"], rank=number)
+    if tag is None or job is not None:
+        raise ValueError("name the target: job=<id> or tag=<tag> with rank=<R>, or tag=<tag> "
+                         "alone for the single process carrying it")
     check_selector(job, tag)
+    from chaosgpu.node import take_census
+
     end = time.monotonic() + deadline_s
     while True:
         census = take_census(gpu=False, fds=False)
-        by_pid = {p["pid"]: p for p in census["processes"]}
-        if rank is None:
-            tagged = [p for p in census["processes"] if p.get("tag") == tag and not p["zombie"]
-                      and not p.get("exiting")
-                      and (p.get("env") or {}).get("CHAOSGPU_INJECT_DIR")]
-            if len(tagged) == 1:
-                return dict(tagged[0], job=None, rank=None)
-            if len(tagged) > 1:
-                raise ValueError(f"{len(tagged)} armed processes carry tag {tag!r} "
-                                 f"({[p['pid'] for p in tagged]}): name a rank")
-        else:
-            found = hang.find_job(census, job, tag)
-            if found is not None:
-                entry = next((r for r in found.get("ranks") or [] if r.get("rank") == rank
-                              and r.get("state") == "alive" and r.get("pid") in by_pid), None)
-                if entry is not None:
-                    return dict(by_pid[entry["pid"]], job=found["id"], rank=rank)
+        tagged = [p for p in census["processes"] if p.get("tag") == tag and not p["zombie"]
+                  and not p.get("exiting") and (p.get("env") or {}).get("CHAOSGPU_INJECT_DIR")]
+        if len(tagged) == 1:
+            return dict(tagged[0], job=None, rank=None)
+        if len(tagged) > 1:
+            raise ValueError(f"{len(tagged)} armed processes carry tag {tag!r} "
+                             f"({[p['pid'] for p in tagged]}): name a rank")
         if time.monotonic() >= end:
-            what = f"job {job!r}" if job else f"tag {tag!r}"
-            raise ValueError(f"{what} has no live " + (f"rank {rank}" if rank is not None
-                                                          else "armed process"))
+            raise ValueError(f"tag {tag!r} has no live armed process")
         time.sleep(0.05)
 
 
-def inject_rank_fault(mode: str, rank: Optional[int] = 0, tag: Optional[str] = None,
+def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[str] = None,
                       job: Optional[str] = None, duration_s: Optional[float] = None,
                       device: Optional[int] = None, exception: Optional[str] = None,
                       timeout_s: float = 5.0,
@@ -245,7 +237,9 @@ def inject_rank_fault(mode: str, rank: Optional[int] = 0, tag: Optional[str] = N
     ends, or lasts `duration_s`, blocks the rank's GPU stream; the process stays alive),
     "hold-gil" (every Python thread stops), "raise" (`exception` RuntimeError,
     OutOfMemoryError or KeyboardInterrupt in the main thread), "segfault", or "oom" (the rank's
-    next CUDA allocations fail). The rank is named by job id or tag and `rank`. Waits up to
+    next CUDA allocations fail). The rank is named by job id or tag and `rank`: a number,
+    "any" (the last live rank, as kill_rank picks it; the result names the rank and PID hit),
+    or null with a tag alone for the one armed process carrying it. Waits up to
     `timeout_s` for the rank's acknowledgement: a fault not acknowledged is an error, never
     reported as done. `device`: the CUDA ordinal when the rank uses several GPUs."""
     if mode not in injector.MODES:
@@ -260,27 +254,31 @@ def inject_rank_fault(mode: str, rank: Optional[int] = 0, tag: Optional[str] = N
     process = _rank_process(job, tag, rank)
     ack = injector.trigger(process, mode, duration_s=duration_s, device=device,
                            exception=exception, timeout_s=timeout)
-    _mark(mode, job=process.get("job"), rank=rank, pid=process["pid"],
+    _mark(mode, job=process.get("job"), rank=process["rank"], pid=process["pid"],
           starttime=process.get("starttime"))
-    logger.info("chaosgpu: %s injected in rank %s (PID %d)", mode, rank, process["pid"])
-    return {"job": process.get("job"), "rank": rank, "pid": process["pid"], "mode": mode,
+    logger.info("chaosgpu: %s injected in rank %s (PID %d)", mode, process["rank"],
+                process["pid"])
+    return {"job": process.get("job"), "rank": process["rank"], "pid": process["pid"],
+            "mode": mode,
             "delivered": True, "ack_after_s": ack.get("ack_after_s"), "ack": ack}
 
 
-def release_rank_fault(rank: Optional[int] = 0, tag: Optional[str] = None,
+def release_rank_fault(rank: Union[int, str, None] = 0, tag: Optional[str] = None,
                        job: Optional[str] = None, timeout_s: float = 5.0,
                        configuration: Optional[Dict[str, Any]] = None,
                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """End a gpu-hang or an oom fault in one rank early (the rank's kernel returns, its
-    allocations work again); returns what the rank's injector released."""
+    allocations work again); returns what the rank's injector released. `rank` as for
+    inject_rank_fault ("any": the last live rank, which is the one a fault with "any" hit
+    while the job's ranks stay as they were)."""
     timeout = _check_timeout(timeout_s)
     process = _rank_process(job, tag, rank)
     answer = injector.release(process, timeout_s=timeout)
-    _mark("release", job=process.get("job"), rank=rank, pid=process["pid"])
-    return {"job": process.get("job"), "rank": rank, "pid": process["pid"], **answer}
+    _mark("release", job=process.get("job"), rank=process["rank"], pid=process["pid"])
+    return {"job": process.get("job"), "rank": process["rank"], "pid": process["pid"], **answer}
 
 
-def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Optional[int] = 0,
+def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str, None] = 0,
                       tag: Optional[str] = None, job: Optional[str] = None,
                       timeout_s: float = 5.0,
                       configuration: Optional[Dict[str, Any]] = None,
@@ -288,7 +286,8 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Optional[int] 
     """Make the next `count` CUDA allocations (fault="alloc") or kernel launches ("launch") of a
     CUDA program fail, through chaosgpu's CUDA injection library (CUDA_INJECTION64_PATH, loaded
     by libcuda at cuInit: any CUDA program, e.g. start_ring(inject="cuda")). The target is rank
-    `rank` of a job (by id or tag), or with rank null the one armed process carrying `tag`.
+    `rank` (a number or "any") of a job (by id or tag), or with rank null the one armed
+    process carrying `tag`.
     Waits up to `timeout_s` for the library's acknowledgement."""
     timeout = _check_timeout(timeout_s)
     if fault not in injector.CUDA_FAULTS:
@@ -296,9 +295,10 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Optional[int] 
     devices.check_number("count", count, minimum=1, maximum=1_000_000, integer=True)
     process = _rank_process(job, tag, rank)
     ack = injector.trigger_cuda(process, fault, count=count, timeout_s=timeout)
-    _mark(f"cuda-{fault}", job=process.get("job"), rank=rank, pid=process["pid"],
+    _mark(f"cuda-{fault}", job=process.get("job"), rank=process["rank"], pid=process["pid"],
           starttime=process.get("starttime"), count=count)
-    return {"job": process.get("job"), "rank": rank, "pid": process["pid"], "fault": fault,
+    return {"job": process.get("job"), "rank": process["rank"], "pid": process["pid"],
+            "fault": fault,
             "count": count, "delivered": True, "ack": ack}
 
 

@@ -78,11 +78,14 @@ def _check_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _rank_process(job: str | None, tag: str | None, rank: Union[int, str], deadline_s: float,
-                  frozen: bool = False
-                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int | None]:
-    """(census, job, the rank's live process, its number: None where no process shows it),
-    waiting up to `deadline_s` for the rank (see _pick_rank)."""
+def rank_process(job: str | None, tag: str | None, rank: Union[int, str], deadline_s: float,
+                 frozen: bool = False
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int | None]:
+    """Find the live process of rank `rank` (a number, or "any": see ANY_RANK) of the job
+    named by id or tag, waiting up to `deadline_s` for it; return (census, job, the rank's
+    census process, its number: None where no process shows it). Every fault aimed at a rank
+    (kill, freeze, partition, in-process GPU faults) finds it here. Raises JobError naming
+    what is missing."""
     RANK.require("rank", rank)
     check_selector(job, tag)
     end = time.monotonic() + deadline_s
@@ -196,7 +199,7 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {list(SIGNALS)}, got {signal!r}")
     wait = _check_seconds("wait_s", wait_s)
-    census, found, proc, number = _rank_process(job, tag, rank, 2.0)
+    census, found, proc, number = rank_process(job, tag, rank, 2.0)
     return _signal_process(census, found, number, proc, signal, wait)
 
 
@@ -211,7 +214,7 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     if method not in FREEZE_METHODS:
         raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
                          f"to choose the cgroup version), got {method!r}")
-    census, found, proc, number = _rank_process(job, tag, rank, 5.0)
+    census, found, proc, number = rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
         out = _signal_process(census, found, number, proc, "SIGSTOP", 0)
     else:
@@ -243,7 +246,7 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     number, or "any": the rank of this job that this run froze last (by PID and start time),
     never one frozen by someone else. Fails when the SIGCONT could not be sent, or, for "any",
     when this run froze no rank of the job that still lives."""
-    _, found, proc, number = _rank_process(job, tag, rank, 5.0, frozen=True)
+    _, found, proc, number = rank_process(job, tag, rank, 5.0, frozen=True)
     thawed = _thaw_freezer_groups({proc["pid"]})
     report = send([proc], "SIGCONT", {"job": found["id"]})
     result = report["results"][0]
@@ -282,7 +285,7 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
     if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
         raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
                          f"got {how!r}")
-    census, found, proc, _ = _rank_process(job, tag, rank, 5.0)
+    census, found, proc, _ = rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
     chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
     note = None

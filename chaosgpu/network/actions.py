@@ -11,10 +11,10 @@ selection, processes through the declared scope (chaosgpu.scope), and the kill g
 job actions' one signal path.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import INDEX, checked
+from chaosgpu.arguments import RANK, checked
 from chaosgpu.network import partitions
 
 __all__ = ["partition_rank", "partition_processes", "heal_partition", "heal_all_partitions"]
@@ -26,8 +26,8 @@ def _target(proc: dict[str, Any], rank: int | None = None,
             "comm": proc.get("comm")}
 
 
-@checked(rank=INDEX)
-def partition_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+@checked(rank=RANK)
+def partition_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                    then_kill: bool = False,
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -36,22 +36,26 @@ def partition_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = No
     network namespace, so its peers see silence and no reset. With `then_kill` the rank is
     then SIGKILLed (a node loss: its death stays invisible to its peers). Returns the
     partition's id (for heal_partition), the connections dropped and, with then_kill, the
-    kill. Raises when the rank is not found or nothing could be dropped."""
-    from chaosgpu.job.actions import _rank_process, _signal_process, job_helpers, watch_peers
+    kill. `rank` is a number or "any" (the last live rank, as kill_rank picks it; the result
+    names the rank and PID hit). Raises when the rank is not found or nothing could be
+    dropped."""
+    from chaosgpu.job.actions import _signal_process, job_helpers, rank_process, watch_peers
+    from chaosgpu.job.verdict import rank_with_pid
 
-    census, found, proc, _ = _rank_process(job, tag, rank, 5.0)
-    target = _target(proc, rank, found["id"])
-    record = partitions.create([target], reason=f"partition rank {rank} of {found['id']}")
-    faultlog.record("partition", job=found["id"], tag=found.get("tag"), rank=rank,
+    census, found, proc, number = rank_process(job, tag, rank, 5.0)
+    target = _target(proc, number, found["id"])
+    record = partitions.create(
+        [target], reason=f"partition {rank_with_pid(number, proc['pid'])} of {found['id']}")
+    faultlog.record("partition", job=found["id"], tag=found.get("tag"), rank=number,
                     pid=proc["pid"], starttime=proc["starttime"], partition=record["id"],
                     peers=watch_peers(census, found, proc),
                     helpers=job_helpers(census, found))
-    out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": rank,
+    out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": number,
                            "pid": proc["pid"], "connections": record["connections"],
                            "listening": record["listening"], "table": record["table"],
                            "at": record["created_at"]}
     if then_kill:
-        out["kill"] = _signal_process(census, found, rank, proc, "SIGKILL", 2.0)
+        out["kill"] = _signal_process(census, found, number, proc, "SIGKILL", 2.0)
     return out
 
 
