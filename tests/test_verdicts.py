@@ -292,8 +292,9 @@ def test_node_loss_partition_then_kill_hangs_a_gloo_job(workdir: Path, jobs: lis
     jobs.append(job)
     job.wait_steps(3)
     try:
-        failed = actions.fail_rank(tag=job.tag, rank=1, how="auto")
+        failed = actions.fail_rank(tag=job.tag, rank="any", how="auto")
         assert failed["done"] == "node-loss" and failed["kill"]["result"] == "sent"
+        assert failed["rank"] == failed["kill"]["rank"] == 1, failed
         found = probes.detect_hang(tag=job.tag, timeout_s=20)
         assert found["verdict"] == "hung", found["reason"]
         culprit = {c["rank"]: c["why"] for c in found["culprit_ranks"]}[1]

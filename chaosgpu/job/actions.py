@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import INDEX, POSITIVE_SECONDS, RANK, SECONDS, checked
+from chaosgpu.arguments import POSITIVE_SECONDS, RANK, SECONDS, checked
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
@@ -270,8 +270,8 @@ def _partition_unavailable() -> Optional[str]:
     return None
 
 
-@checked(rank=INDEX)
-def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
+@checked(rank=RANK)
+def fail_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
               how: str = "auto", configuration: Optional[Dict[str, Any]] = None,
               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Make one rank fail: how="kill" (SIGKILL: gloo peers fail fast, NCCL peers hang),
@@ -280,12 +280,12 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
     its peers, as when a host is lost), or "auto": kill under NCCL, node-loss under gloo (a
     gloo peer of a killed rank sees the connection close and fails, so the hang needs a
     silent loss), or freeze under gloo where a partition cannot be made (not root, or no
-    nftables; the result's `note` says so). The result says which backend was seen and what
-    was done."""
+    nftables; the result's `note` says so). `rank` is a number or "any" (as kill_rank picks
+    it). The result says which backend was seen, what was done, and the rank and PID hit."""
     if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
         raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
                          f"got {how!r}")
-    census, found, proc, _ = rank_process(job, tag, rank, 5.0)
+    census, found, proc, number = rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
     chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
     note = None
@@ -297,15 +297,16 @@ def fail_rank(rank: int, job: Optional[str] = None, tag: Optional[str] = None,
                     "frozen instead (its peers hang the same way, and it stays alive)")
             logger.warning("chaosgpu: %s", note)
     if chosen == "kill":
-        out = _signal_process(census, found, rank, proc, "SIGKILL", 2.0)
+        out = _signal_process(census, found, number, proc, "SIGKILL", 2.0)
     elif chosen == "freeze":
-        out = _signal_process(census, found, rank, proc, "SIGSTOP", 0)
+        out = _signal_process(census, found, number, proc, "SIGSTOP", 0)
     else:
-        from chaosgpu.network.actions import partition_rank
+        from chaosgpu.network.actions import partition_found_rank
 
-        out = partition_rank(rank, job=found["id"], then_kill=chosen == "node-loss")
+        out = partition_found_rank(census, found, proc, number, then_kill=chosen == "node-loss")
     out.update(backend=backend, how=how, done=chosen, note=note)
-    logger.info("chaosgpu: failed rank %d of %s (%s) by %s", rank, found["id"], backend, chosen)
+    logger.info("chaosgpu: failed %s of %s (%s) by %s", rank_with_pid(number, proc["pid"]),
+                found["id"], backend, chosen)
     return out
 
 

@@ -39,10 +39,21 @@ def partition_rank(rank: Union[int, str], job: Optional[str] = None, tag: Option
     kill. `rank` is a number or "any" (the last live rank, as kill_rank picks it; the result
     names the rank and PID hit). Raises when the rank is not found or nothing could be
     dropped."""
-    from chaosgpu.job.actions import _signal_process, job_helpers, rank_process, watch_peers
-    from chaosgpu.job.verdict import rank_with_pid
+    from chaosgpu.job.actions import rank_process
 
     census, found, proc, number = rank_process(job, tag, rank, 5.0)
+    return partition_found_rank(census, found, proc, number, then_kill)
+
+
+def partition_found_rank(census: Dict[str, Any], found: Dict[str, Any], proc: Dict[str, Any],
+                         number: Optional[int], then_kill: bool = False) -> Dict[str, Any]:
+    """Partition the rank process `proc` (rank `number`, None where no process shows it) of
+    the census job `found`, as found by chaosgpu.job.actions.rank_process, and with
+    `then_kill` SIGKILL it: partition_rank's work once its rank is found (fail_rank found it
+    already)."""
+    from chaosgpu.job.actions import _signal_process, job_helpers, watch_peers
+    from chaosgpu.job.verdict import rank_with_pid
+
     target = _target(proc, number, found["id"])
     record = partitions.create(
         [target], reason=f"partition {rank_with_pid(number, proc['pid'])} of {found['id']}")
