@@ -48,6 +48,9 @@ def test_the_wheel_builds_without_warnings_and_ships_everything(tmp_path: Path) 
                     "chaosgpu/intarget/actions/signal_processes.py",
                     "chaosgpu/errors.py", "chaosgpu/arguments.py", "chaosgpu/validation.py"):
         assert shipped in names, shipped
+    # the command ships as a script whose first line the installer sets to its interpreter
+    (script,) = [n for n in names if n.endswith(".data/scripts/chaosgpu")]
+    assert zipfile.ZipFile(wheel).read(script).startswith(b"#!python\n")
     # every module of the source tree is in the wheel
     sources = {str(p.relative_to(ROOT)) for p in (ROOT / "chaosgpu").rglob("*.py")
                if "__pycache__" not in p.parts}
