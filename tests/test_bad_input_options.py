@@ -308,7 +308,13 @@ def test_anything_else_is_left_to_argparse(words: list[str]) -> None:
 
 
 def test_an_abbreviated_snapshot_option_is_read_as_argparse_reads_it() -> None:
-    result = _run("snapshot", "--js", "--no-g", "--no-e", "--no-f")
+    result = _run("snapshot", "--js", "--no-g", "--no-e", "--no-f",
+                  env=dict(os.environ, CHAOSGPU_TAG="abbreviated"))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    assert document["observer"]["gpu_reader"] is None and document["jobs"] == []
+    observer = document["observer"]
+    # --no-g: no NVML reader; --no-f: no fd scan; --no-e: no environment read, not even the
+    # snapshot's own tag (what other jobs run on the machine meanwhile does not matter)
+    assert observer["gpu_reader"] is None and observer["nvidia_fd_scan"] is False, observer
+    (itself,) = [p for p in document["processes"] if p["pid"] == observer["pid"]]
+    assert itself["env"] is None and itself["tag"] is None, itself
