@@ -460,6 +460,38 @@ def test_resume_rank_any_resumes_only_what_this_run_froze(tmp_path: Path,
         actions.freeze_rank(rank="some", tag=job.tag)
 
 
+def test_a_rank_that_shows_no_number_is_partitioned_by_any_and_named_by_pid(
+        tmp_path: Path, jobs: list[Job]) -> None:
+    """partition_rank(rank="any") on a file:// job, whose ranks show no number: the newest
+    rank is cut off, the hang names it by PID as partitioned, and healing resumes the job."""
+    require_tool("nft", install="apt-get install nftables")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add nftables rules")
+    from chaosgpu.network import actions as network
+    from chaosgpu.network import partitions
+
+    job = start_spawn(tmp_path, world_size=3, rendezvous="file")
+    jobs.append(job)
+    wait_spawn_steps(job, 3)
+    # the last in the census's order: unnumbered ranks by PID, spawned in turn (start times
+    # can share a clock tick)
+    newest = max(census_job(tag=job.tag)["ranks"], key=lambda r: (r["starttime"], r["pid"]))
+    cut = network.partition_rank(rank="any", tag=job.tag)
+    try:
+        assert (cut["rank"], cut["pid"]) == (None, newest["pid"]), cut
+        assert cut["connections"], cut
+        hung = probes.detect_hang(tag=job.tag, timeout_s=30)
+        assert hung["verdict"] == "hung", hung["reason"]
+        (culprit,) = hung["culprit_ranks"]
+        assert culprit["pid"] == cut["pid"] and culprit["why"].startswith("partitioned"), hung
+        assert f"rank ? (PID {cut['pid']})" in hung["reason"]
+    finally:
+        healed = network.heal_partition(partition=cut["partition"])
+    assert healed["removed"] is True and partitions.active() == []
+    back = probes.wait_job_verdict(["running"], tag=job.tag, timeout_s=60)
+    assert back["reached"], back["reason"]
+
+
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().rsplit(")", 1)[1].split()[0]
