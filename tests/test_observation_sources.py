@@ -48,8 +48,12 @@ def test_tcp_counters_match_ss_for_a_real_connection() -> None:
         assert entry["state"] == "ESTABLISHED" and entry["local_port"] == port
         assert entry["remote_port"] == server.getsockname()[1]
         assert entry["bytes_acked"] >= 100_000 and entry["bytes_received"] >= 1234
-        out = subprocess.run(["ss", "-tinH", "state", "established", f"sport = :{port}"],
+        # both ends named: another connection (the real node's, say) may share the client's
+        # ephemeral port with another peer
+        out = subprocess.run(["ss", "-tinH", "state", "established", "src", "127.0.0.1",
+                              f"sport = :{port} and dport = :{server.getsockname()[1]}"],
                              capture_output=True, text=True, check=True).stdout
+        assert out.count("bytes_acked:") == 1, out
         acked = int(re.search(r"bytes_acked:(\d+)", out).group(1))  # type: ignore[union-attr]
         got = int(re.search(r"bytes_received:(\d+)", out).group(1))  # type: ignore[union-attr]
         assert (acked, got) == (entry["bytes_acked"], entry["bytes_received"])
