@@ -13,7 +13,8 @@ import logging
 import time
 from typing import Any
 
-from kubernetes import client
+import urllib3
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from chaosgpu import state
@@ -58,6 +59,7 @@ def send_delete(core: client.CoreV1Api, pod: dict[str, Any], grace_period: int,
         "grace_period_seconds": grace, "grace_period_source": source,
         "delete_sent_at": None, "delete_status": None, "deletion_timestamp": None,
         "deletion_timestamp_seen_s": None, "containers_terminated_s": None, "containers": [],
+        "containers_seen": None,
         "gone": False, "gone_s": None, "timed_out": False, "error": None,
     }
     ns = entry["namespace"]
@@ -98,6 +100,44 @@ def _observe(entry: dict[str, Any], pod: dict[str, Any], now: float) -> None:
                  "signal": t.get("signal")} for s, t in terminated]
 
 
+#: how long the replay of a gone pod's last events may take (seconds)
+REPLAY_S = 3
+
+
+def _replay_end(core: client.CoreV1Api, entry: dict[str, Any], gone_at: float) -> None:
+    """The pod went from running to gone between two polls: its end (containers terminated,
+    exit codes) is asked of the API server's event history, a watch from the pod's last
+    polled resourceVersion up to its DELETED event (whose object is its final state). Times
+    found this way are bounded by the poll that found it gone (`gone_at`), and the entry's
+    `containers_seen` says so; with no history (too old, watch refused) it says what was not
+    seen instead of claiming anything."""
+    stream = watch.Watch()
+    try:
+        for event in stream.stream(
+                core.list_namespaced_pod, entry["namespace"],
+                field_selector=f"metadata.name={entry['name']}",
+                resource_version=entry["_rv"], timeout_seconds=REPLAY_S,
+                _request_timeout=REPLAY_S + 2):
+            raw = event.get("raw_object") or {}
+            if event.get("type") == "ERROR":
+                break
+            if (raw.get("metadata") or {}).get("uid") not in (None, entry["uid"]):
+                continue
+            _observe(entry, raw, gone_at)
+            if event.get("type") == "DELETED":
+                break
+    except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError) as error:
+        logger.debug("chaosgpu: replaying the end of pod %s/%s failed: %s", entry["namespace"],
+                     entry["name"], error)
+    finally:
+        stream.stop()
+    entry["containers_seen"] = (
+        "after the pod was gone, in the API server's event history (times are the poll that "
+        "found it gone)" if entry["containers_terminated_s"] is not None else
+        "never: the pod was gone at the next poll and the API server's event history no "
+        "longer held its end")
+
+
 def _still_there(pending: list[dict[str, Any]]) -> str:
     return "still there: " + ", ".join(
         f"{e['namespace']}/{e['name']} (grace {e['grace_period_seconds']} s"
@@ -124,7 +164,10 @@ def follow(core: client.CoreV1Api, entries: list[dict[str, Any]], timeout: float
                 pod = core.api_client.sanitize_for_serialization(raw)
             except ApiException as error:
                 if error.status == 404:
-                    entry["gone"], entry["gone_s"] = True, round(time.monotonic() - entry["_t0"], 4)
+                    gone_at = time.monotonic()
+                    entry["gone"], entry["gone_s"] = True, round(gone_at - entry["_t0"], 4)
+                    if entry["containers_terminated_s"] is None and entry.get("_rv"):
+                        _replay_end(core, entry, gone_at)
                     continue
                 entry["error"] = f"reading the pod failed: {error.status} {error.reason}"
                 continue
@@ -135,6 +178,10 @@ def follow(core: client.CoreV1Api, entries: list[dict[str, Any]], timeout: float
                 entry["replaced_by_uid"] = pod["metadata"]["uid"]
                 continue
             _observe(entry, pod, now)
+            if entry["containers_terminated_s"] is not None:
+                entry["containers_seen"] = entry["containers_seen"] or "polled"
+            elif (pod.get("status") or {}).get("containerStatuses"):  # containers to see end
+                entry["_rv"] = (pod.get("metadata") or {}).get("resourceVersion")
         if all(e["gone"] or e["delete_status"] == "refused" for e in entries):
             break
         remaining = deadline - time.monotonic()

@@ -199,6 +199,20 @@ def test_delete_with_a_given_grace_period_and_a_sigterm_handler(cluster: Cluster
     assert pod["gone"] and pod["gone_s"] < 2.0
 
 
+def test_a_pod_gone_between_two_polls_claims_no_end_it_did_not_see(cluster: Cluster) -> None:
+    """Polled once a second, a pod whose worker exits 0.1 s after the DELETE is gone at the
+    second poll: its end is asked of the API server's event history, which this emulator does
+    not keep, so the record says its containers' end was never seen and claims no exit code
+    (the real node's history gives it: tests/k8s/real/test_real_catalog.py)."""
+    cluster.add_pod("quick", gpus=1, grace=30)
+    cluster.emulator.exit_after[("default", "quick")] = 0.1
+    result = actions.delete_gpu_pods(name_pattern="quick", grace_period=10,
+                                     secrets=cluster.secrets, timeout=20, poll_interval=1.0)
+    pod = result["pods"][0]
+    assert pod["gone"] and pod["containers_terminated_s"] is None and pod["containers"] == []
+    assert pod["containers_seen"].startswith("never"), pod
+
+
 def test_qty_deletes_the_first_by_name(cluster: Cluster) -> None:
     _seed(cluster)
     result = actions.delete_gpu_pods(label_selector="app=trainer", qty=1, grace_period=0,

@@ -63,6 +63,29 @@ def _delete(cluster: RealCluster, name: str, ns: str = NS) -> None:
     raise AssertionError(f"pod {name} not gone")
 
 
+def test_a_pod_gone_between_two_polls_has_its_end_from_the_event_history(
+        real_cluster: RealCluster) -> None:
+    """A pod whose worker exits at SIGTERM is gone long before the next poll (every 4 s): its
+    containers' end (exit code 0) comes from the API server's event history, not a guess, and
+    the record says so; its times are bounded by the poll that found it gone."""
+    name = "gone-between-polls"
+    _pod(real_cluster, name, ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.1; done"],
+         terminationGracePeriodSeconds=30)
+    try:
+        result = actions.delete_gpu_pods(ns=NS, name_pattern=name, gpu_only=False,
+                                         grace_period=-1, timeout=30, poll_interval=4.0,
+                                         secrets=real_cluster.secrets("runner"))
+    except BaseException:
+        _delete(real_cluster, name)
+        raise
+    (pod,) = result["pods"]
+    assert pod["gone"] and pod["gone_s"] < 10, pod
+    assert pod["containers_seen"].startswith("after the pod was gone"), pod
+    assert pod["containers"] == [{"name": "main", "exit_code": 0, "reason": "Completed",
+                                  "signal": None}], pod
+    assert pod["containers_terminated_s"] == pod["gone_s"], pod
+
+
 def test_census_attributes_host_pids_to_container_and_pod(real_cluster: RealCluster) -> None:
     pod = _pod(real_cluster, "census-target", ["sleep", "infinity"])
     try:
