@@ -138,6 +138,20 @@ def _replay_end(core: client.CoreV1Api, entry: dict[str, Any], gone_at: float) -
         "longer held its end")
 
 
+def _found_gone(core: client.CoreV1Api, entry: dict[str, Any]) -> None:
+    """The poll found the pod gone (404): mark it, and where its containers were not seen to
+    end, replay its end from the API server (or say it was never seen)."""
+    gone_at = time.monotonic()
+    entry["gone"], entry["gone_s"] = True, round(gone_at - entry["_t0"], 4)
+    if entry["containers_terminated_s"] is not None:
+        return
+    if entry.get("_rv"):
+        _replay_end(core, entry, gone_at)
+    else:
+        entry["containers_seen"] = ("never: the pod was gone before its containers were seen "
+                                    "running or ending")
+
+
 def _still_there(pending: list[dict[str, Any]]) -> str:
     return "still there: " + ", ".join(
         f"{e['namespace']}/{e['name']} (grace {e['grace_period_seconds']} s"
@@ -164,10 +178,7 @@ def follow(core: client.CoreV1Api, entries: list[dict[str, Any]], timeout: float
                 pod = core.api_client.sanitize_for_serialization(raw)
             except ApiException as error:
                 if error.status == 404:
-                    gone_at = time.monotonic()
-                    entry["gone"], entry["gone_s"] = True, round(gone_at - entry["_t0"], 4)
-                    if entry["containers_terminated_s"] is None and entry.get("_rv"):
-                        _replay_end(core, entry, gone_at)
+                    _found_gone(core, entry)
                     continue
                 entry["error"] = f"reading the pod failed: {error.status} {error.reason}"
                 continue
