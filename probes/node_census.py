@@ -1645,9 +1645,15 @@ def _is_launcher(proc: Dict[str, Any]) -> bool:
                                 or "torch.distributed.launch" in text)
 
 
+#: torchrun's run id when none is given (`--rdzv-id` defaults to it, `--standalone` draws a
+#: random one): it names no job, and two jobs started so would be taken for one.
+TORCHRUN_DEFAULT_RUN_ID = "none"
+
+
 def _job_id(env: Dict[str, str]) -> Optional[str]:
-    if env.get("TORCHELASTIC_RUN_ID"):
-        return env["TORCHELASTIC_RUN_ID"]
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id and run_id != TORCHRUN_DEFAULT_RUN_ID:
+        return run_id
     if env.get("CHAOSGPU_JOB"):
         return env["CHAOSGPU_JOB"]
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
@@ -1706,7 +1712,7 @@ def _new_job(job_id: str) -> Dict[str, Any]:
             "launcher_pid": None, "launcher_starttime": None, "ranks": [],
             "expected_ranks": None, "restart_count": None, "max_restarts": None,
             "survivors": [], "dead": [], "frozen": [], "stopped": [], "tag": None,
-            "found_by": FOUND_BY_ENV, "_lws": None, "_group": None}
+            "found_by": FOUND_BY_ENV, "_lws": None, "_group": None, "_base_id": job_id}
 
 
 def _rank_state(proc: Dict[str, Any], cgroup_root: str, proc_root: str) -> str:
@@ -1933,13 +1939,15 @@ def _finish_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
 
 
 def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
-                    launchers: Dict[int, Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+                    launchers: Dict[int, Dict[str, Any]],
+                    proc_root: str = "/proc") -> Dict[str, List[Dict[str, Any]]]:
     """Fill ``jobs`` (by id, with their torchrun launcher) and ``launchers`` (every live
     torchrun); return each job's candidate rank processes: RANK in their environment; else,
     carrying the job's master, LOCAL_RANK (the ranks PyTorch Lightning starts) or a
     multiprocessing child (the ranks of torch.multiprocessing.spawn, which get their rank as
-    an argument). A shell that exported MASTER_ADDR is no job."""
-    candidates = {}  # type: Dict[str, List[Dict[str, Any]]]
+    an argument). A shell that exported MASTER_ADDR is no job. One id seen in several network
+    namespaces with a loopback master is one job per namespace (``_namespaced_ids``)."""
+    members = []  # type: List[Tuple[str, Dict[str, Any], bool]]
     for proc in processes.values():
         launcher = _is_launcher(proc)
         if launcher and not proc["zombie"] and not proc.get("exiting"):
@@ -1951,11 +1959,17 @@ def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[s
         member = "RANK" in env or ("MASTER_PORT" in env and (
             _spawned_child(proc) or "LOCAL_RANK" in env
             or (_numbering(env) is not None and proc["comm"] not in NOT_TASKS)))
-        if job_id is None or not (launcher or member):
-            continue
+        if job_id is not None and (launcher or member):
+            members.append((job_id, proc, launcher))
+    ids = _namespaced_ids(members, proc_root)
+    candidates = {}  # type: Dict[str, List[Dict[str, Any]]]
+    for job_id, proc, launcher in members:
+        env = proc["env"]
+        base_id, job_id = job_id, ids.get(proc["pid"], job_id)
         job = jobs.get(job_id)
         if job is None:
             job = jobs[job_id] = _new_job(job_id)
+            job["_base_id"] = base_id
         if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
             job["master"] = "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
         if launcher:
@@ -1963,6 +1977,39 @@ def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[s
         else:
             candidates.setdefault(job_id, []).append(proc)
     return candidates
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("localhost", "::1")
+
+
+def _namespaced_ids(members: List[Tuple[str, Dict[str, Any], bool]],
+                    proc_root: str) -> Dict[int, str]:
+    """{pid: job id} for the job members whose id is shared by jobs of different network
+    namespaces: a job whose master is a loopback address cannot reach past its namespace, so
+    two pods (or any two namespaces) each running `torchrun` on 127.0.0.1:29500, or with the
+    same `--rdzv-id`, are two jobs. Such an id gets ``@`` and the namespace's container id
+    (12 characters), else ``net:<inode>``; an id seen in one namespace is left as it is."""
+    namespaces = {}  # type: Dict[str, Dict[int, List[Dict[str, Any]]]]
+    for job_id, proc, _ in members:
+        if not _loopback(proc["env"].get("MASTER_ADDR", "")):
+            continue
+        try:
+            inode = net_ns_inode(proc["pid"], proc_root)
+        except ProcError:
+            continue
+        namespaces.setdefault(job_id, {}).setdefault(inode, []).append(proc)
+    ids = {}  # type: Dict[int, str]
+    for job_id, groups in namespaces.items():
+        if len(groups) < 2:
+            continue
+        for inode, procs in groups.items():
+            container = next((p["container"]["id"] for p in procs
+                              if (p.get("container") or {}).get("id")), None)
+            label = container[:12] if container else "net:%d" % inode
+            for proc in procs:
+                ids[proc["pid"]] = "%s@%s" % (job_id, label)
+    return ids
 
 
 def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
@@ -2298,7 +2345,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     zombie, missing); whether a job is hung is a verdict over time (chaosgpu.job), never this."""
     jobs = {}  # type: Dict[str, Dict[str, Any]]
     launchers = {}  # type: Dict[int, Dict[str, Any]]
-    candidates = _job_candidates(processes, jobs, launchers)
+    candidates = _job_candidates(processes, jobs, launchers, proc_root)
     for job_id, members in candidates.items():
         ranks, helpers = _job_members(processes, sorted(members, key=lambda p: p["pid"]))
         job = jobs[job_id]
@@ -2314,7 +2361,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
             parent = processes.get(proc["ppid"])
             for _ in range(4):  # up through wrappers (a shell that runs the trainer)
                 if parent is None or parent["pid"] in launchers \
-                        or _job_id(parent.get("env") or {}) != job["id"]:
+                        or _job_id(parent.get("env") or {}) != job["_base_id"]:
                     break
                 parent = processes.get(parent["ppid"])
             if parent is not None and parent["pid"] not in launchers and not parent["zombie"] \
@@ -2330,7 +2377,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         # a torchrun with no rank now: starting, restarting or tearing down. Its run id is in
         # its cmdline only when given (--rdzv-id); otherwise it is named after its PID.
         run_id = _launcher_option(launcher, "--rdzv-id", "--rdzv_id")
-        job_id = run_id if run_id and run_id != "none" else "torchrun:%d" % pid
+        job_id = run_id if run_id and run_id != TORCHRUN_DEFAULT_RUN_ID else "torchrun:%d" % pid
         job = jobs.setdefault(job_id, _new_job(job_id))
         _set_launcher(job, launcher)
         job["hidden_ranks"] = sum(1 for p in processes.values() if p["ppid"] == pid
@@ -2339,7 +2386,7 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     local_masters = ("127.0.0.1", "localhost", "::1", hostname)
     for job in jobs.values():
         _finish_ranks(job, processes, local_masters)
-        del job["_lws"], job["_group"]
+        del job["_lws"], job["_group"], job["_base_id"]
     return sorted(jobs.values(), key=lambda j: j["id"])
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from census_helpers import wait_for
+from proc_helpers import alive
 
 from chaosgpu import node
 from chaosgpu.job import probes as job_probes
@@ -31,13 +32,18 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def torchrun_job(run_id: str) -> Iterator[subprocess.Popen[bytes]]:
+def torchrun_job(run_id: str | None) -> Iterator[subprocess.Popen[bytes]]:
+    """A 2-rank torchrun job of census_ring_worker.py: c10d rendezvous with `run_id`, or, for
+    None, torchrun's defaults (static rendezvous on a free `--master-port`, no `--rdzv-id`:
+    the ranks' run id is "none", their job is named `127.0.0.1:<port>`). Killed at the end."""
     torchrun = Path(sys.executable).parent / "torchrun"
     port = _free_port()
+    rendezvous = ["--master-port", str(port)] if run_id is None else [
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+    job_id = run_id or f"127.0.0.1:{port}"
     launcher = subprocess.Popen(
-        [str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id, "--max-restarts", "0",
-         str(WORKER), "--seconds", "90"],
+        [str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", *rendezvous,
+         "--max-restarts", "0", str(WORKER), "--seconds", "90"],
         env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -47,7 +53,7 @@ def torchrun_job(run_id: str) -> Iterator[subprocess.Popen[bytes]]:
         with contextlib.suppress(OSError):
             os.killpg(launcher.pid, signal.SIGKILL)
         for _ in range(100):
-            job = _job(run_id)
+            job = _job(job_id)
             pids = [r["pid"] for r in (job or {}).get("ranks", []) if r["pid"]]
             if not pids:
                 break
@@ -328,3 +334,30 @@ def test_the_ranks_left_when_the_store_host_dies_are_found_by_their_own_connecti
         for rank in ranks:
             rank.kill()
             rank.wait()
+
+
+@pytest.mark.slow
+def test_two_torchrun_jobs_without_a_run_id_are_two_jobs() -> None:
+    """torchrun's default run id ("none", no `--rdzv-id`) names no job: two jobs started so are
+    two jobs, named by their masters, each with its own launcher and two ranks."""
+    with torchrun_job(None) as first, torchrun_job(None) as second:
+        def both() -> list[dict] | None:
+            jobs = [j for j in node.take_census(gpu=False)["jobs"]
+                    if j["launcher_pid"] in (first.pid, second.pid)]
+            ready = len(jobs) == 2 and all(len(j["ranks"]) == 2 for j in jobs)
+            return jobs if ready else None
+
+        jobs = wait_for(both, timeout=120, what="both jobs' ranks to run")
+        by_launcher = {j["launcher_pid"]: j for j in jobs}
+        assert set(by_launcher) == {first.pid, second.pid}
+        for launcher, job in by_launcher.items():
+            assert job["id"] == job["master"] and job["id"].startswith("127.0.0.1:")
+            assert sorted(r["rank"] for r in job["ranks"]) == [0, 1]
+            census = {p["pid"]: p for p in node.take_census(gpu=False)["processes"]}
+            assert all(census[r["pid"]]["ppid"] == launcher for r in job["ranks"])
+            assert all(census[r["pid"]]["env"]["TORCHELASTIC_RUN_ID"] == "none"
+                       for r in job["ranks"])
+        assert by_launcher[first.pid]["id"] != by_launcher[second.pid]["id"]
+        assert not [j for j in node.take_census(gpu=False)["jobs"] if j["id"] == "none"]
+        started = [first.pid, second.pid] + [r["pid"] for j in jobs for r in j["ranks"]]
+    assert not [pid for pid in started if alive(pid)]

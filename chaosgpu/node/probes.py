@@ -77,7 +77,9 @@ def orphans(scope: Optional[Dict[str, Any]] = None,
 def jobs(configuration: Optional[Dict[str, Any]] = None,
          secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Return the distributed-training jobs found in one reading (by their ranks' environment:
-    TORCHELASTIC_RUN_ID, CHAOSGPU_JOB or MASTER_ADDR:MASTER_PORT; or by their rendezvous
+    TORCHELASTIC_RUN_ID but not torchrun's default "none", CHAOSGPU_JOB or
+    MASTER_ADDR:MASTER_PORT, qualified by network namespace where one loopback id is seen in
+    several; or by their rendezvous
     store's connections where no environment names them), each with world size, launcher,
     restart count, ranks and their states now (alive, stopped, frozen, zombie, missing). No
     verdict: whether a job runs or hangs is observed over time (chaosgpu.job.probes)."""
