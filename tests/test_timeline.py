@@ -14,6 +14,7 @@ import pytest
 from census_helpers import LEADER_EXITS
 
 import chaosgpu.node as node
+from chaosgpu.scope import ScopeError
 from chaosgpu.timeline import probes
 from chaosgpu.timeline.sampler import Sampler, current, install, uninstall
 
@@ -573,3 +574,88 @@ def test_a_rescan_asked_with_a_wait_tracks_the_new_process_before_it_returns(
     _wait_all_gone(sampler, 5)
     sampler.stop()
     assert sampler.request_rescan(wait_s=5.0) is True  # stopped: nothing to wait for
+
+
+MEASURING_PROBES = [
+    ("baseline_memory", lambda: probes.baseline_memory()),
+    ("residual_gpu_memory", lambda: probes.residual_gpu_memory(timeout_s=0)),
+    ("residual_gpu_memory", lambda: probes.gpu_memory_at_baseline(timeout_s=0)),
+    ("memory_release_time", lambda: probes.memory_release_time(after_event="kill", timeout_s=0)),
+    ("memory_release_time", lambda: probes.memory_release_time(
+        after_event="kill", timeout_s=0, missing_ok="before-method")),
+    ("gb_seconds_held", lambda: probes.gb_seconds_held(from_event="kill", to_event="kill")),
+    ("termination_timings", lambda: probes.termination_timings(after_event="kill", timeout_s=0)),
+    ("timeline_summary", lambda: probes.timeline_summary()),
+]
+
+
+@pytest.mark.parametrize("source", ["host-rss", "nvml"])
+def test_a_scope_that_never_matched_gives_no_measurement_once_the_method_started(
+        source: str, monkeypatch: pytest.MonkeyPatch, sampler_cleanup: list[Sampler]) -> None:
+    """A typo'd scope tracks nothing: on host-rss that is 0 MiB held and an instant "release"
+    (before the fix: memory_release_time 0.008 s, 0.0 GiB x s, the run completed); on NVML the
+    device's memory is real but none of it is the target's. Before the method nothing needs to
+    have matched yet (the method starts the target)."""
+    if source == "nvml":
+        nvml = ScriptedNvml()  # its one GPU process (pid 4242) is not in the scope
+        monkeypatch.setattr(node, "nvml_device_memory", nvml.device_memory)
+        monkeypatch.setattr(node, "nvml_gpu_processes", nvml.gpu_processes)
+    tag = f"tl-typo-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(rate_hz=100, process_every=2, scope={"tag": tag}, source=source)
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    install(sampler)
+    assert probes.residual_gpu_memory(timeout_s=0) == 0.0  # before the method: fine
+    assert probes.memory_release_time(after_event="kill", missing_ok="before-method") == 0.0
+    sampler.mark("method", "start")
+    sampler.mark("kill", "start")
+    sampler.mark("kill", "end")
+    assert sampler.wait_samples(5, 5.0) and sampler.request_rescan(wait_s=5.0)
+    assert not sampler.matched()
+    for name, measure in MEASURING_PROBES:
+        with pytest.raises(ScopeError) as refused:
+            measure()
+        assert str(refused.value) == (
+            f"{name}: the timeline control's scope 'tag={tag}' matched no process during the "
+            f"experiment: nothing of the target to measure (a typo in the control's scope?)")
+    # an event that is not there is still said first, and missing_ok true still allows it
+    with pytest.raises(ValueError, match="no event 'nope'"):
+        probes.memory_release_time(after_event="nope", timeout_s=0)
+    assert probes.memory_release_time(after_event="nope", missing_ok=True) == 0.0
+    assert sampler.summary()["scope_matched"] is False
+    assert "4242" not in sampler.to_dict()["processes"]
+
+
+def test_a_scope_whose_processes_matched_and_exited_is_measured(
+        sampler_cleanup: list[Sampler]) -> None:
+    """The normal case: the scope's processes were tracked, then killed (memory released):
+    nothing is tracked any more, and every probe measures."""
+    tag = f"tl-{uuid.uuid4().hex[:8]}"
+    sampler = Sampler(rate_hz=100, process_every=2, scope={"tag": tag}, source="host-rss")
+    sampler_cleanup.append(sampler)
+    sampler.start()
+    install(sampler)
+    sampler.mark("method", "start")
+    proc = _start(tag, HOLD_64)
+    try:
+        deadline = time.monotonic() + 10  # a look caught before its exec looks again
+        while proc.pid not in sampler._tracked and time.monotonic() < deadline:
+            sampler.request_rescan(wait_s=1.0)
+        assert proc.pid in sampler._tracked
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (not sampler.total or sampler.total[-1] < 64):
+            time.sleep(0.02)
+        sampler.mark("kill", "start")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        sampler.mark("kill", "end")
+    finally:
+        _kill_and_reap([proc])
+    _wait_all_gone(sampler, 5)
+    assert not sampler._tracked and sampler.matched()
+    release = probes.memory_release_time(after_event="kill", threshold_mib=4, timeout_s=5)
+    assert release is not None and release < 1.0
+    assert probes.gpu_memory_at_baseline(tolerance_mib=4, timeout_s=2) is True
+    assert probes.termination_timings(after_event="kill")["all_dead_after_s"] is not None
+    assert probes.gb_seconds_held(from_event="kill", to_event="kill") >= 0.0
+    assert probes.timeline_summary()["scope_matched"] is True

@@ -14,7 +14,14 @@ samples, default 20), `scope` (which processes to track; default every chaosgpu-
 the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
 fault that was never injected could pass as a met steady state), `fault_activity` (the name of
 the method action that is the fault, when the rules of chaosgpu.timeline.events would not find
-it).
+it). Any other argument (a typo'd name) is refused, and so is a flag that is not true or false.
+
+A control that cannot start (an unknown argument, a bad scope, a rate out of range, NVML asked
+for and absent) raises InterruptExecution in before_experiment_control with its own error:
+nothing has run yet, `chaos run` exits 1, and the run would otherwise go on unmeasured and end
+on some later, misleading error. A scope that matched no process while the method ran (a
+typo'd tag) is logged at WARNING at the end of the method, and the timeline probes refuse to
+measure such a timeline (chaosgpu.timeline.probes).
 
 What it does: starts the sampler and records the baseline before the experiment; marks every
 activity's start and end on the timeline and keeps a typed record of it (provider, part of the
@@ -32,7 +39,8 @@ the method (`--hypothesis-strategy during-method-only` or `continuously`) marks 
 (Chaos Toolkit alone only logs it). Which check is which comes from when it runs (before the
 method started, on Chaos Toolkit's during-method thread, or after), never from counting, so every
 `--hypothesis-strategy` gates the same way; `gating` records each check.
-Chaos Toolkit swallows exceptions in controls: every failure here is logged at ERROR.
+Chaos Toolkit swallows exceptions in controls other than InterruptExecution: every other
+failure here is logged at ERROR.
 
 This module owns the hooks and the journal section; the sampling is chaosgpu.timeline.sampler.
 """
@@ -46,6 +54,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaosgpu.arguments import checked
+from chaosgpu.errors import InvalidArgument
 from chaosgpu.timeline import events as events_mod
 from chaosgpu.timeline import sampler as sampler_mod
 
@@ -76,14 +86,30 @@ def _loud(what: str) -> None:
     logger.error("chaosgpu timeline control: %s failed", what, exc_info=True)
 
 
+@checked()  # only the names: an unknown (typo'd) argument is refused, naming the known ones
 def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       scope: dict[str, Any] | None = None, source: str = "auto",
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
                       fail_on_missed_steady_state: bool = False,
-                      fail_on_failed_activity: bool = False, fault_activity: str | None = None,
-                      **kwargs: Any) -> None:
+                      fail_on_failed_activity: bool = False,
+                      fault_activity: str | None = None) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
-    after `${...}` substitution, which Chaos Toolkit does not apply to configure_control)."""
+    after `${...}` substitution, which Chaos Toolkit does not apply to configure_control).
+    An unknown argument, or a flag other than true or false, raises InvalidArgument naming it
+    (Chaos Toolkit only logs that here, at debug: before_experiment_control stops the run)."""
+    settings = dict(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
+                    inline_max_points=inline_max_points, timeline_path=timeline_path,
+                    fault_activity=fault_activity or None,
+                    fail_on_missed_steady_state=_flag("fail_on_missed_steady_state",
+                                                      fail_on_missed_steady_state),
+                    fail_on_failed_activity=_flag("fail_on_failed_activity",
+                                                  fail_on_failed_activity))
+    _reset()
+    _settings.update(settings)
+
+
+def _reset() -> None:
+    """Forget the previous run: its settings, gating, records and where the run stands."""
     global _method_started, _in_method, _stage
     _method_started = False
     _in_method = False
@@ -93,27 +119,49 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
     _records.clear()
     _gating.clear()
     _settings.clear()
-    _settings.update(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
-                     inline_max_points=inline_max_points, timeline_path=timeline_path,
-                     fault_activity=fault_activity or None,
-                     fail_on_missed_steady_state=_flag(fail_on_missed_steady_state),
-                     fail_on_failed_activity=_flag(fail_on_failed_activity))
 
 
-def _flag(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+#: what a flag argument may be: a boolean, or its text (`${name}` from an environment variable)
+_FLAG_TEXT = {"true": True, "yes": True, "on": True, "1": True,
+              "false": False, "no": False, "off": False, "0": False}
 
 
-def _start(**kwargs: Any) -> None:
-    names = configure_control.__code__.co_varnames[:configure_control.__code__.co_argcount]
-    configure_control(**{k: v for k, v in kwargs.items() if k in names})
+def _flag(name: str, value: Any) -> bool:
+    """A boolean argument's value; anything but true or false (a typo such as "ture") is
+    InvalidArgument rather than silently false."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _FLAG_TEXT:
+        return _FLAG_TEXT[value.strip().lower()]
+    raise InvalidArgument(f"chaosgpu timeline control: {name} must be true or false, "
+                          f"got {value!r}")
+
+
+def _number(name: str, value: Any, kind: type) -> Any:
+    """A numeric argument as `kind` (a `${name}` from an environment variable is text)."""
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"chaosgpu timeline control: {name} must be a number, got "
+                              f"{value!r}") from None
+
+
+def _stop_current() -> None:
+    """Stop and forget a sampler left installed (an earlier run in this process)."""
     previous = sampler_mod.current()
-    if previous is not None and previous.running:
+    if previous is not None:
         previous.stop()
-    sampler = sampler_mod.Sampler(rate_hz=float(_settings["rate_hz"]),
-                                  process_every=int(_settings["process_every"]),
+        sampler_mod.uninstall(previous)
+
+
+def _start(**arguments: Any) -> None:
+    _stop_current()
+    configure_control(**arguments)
+    _settings["inline_max_points"] = _number("inline_max_points", _settings["inline_max_points"],
+                                             int)
+    sampler = sampler_mod.Sampler(rate_hz=_number("rate_hz", _settings["rate_hz"], float),
+                                  process_every=_number("process_every",
+                                                        _settings["process_every"], int),
                                   scope=_settings["scope"], source=_settings["source"])
     sampler.start()
     sampler_mod.install(sampler)
@@ -126,15 +174,24 @@ def _start(**kwargs: Any) -> None:
 def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
     """Refuse an experiment whose `${name}` resolves to nothing (chaosgpu.validation: the run
     is interrupted before anything starts), then start the sampler and take the memory
-    baseline before anything runs."""
+    baseline before anything runs. A control that cannot start (an unknown argument, a bad
+    scope or rate...) interrupts the run here with its own error: nothing has run yet."""
+    from chaoslib.exceptions import InterruptExecution
+
     from chaosgpu import validation
 
-    validation.before_experiment_control(context, kwargs.get("configuration"),
-                                         kwargs.get("secrets"))
+    validation.before_experiment_control(context, kwargs.pop("configuration", None),
+                                         kwargs.pop("secrets", None))
     try:
         _start(**kwargs)
-    except Exception:
-        _loud("before_experiment_control")
+    except Exception as error:
+        logger.debug("chaosgpu timeline control: start failed", exc_info=True)
+        message = (f"chaosgpu: the timeline control cannot start ({error}); nothing of this "
+                   f"run would be measured: stopping it before the steady state and method")
+        _stop_current()
+        _reset()
+        _gating.update(interrupted=True, start_error=str(error))
+        raise InterruptExecution(message) from None
 
 
 def _hypothesis_when() -> str:
@@ -189,11 +246,25 @@ def before_method_control(context: Any = None, **kwargs: Any) -> None:
 
 
 def after_method_control(context: Any = None, **kwargs: Any) -> None:
-    """Mark the end of the method."""
+    """Mark the end of the method, and say so loudly when the scope matched no process."""
     global _in_method, _stage
     _in_method = False
     _stage = "other"
     _mark("method", "end")
+    _warn_if_nothing_matched()
+
+
+def _warn_if_nothing_matched() -> None:
+    """A WARNING (and `gating.scope_matched_nothing`) when the method ran and the scope has
+    matched no process since the experiment began: the timeline holds nothing of the target."""
+    sampler = sampler_mod.current()
+    if sampler is None or sampler.matched():
+        return
+    with _gating_lock:
+        _gating["scope_matched_nothing"] = sampler.scope_label()
+    logger.warning("chaosgpu timeline: the control's scope %s matched no process during the "
+                   "experiment: the timeline holds nothing of the target and its probes refuse "
+                   "to measure it (a typo in the control's scope?)", sampler.scope_label())
 
 
 def before_rollback_control(context: Any = None, **kwargs: Any) -> None:
@@ -347,7 +418,8 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
             logger.info("chaosgpu timeline: %d samples at %s Hz, CPU overhead %s %%",
                         summary["samples"], summary["rate_hz"], summary["overhead_cpu_pct"])
         else:
-            section["summary"] = {"error": "the sampler did not run (see errors above)"}
+            reason = _gating.get("start_error") or "see errors above"
+            section["summary"] = {"error": f"the sampler did not run ({reason})"}
         section.update(_typed(sampler))
         if isinstance(state, dict):
             _deviate_on_missed_during(state, section["gating"])

@@ -10,6 +10,11 @@ GiB = 1024 MiB. Residual memory is always measured against the baseline taken be
 experiment, never as `used == 0` (an idle H200 shows 615 MiB used). Each probe also records its
 result under `journal["chaosgpu"]["measurements"]` (a record with `value` and `unit`).
 Every waiting probe has its own deadline.
+No figure from a timeline that tracked nothing: once the method has started, a control whose
+scope has matched no process since the experiment began (a typo'd tag) would read 0 MiB held
+and an instant release (on host-rss its memory is the tracked processes'); every probe here
+then raises ScopeError naming the scope (`_require_matched`). A scope whose processes matched
+and then exited is the normal case (memory released), not this.
 This module owns these computations' public face and must not sample or signal anything.
 """
 
@@ -21,6 +26,7 @@ from typing import Any, Dict, Optional, Union
 
 from chaosgpu.arguments import MIB, SECONDS, TEXT, checked, missing_allowed
 from chaosgpu.progress import Progress
+from chaosgpu.scope import ScopeError
 from chaosgpu.timeline import integral
 from chaosgpu.timeline import sampler as sampler_mod
 
@@ -38,6 +44,16 @@ def _sampler() -> sampler_mod.Sampler:
     if sampler.baseline is None:
         sampler.take_baseline()
     return sampler
+
+
+def _require_matched(sampler: sampler_mod.Sampler, probe: str) -> None:
+    """Refuse to measure a timeline whose scope never matched a process, once the method has
+    started (before it, the target may not exist yet: the method starts it)."""
+    if sampler.event_time("method", "start") is None or sampler.matched():
+        return
+    raise ScopeError(f"{probe}: the timeline control's scope {sampler.scope_label()} matched "
+                     f"no process during the experiment: nothing of the target to measure "
+                     f"(a typo in the control's scope?)")
 
 
 def _record(sampler: sampler_mod.Sampler, name: str, value: Any) -> None:
@@ -65,6 +81,7 @@ def baseline_memory(configuration: Optional[Dict[str, Any]] = None,
     """Return the memory baseline recorded when the experiment started: the total in MiB, per
     GPU when NVML is the source, and the source ("nvml" or "host-rss")."""
     sampler = _sampler()
+    _require_matched(sampler, "baseline_memory")
     assert sampler.baseline is not None
     _record(sampler, "baseline_memory", sampler.baseline)
     return dict(sampler.baseline)
@@ -81,6 +98,7 @@ def residual_gpu_memory(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
     if timeout_s < 0 or tolerance_mib < 0:
         raise ValueError("timeout_s and tolerance_mib must be >= 0")
     sampler = _sampler()
+    _require_matched(sampler, "residual_gpu_memory")
     assert sampler.baseline is not None
     base = float(sampler.baseline["total_mib"])
     deadline = time.monotonic() + timeout_s
@@ -133,6 +151,7 @@ def memory_release_time(after_event: str, threshold_mib: float = 64.0,
             "note": "event not on the timeline (yet): nothing to release"})
         return 0.0
     t_event = _event_t(sampler, after_event, phase)
+    _require_matched(sampler, "memory_release_time")
     limit = float(sampler.baseline["total_mib"]) + threshold_mib
     deadline = time.monotonic() + timeout_s
     waiting = Progress(f"GPU memory to come back within {threshold_mib:g} MiB of the baseline "
@@ -179,6 +198,7 @@ def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
     t_to = _event_t(sampler, to_event, to_phase) if to_event else sampler.now()
     if t_to < t_from:
         raise ValueError(f"{to_event!r} ({to_phase}) comes before {from_event!r} ({from_phase})")
+    _require_matched(sampler, "gb_seconds_held")
     value = round(sampler.integral_gib_s(t_from, t_to, float(sampler.baseline["total_mib"])), 4)
     _record(sampler, "gb_seconds_held", {
         "from_event": from_event, "to_event": to_event, "gib_s": value, "value": value,
@@ -225,6 +245,7 @@ def _termination(after_event: str, phase: str, threshold_mib: float) -> Dict[str
     sampler = _sampler()
     assert sampler.baseline is not None
     t_event = _event_t(sampler, after_event, phase)
+    _require_matched(sampler, "termination_timings")
     per_process: dict[str, Any] = {}
     dead_times: list[float | None] = []
     for pid, entry in list(sampler.processes.items()):
@@ -258,6 +279,7 @@ def timeline_summary(configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """The timeline so far: samples, real rate, source, baseline, peak and current memory."""
     sampler = _sampler()
+    _require_matched(sampler, "timeline_summary")
     summary = sampler.summary()
     summary["current_total_mib"] = _current_mib(sampler)
     return summary

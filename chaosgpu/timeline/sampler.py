@@ -710,6 +710,20 @@ class Sampler:
             "taken_at": self.t0 + self.now(), "samples": len(totals)}
         return self.baseline
 
+    def matched(self) -> bool:
+        """Whether the scope has matched a process since the sampler started: one was tracked
+        at some point (a process that matched and then exited counts: that is a release)."""
+        with self._data_lock:
+            return bool(self.processes)
+
+    def scope_label(self) -> str:
+        """The scope in words, for messages: the control's scope, or the default's meaning."""
+        if self.scope is None:
+            return "(none given: every chaosgpu-tagged process)"
+        from chaosgpu.scope import describe_scope
+
+        return repr(describe_scope(self.scope))
+
     def event_time(self, name: str, phase: str = "start", occurrence: int = -1) -> float | None:
         """Time (s since t0) of the named event's `phase` ('start', 'end' or 'point')."""
         with self._data_lock:
@@ -743,7 +757,8 @@ class Sampler:
             "baseline_total_mib": self.baseline["total_mib"] if self.baseline else None,
             "peak_total_mib": max(self.total) if self.total else None,
             "final_total_mib": self.total[-1] if self.total else None,
-            "tracked_processes": len(self.processes), "errors": list(self.errors),
+            "tracked_processes": len(self.processes), "scope": self.scope,
+            "scope_matched": bool(self.processes), "errors": list(self.errors),
             "unit": "MiB (2**20 bytes); integrals in GiB x s (GiB = 1024 MiB)"}
 
     def to_dict(self) -> dict[str, Any]:
