@@ -130,3 +130,50 @@ def test_missed_during_the_method_is_a_deviation(tmp_path: Path) -> None:
     assert gating["during_missed"] == len(gating["checks"]) >= 1
     assert gating["deviated_by"].endswith("checks during the method not met")
     assert not _alive_with_tag(tag)
+
+
+def _errored_after_the_method(strict: bool) -> dict:
+    """A steady state whose probe names a sandbox nothing creates: met before the method
+    (missing_ok "before-method"), raising after it (this run never met that sandbox)."""
+    return {
+        "version": "1.0.0",
+        "title": "a steady-state probe that cannot be made after the method",
+        "description": "a typo'd sandbox name in the steady state",
+        "controls": [{"name": "chaosgpu-timeline", "provider": {
+            "type": "python", "module": "chaosgpu.timeline.control",
+            "arguments": {"rate_hz": 50, "fail_on_failed_activity": strict}}}],
+        "steady-state-hypothesis": {"title": "no zombies", "probes": [{
+            "type": "probe", "name": "no-zombies", "tolerance": 0,
+            "provider": {"type": "python", "module": "chaosgpu.sandbox.probes",
+                         "func": "sandbox_zombie_count", "arguments": {"name": "no-such-pod"}}}]},
+        "method": [{"type": "probe", "name": "look-at-jobs", "provider": {
+            "type": "python", "module": "chaosgpu.node.probes", "func": "jobs"}}],
+    }
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_steady_state_probe_that_raises_after_the_method_is_no_deviation(
+        strict: bool, tmp_path: Path) -> None:
+    """Chaos Toolkit counts a probe that raised as a missed tolerance: the run deviated (status
+    failed, deviated true), the expected end of every baseline. With the gate the run is
+    failed and not deviated: the check was never made."""
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(_errored_after_the_method(strict)))
+    journal_path = tmp_path / "journal.json"
+    done = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
+                           "run", "--journal-path", str(journal_path), str(path)],
+                          cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    journal = json.loads(journal_path.read_text())
+    gating = journal["chaosgpu"]["gating"]
+    assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
+    assert [r["status"] for r in journal["run"]] == ["succeeded"]
+    assert [e["name"] for e in gating["after_errored"]] == ["no-zombies"]
+    assert "no-such-pod" in gating["after_errored"][0]["error"]
+    if strict:
+        assert journal["status"] == "failed" and journal["deviated"] is False
+        assert "'no-zombies' raised after the method" in gating["failed_by"]
+        assert "failed, not deviated" in (tmp_path / "log").read_text()
+    else:
+        assert journal["status"] == "failed" and journal["deviated"] is True
+        assert "failed_by" not in gating

@@ -12,7 +12,8 @@ samples, default 20), `scope` (which processes to track; default every chaosgpu-
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
 `fail_on_missed_steady_state` (default false), `fail_on_failed_activity` (default false: stop
 the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
-fault that was never injected could pass as a met steady state), `fault_activity` (the name of
+fault that was never injected could pass as a met steady state; and a steady-state probe that
+raises after the method makes the run failed, not deviated), `fault_activity` (the name of
 the method action that is the fault, when the rules of chaosgpu.timeline.events would not find
 it). Any other argument (a typo'd name) is refused, and so is a flag that is not true or false.
 
@@ -227,6 +228,10 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
         _gating[f"{when}_met"] = met
         if met is False:
             _gating[f"{when}_state"] = state
+        if when == "after":
+            errored = _errored_probes(state)
+            if errored:
+                _gating["after_errored"] = errored
     if when == "before" and met is False and strict:
         from chaoslib.exceptions import InterruptExecution
 
@@ -234,6 +239,15 @@ def after_hypothesis_control(context: Any = None, state: Any = None, **kwargs: A
         raise InterruptExecution(
             "chaosgpu: the steady state was not met BEFORE the method: the experiment "
             "cannot show anything; failing the run (fail_on_missed_steady_state)")
+
+
+def _errored_probes(state: Any) -> list[dict[str, Any]]:
+    """The probes of a steady-state check that raised (Chaos Toolkit's status "failed": the
+    check could not be made) rather than returned a value out of tolerance."""
+    probes = state.get("probes") if isinstance(state, dict) else None
+    return [{"name": (run.get("activity") or {}).get("name"),
+             "error": ("".join(run.get("exception") or []).strip().splitlines() or [""])[-1]}
+            for run in probes or [] if isinstance(run, dict) and run.get("status") == "failed"]
 
 
 def before_method_control(context: Any = None, **kwargs: Any) -> None:
@@ -423,6 +437,7 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
         section.update(_typed(sampler))
         if isinstance(state, dict):
             _deviate_on_missed_during(state, section["gating"])
+            _fail_on_errored_check(state, section["gating"])
             state.setdefault("chaosgpu", {}).update(section)
     except Exception:
         _loud("after_experiment_control")
@@ -453,6 +468,23 @@ def _deviate_on_missed_during(journal: dict[str, Any], gating: dict[str, Any]) -
     checks = sum(1 for check in gating.get("checks") or [] if check.get("when") == "during")
     gating["deviated_by"] = f"{missed} of {checks} checks during the method not met"
     journal["deviated"] = True
+
+
+def _fail_on_errored_check(journal: dict[str, Any], gating: dict[str, Any]) -> None:
+    """With `fail_on_failed_activity`, a steady-state probe that raised AFTER the method (a
+    typo'd tag or sandbox name, a target it could not read) makes the run failed, not
+    deviated: Chaos Toolkit counts such a probe as a missed tolerance, and a baseline that must
+    deviate would pass on a check that was never made."""
+    errored = gating.get("after_errored")
+    if not errored or not _settings.get("fail_on_failed_activity"):
+        return
+    names = ", ".join(repr(entry["name"]) for entry in errored)
+    gating["failed_by"] = (f"the steady-state probe(s) {names} raised after the method: the "
+                           f"check was not made, which is no deviation")
+    logger.error("chaosgpu: %s; the run is failed, not deviated (fail_on_failed_activity)",
+                 gating["failed_by"])
+    journal["status"] = "failed"
+    journal["deviated"] = False
 
 
 def cleanup_control(control: Any = None, **kwargs: Any) -> None:
