@@ -172,8 +172,10 @@ def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
         probes.job_state(tag="x", window_s=0)
     with pytest.raises(ValueError, match="verdicts must be"):
         probes.wait_job_verdict(["stuck"], tag="x")
-    nothing = actions.cleanup_hung_job(tag=nope)
-    assert nothing["found"] == 0
+    with pytest.raises(JobError, match=f"tag '{nope}' matches no process, and this run never "
+                                       "met it .*: a typo"):
+        actions.cleanup_hung_job(tag=nope)  # a typo'd rollback would leave the job running
+    assert actions.cleanup_hung_job(tag=nope, missing_ok=True)["found"] == 0
 
 
 def test_a_job_and_a_tag_that_disagree_are_an_error(ring: tuple[str, RingLaunch]) -> None:

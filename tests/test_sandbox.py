@@ -425,3 +425,43 @@ def test_invalid_pod_env_names_are_refused(box: str) -> None:
         with pytest.raises(ValueError, match="invalid variable name"):
             runtime.create(box, init="sleep", env=bad)
     assert runtime.get_record(box) is None
+
+
+def _scope_env(pid: int) -> dict[str, str]:
+    """The scope variables (tag, job, sandbox) in the environment of `pid`, read from /proc."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    pairs = dict(entry.partition("=")[::2] for entry in entries if "=" in entry)
+    return {key: value for key, value in pairs.items()
+            if key in ("CHAOSGPU_TAG", "CHAOSGPU_JOB", "CHAOSGPU_SANDBOX")}
+
+
+def test_the_runners_scope_variables_stay_off_the_sandbox_machinery(
+        box: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A runner started with CHAOSGPU_TAG=T handed T to the supervisor and `unshare`: a SIGKILL
+    # by tag T killed them with the workers and took the pod (and its zombies) down.
+    from chaosgpu.process.actions import signal_processes
+    from chaosgpu.workloads.actions import start_holders, stop_workload
+
+    tag = f"runner-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    monkeypatch.setenv("CHAOSGPU_TAG", tag)
+    monkeypatch.setenv("CHAOSGPU_JOB", "the-runners-job")
+    monkeypatch.setenv("CHAOSGPU_SANDBOX", "the-runners-pod")
+    record = runtime.create(box, grace_s=1)
+    assert _scope_env(record["supervisor_pid"]) == {}
+    assert _scope_env(record["unshare_pid"]) == {}
+    assert _scope_env(record["pid1"]) == {"CHAOSGPU_SANDBOX": box}
+    assert runtime.exec_in(box, ["sh", "-c", "echo $CHAOSGPU_TAG/$CHAOSGPU_SANDBOX"]
+                           )["stdout"].strip() == f"/{box}"
+    started = start_holders(count=2, mib=1, via="host", sandbox=box, tag=tag)
+    try:
+        for pid in started["pids"]:
+            assert _scope_env(pid) == {"CHAOSGPU_TAG": tag, "CHAOSGPU_SANDBOX": box}
+        report = signal_processes({"tag": tag}, signal="SIGKILL", wait_gone_s=5)
+        hit = sorted(r["pid"] for r in report["results"] if r["result"] == "sent")
+        assert hit == sorted(started["pids"]), report["results"]
+        assert runtime.sandbox_alive(box)
+        assert _wait(lambda: sorted(probes.sandbox_zombies(box)) == sorted(started["pids"]))
+        assert runtime.process_state(record["supervisor_pid"],
+                                     record["supervisor_starttime"]) not in (None, "Z")
+    finally:
+        stop_workload(tag, grace_s=0)

@@ -30,9 +30,26 @@ def test_start_and_stop_holders_on_the_host() -> None:
     assert set(result["processes"].values()) == {"exited on SIGTERM"}
     assert not any(_alive(p) for p in started["pids"])
     assert state.read_record("workloads", "h-host") is None
-    assert actions.stop_workload("h-host") == {
-        "tag": "h-host", "stopped": False, "note": "no such workload"
-    }  # fmt: skip
+    assert actions.stop_workload("h-host") == {  # twice: this run started it, it ended
+        "tag": "h-host", "stopped": False, "note": "no such workload: it ended (this run met "
+        "that tag)"}  # fmt: skip
+
+
+def test_host_workers_carry_their_own_tag_not_the_runners(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # The runner's scope variables (its tag, job, sandbox) must not reach a workload: it
+    # carries the tag it declares, and nothing that puts it in another selection's scope.
+    monkeypatch.setenv("CHAOSGPU_TAG", "the-runners-tag")
+    monkeypatch.setenv("CHAOSGPU_JOB", "the-runners-job")
+    monkeypatch.setenv("CHAOSGPU_SANDBOX", "the-runners-pod")
+    started = actions.start_holders(count=1, mib=1, via="host", tag="h-own-tag")
+    try:
+        environ = Path(f"/proc/{started['pids'][0]}/environ").read_bytes().split(b"\0")
+        scope_keys = (b"CHAOSGPU_TAG=", b"CHAOSGPU_JOB=", b"CHAOSGPU_SANDBOX=")
+        assert [e for e in environ if e.startswith(scope_keys)] == [b"CHAOSGPU_TAG=h-own-tag"]
+    finally:
+        actions.stop_workload("h-own-tag", grace_s=0)
+    assert not any(_alive(p) for p in started["pids"])
 
 
 def test_stop_kills_workers_that_ignore_sigterm() -> None:

@@ -18,7 +18,7 @@ import time
 from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import POSITIVE_SECONDS, RANK, SECONDS, checked
+from chaosgpu.arguments import POSITIVE_SECONDS, RANK, SECONDS, checked, missing_allowed
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
@@ -30,6 +30,7 @@ from chaosgpu.process.actions import (
     wait_gone,
 )
 from chaosgpu.process.terminate import NULL_SIGNAL
+from chaosgpu.scope import remember, seen_in_this_run, validate_scope
 
 __all__ = ["kill_rank", "freeze_rank", "resume_rank", "fail_rank", "cleanup_hung_job"]
 
@@ -313,13 +314,39 @@ def fail_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
 @checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
                      grace_s: float = 5.0, deadline_s: float = 30.0,
+                     missing_ok: Union[bool, str] = "before-method",
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Roll back a hung job: thaw frozen ranks (a frozen process ignores SIGKILL until thawed),
     SIGTERM every remaining process of the job (ranks, launcher, and with a tag everything
     carrying it), wait `grace_s`, SIGKILL what is left, wait until they are dead and NVML no
     longer lists them (when NVML is available), all within `deadline_s`. Idempotent: a second
-    call, or a call after the runner crashed, finds nothing and says so. Reports what it removed
-    and, honestly, what it could not."""
+    call, or one for a job this run met that ended, finds nothing and says so; but a job id or
+    tag this run never met that matches nothing (a typo: the real job would be left running)
+    fails, naming the jobs and tags on the node, unless `missing_ok` is true (or
+    "before-method", the default, before the method starts). Reports what it removed and,
+    honestly, what it could not."""
     check_selector(job, tag)
-    return hang.cleanup(job=job, tag=tag, grace_s=grace_s, deadline_s=deadline_s)
+    missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
+    report = hang.cleanup(job=job, tag=tag, grace_s=grace_s, deadline_s=deadline_s)
+    # The tag decides when given (a job given with it must agree); else the job id.
+    kind, value = ("tag", tag) if tag is not None else ("job", str(job))
+    if report["found"]:
+        remember(kind, value)  # found once: a later call that finds nothing is fine
+    elif not missing_allowed(missing_ok, seen_in_this_run(validate_scope({kind: value}))):
+        raise JobError(_never_met(kind, value))
+    return report
+
+
+def _never_met(kind: str, value: str) -> str:
+    """The error for a cleanup selection that matches nothing and that this run never met,
+    with the jobs and tags on the node now (what was probably meant)."""
+    census = hang._census(gpu=False)
+    jobs = sorted(f"{j.get('id')} (tag {j.get('tag')!r})" for j in census.get("jobs") or [])
+    tags = sorted({str(p["tag"]) for p in census.get("processes") or [] if p.get("tag")})
+    note = visibility_note(census)
+    return (f"{kind} {value!r} matches no process, and this run never met it (no workload it "
+            f"started, no process or job seen carrying it): a typo? Jobs on this node: "
+            f"{jobs or 'none'}; tags carried: {tags or 'none'}" + (f"; {note}" if note else "")
+            + ". A job that may be absent needs missing_ok true (or \"before-method\", the "
+            "default, before the method starts)")

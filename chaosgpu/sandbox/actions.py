@@ -2,14 +2,15 @@
 
 This module owns only the activity signatures (keyword arguments with defaults, JSON returns);
 the work is done by chaosgpu.sandbox.runtime. A sandbox created here records the runner as its
-owner, so one left behind by a crashed runner is reported as abandoned.
+owner, so one left behind by a crashed runner is reported as abandoned. A name that is not
+recorded is checked as the probes check it (chaosgpu.sandbox.probes.recorded, `missing_ok`).
 """
 
 import os
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, SECONDS, TEXT, checked
-from chaosgpu.sandbox import runtime
+from chaosgpu.sandbox import probes, runtime
 
 __all__ = [
     "create_sandbox",
@@ -93,11 +94,16 @@ def terminate_sandbox(
 @checked(name=TEXT)
 def remove_sandbox(
     name: str,
+    missing_ok: Union[bool, str] = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """Remove sandbox `name`: kill it at once if it still runs and delete its record. Safe to run
-    twice and after a crash of the runner (a rollback)."""
+    twice and after a crash of the runner (a rollback); but a name that is not recorded and that
+    this run never created (a typo: the real pod would be left running) fails, naming the
+    recorded sandboxes, unless `missing_ok` is true (or "before-method", the default, before
+    the method starts)."""
+    probes.recorded(name, missing_ok)  # a typo fails here; an allowed absence removes nothing
     return runtime.remove(name)
 
 

@@ -37,22 +37,25 @@ def missing_allowed(missing_ok: Any, name: str) -> bool:
     return arguments.missing_allowed(missing_ok, runtime.created_here(name))
 
 
-def _recorded(name: str, missing_ok: Any) -> bool:
-    """True when sandbox `name` is recorded; False when it is not and `missing_ok` allows it;
-    otherwise ActivityError naming the sandbox."""
+def recorded(name: str, missing_ok: Any) -> bool:
+    """True when sandbox `name` is recorded; False when it is not and `missing_ok` allows it
+    (missing_allowed); otherwise ActivityError naming the sandbox and those recorded. Not a
+    probe (left out of __all__): the check of any activity that reads or removes a sandbox by
+    name, so that a typo'd name never reads as "nothing there" nor as "removed"."""
     allowed = missing_allowed(missing_ok, name)  # a bad missing_ok is refused either way
     if runtime.get_record(name) is not None:
         return True
     if allowed:
         return False
     known = sorted(s["name"] for s in runtime.list_sandboxes())
-    raise ActivityError(f"no sandbox named {name!r} (recorded: {known or 'none'}): a typo? "
-                        "A sandbox that may be absent needs missing_ok true (or "
-                        "\"before-method\", the default, before the method starts)")
+    raise ActivityError(f"no sandbox named {name!r} is recorded, and this run never created "
+                        f"it: a typo? Recorded sandboxes: {known or 'none'}. A sandbox that "
+                        "may be absent needs missing_ok true (or \"before-method\", the "
+                        "default, before the method starts)")
 
 
 def _processes(name: str, missing_ok: Any) -> list[dict[str, Any]]:
-    return runtime.processes(name) if _recorded(name, missing_ok) else []
+    return runtime.processes(name) if recorded(name, missing_ok) else []
 
 
 @checked(name=TEXT)
@@ -113,7 +116,7 @@ def sandbox_orphans(
     (docs/census.md): reparented to the pod's PID 1 or a subreaper and not started by it (the
     field report's orphaned workers); the same answer the census gives from inside the pod.
     A sandbox not recorded: see `missing_ok` in the module docstring."""
-    if not _recorded(name, missing_ok):
+    if not recorded(name, missing_ok):
         return []
     pids = runtime.host_pids(name)
     if not pids:

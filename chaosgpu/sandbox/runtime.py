@@ -43,6 +43,7 @@ __all__ = [
     "created_here",
     "exec_in",
     "get_record",
+    "helper_env",
     "host_pids",
     "kill",
     "list_sandboxes",
@@ -51,6 +52,7 @@ __all__ = [
     "processes",
     "read_cmdline",
     "remove",
+    "SCOPE_ENV",
     "sandbox_alive",
     "terminate",
 ]
@@ -63,6 +65,10 @@ KIND = "sandboxes"
 CREATE_TIMEOUT_S = 20.0
 KILL_DEADLINE_S = 10.0
 _ASKED: set[str] = set()  # the sandbox names this process asked `create` for
+#: The environment variables that put a process in a declared scope (the census reads a
+#: process's tag, job and sandbox from them): chaosgpu's own processes never inherit the
+#: runner's (see helper_env); a workload carries only those it declares.
+SCOPE_ENV = ("CHAOSGPU_TAG", "CHAOSGPU_JOB", "CHAOSGPU_SANDBOX")
 
 
 class SandboxError(RuntimeError):
@@ -130,6 +136,22 @@ def kill(pid: int, starttime: int) -> bool:
     primitive, no wait); True if the kernel accepted the signal."""
     target = terminate_.Target(pid, starttime)
     return terminate_.signal_once([target], "SIGKILL", _rules())[0].result == "sent"
+
+
+def helper_env(**declared: str) -> dict[str, str]:
+    """The environment of a process chaosgpu starts: the caller's without its scope variables
+    (SCOPE_ENV), plus `declared` (a workload's own tag). A runner started with CHAOSGPU_TAG=X
+    must not put chaosgpu's machinery (the sandbox supervisor, `unshare`, `nsenter`, a probe
+    it runs) nor a workload of another tag in X's scope, where a kill by tag would hit them."""
+    env = {key: value for key, value in os.environ.items() if key not in SCOPE_ENV}
+    env.update(declared)
+    return env
+
+
+def _env_argv(variables: dict[str, str]) -> list[str]:
+    """`env K=V ...`: sets `variables` on what it execs, and on nothing before it (the pod's
+    env is set inside the pod, never on the host-side supervisor, `unshare` or `nsenter`)."""
+    return [_require("env"), *(f"{key}={value}" for key, value in variables.items())]
 
 
 # ------------------------------------------------------------------ records
@@ -234,7 +256,7 @@ def user_namespaces_available() -> tuple[bool, str | None]:
         pass
     try:
         probe = subprocess.run(
-            [_require("unshare"), "--user", "--map-root-user", "true"],
+            [_require("unshare"), "--user", "--map-root-user", "true"], env=helper_env(),
             stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
         )  # fmt: skip
     except (subprocess.TimeoutExpired, SandboxError) as error:
@@ -280,19 +302,27 @@ def _validate_create(name: str, init: str, argv: list[str] | None,
         raise ValueError("init 'none' needs argv: the workload that becomes PID 1")
     if init == "sleep" and argv:
         raise ValueError("init 'sleep' takes no argv (PID 1 is `sleep infinity`)")
-    if env is not None and not all(
+    _validate_env(env)
+
+
+def _validate_env(env: Any) -> None:
+    """Refuse an `env` that is not a dict of strings, or whose names `env(1)` cannot set."""
+    if env is None:
+        return
+    if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
-        raise ValueError("env must map strings to strings")
-    bad_keys = [k for k in env or {} if not k or "=" in k or k.startswith("-")]
+        raise ValueError(f"env must map strings to strings, got {env!r}")
+    bad_keys = [k for k in env if not k or "=" in k or k.startswith("-")]
     if bad_keys:
         raise ValueError(f"env has invalid variable name(s) {bad_keys!r}")
 
 
 def _sandbox_command(init: str, argv: list[str] | None, uid: int | None, gid: int | None,
-                     env: dict[str, str] | None) -> tuple[list[str], list[str], bool]:
+                     env: dict[str, str]) -> tuple[list[str], list[str], bool]:
     """The unshare command line of a sandbox (PID namespace, its init and workload, the
-    user to run as), the part that runs inside it, and whether it needs a user namespace."""
+    user to run as, the pod's `env`), the part that runs inside it, and whether it needs a
+    user namespace."""
     unshare = _require("unshare")
     init_path = _find_binary(init)
     if init == "none":
@@ -320,10 +350,9 @@ def _sandbox_command(init: str, argv: list[str] | None, uid: int | None, gid: in
         prefix += ["--user", "--map-root-user"]
         userns = True
     prefix += ["--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL", "--"]
-    if env:
-        # The pod's env is set inside the pod (`env` execs on as its PID 1), never on the
-        # host-side supervisor and `unshare`: a tag there would put them in the tag's scope.
-        prefix += [_require("env"), *(f"{key}={value}" for key, value in env.items())]
+    # The pod's env is set inside the pod (`env` execs on as its PID 1), never on the
+    # host-side supervisor and `unshare`: a tag there would put them in the tag's scope.
+    prefix += _env_argv(env)
     if root and uid is not None:
         assert gid is not None
         prefix += _setpriv(uid, gid)
@@ -350,8 +379,10 @@ def create(
 
     `init`: "sleep" (PID 1 is `sleep infinity`, like the report), "tini" or "dumb-init" (running
     `argv`, default `sleep infinity`, as their child), or "none" (`argv` itself is PID 1).
-    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. `env` is added to
-    the caller's environment, and CHAOSGPU_SANDBOX=<name> is set. `grace_s` is the default grace
+    `uid`/`gid`: run PID 1 (and, by default, everything exec'd) as that user. The pod's
+    environment is the caller's without its scope variables (helper_env), plus `env`, plus
+    CHAOSGPU_SANDBOX=<name>; the host-side supervisor and `unshare` carry none of these (a
+    kill by the runner's or the pod's tag never reaches them). `grace_s` is the default grace
     period of `terminate`. `owner_pid`: a process whose death makes the sandbox "abandoned".
     """
     _ASKED.add(_validate_name(name))
@@ -366,11 +397,9 @@ def create(
         logger.info("chaosgpu: replacing the stale record of sandbox %s", name)
         _remove_dead(name, existing)
 
-    command, payload, userns = _sandbox_command(init, argv, uid, gid, env)
+    pod_env = dict(env or {}, CHAOSGPU_SANDBOX=name)
+    command, payload, userns = _sandbox_command(init, argv, uid, gid, pod_env)
     root = os.geteuid() == 0
-
-    child_env = dict(os.environ)
-    child_env["CHAOSGPU_SANDBOX"] = name
     extra = {
         "init": init,
         "argv": payload,
@@ -394,7 +423,7 @@ def create(
                     "--name", name, "--status-fd", str(write_fd),
                     "--record-json", json.dumps(extra), "--", *command,
                 ],
-                env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env=helper_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True, pass_fds=(write_fd,),
             )  # fmt: skip
         os.close(write_fd)
@@ -507,32 +536,33 @@ def exec_in(
     return {"rc", "stdout", "stderr"}. Detached: a shell inside the sandbox backgrounds `argv`
     and exits, so the worker is reparented to the sandbox's PID 1 (the report's orphans); returns
     {"host_pid", "ns_pid", "starttime"}. `user` (uid or "uid:gid") defaults to the sandbox's user;
-    the environment is the caller's plus the sandbox's `env` plus `env`.
+    the environment is the caller's without its scope variables (helper_env), plus the
+    sandbox's `env`, plus `env`, set inside the sandbox: the host-side `nsenter` carries none.
     Output of a detached worker goes to `log_path` (default /dev/null).
     """
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be a non-empty list of strings, got {argv!r}")
     POSITIVE_SECONDS.require("timeout_s", timeout_s)
+    _validate_env(env)
     if user is not None:
         _user_ids(user)  # a bad user is refused before the sandbox is looked up
     record = _live_record(name)
     command = _enter_prefix(record, user)
-    child_env = dict(os.environ)
-    child_env.update(record.get("env") or {})  # the pod's env, as `kubectl exec` gives
-    child_env.update(env or {})
-    child_env["CHAOSGPU_SANDBOX"] = name
+    inside = dict(record.get("env") or {})  # the pod's env, as `kubectl exec` gives
+    inside.update(env or {})
+    inside["CHAOSGPU_SANDBOX"] = name
     if not detached:
-        rc, out, err = _run(command + argv, child_env, timeout_s, argv)
+        rc, out, err = _run(command + _env_argv(inside) + argv, timeout_s, argv)
         return {"sandbox": name, "argv": argv, "rc": rc, "stdout": out, "stderr": err}
     marker = uuid.uuid4().hex
-    child_env["CHAOSGPU_EXEC_ID"] = marker
-    child_env["CHAOSGPU_EXEC_LOG"] = log_path or "/dev/null"
+    inside["CHAOSGPU_EXEC_ID"] = marker
+    inside["CHAOSGPU_EXEC_LOG"] = log_path or "/dev/null"
     # A program that cannot be run is refused before the fork: its failed child would be a
     # zombie of PID 1 (which `sleep` never reaps) and the exec would look successful.
     script = ('command -v "$1" >/dev/null 2>&1 || { echo "$1: not found or not executable" >&2;'
               ' exit 127; }; "$@" </dev/null >>"$CHAOSGPU_EXEC_LOG" 2>&1 & echo $!; exit 0')
-    rc, out, err = _run(command + ["sh", "-c", script, "chaosgpu-exec", *argv], child_env,
-                        timeout_s, argv)  # fmt: skip
+    shell = ["sh", "-c", script, "chaosgpu-exec", *argv]
+    rc, out, err = _run(command + _env_argv(inside) + shell, timeout_s, argv)
     if rc != 0 or not out.strip().isdigit():
         raise SandboxError(
             f"detached exec of {argv!r} in sandbox {name!r} failed (rc {rc}): {err.strip()}"
@@ -552,12 +582,11 @@ def exec_in(
     }
 
 
-def _run(command: list[str], env: dict[str, str], timeout_s: float,
-         shown: list[str]) -> tuple[int, str, str]:
-    """Run `command` (nsenter ... `shown`) in its own process group; kill the group and raise
-    SandboxError naming `shown` when it does not finish within `timeout_s`."""
+def _run(command: list[str], timeout_s: float, shown: list[str]) -> tuple[int, str, str]:
+    """Run `command` (nsenter ... `shown`, in helper_env) in its own process group; kill the
+    group and raise SandboxError naming `shown` when it does not finish within `timeout_s`."""
     process = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        command, env=helper_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
     try:

@@ -4,8 +4,10 @@ This module owns starting `hold` workers and `ring` jobs detached from the runne
 DEVNULL stdin, output in a log file under the state dir; or, with `sandbox`, as backgrounded
 shells exec'd inside a local pod like the field report's workers), recording them in
 `<state>/workloads/<tag>.json` (host PIDs + starttimes), waiting for their readiness files under
-a deadline, and stopping them by tag (idempotent). It must not signal any process that is not in
-a record it wrote.
+a deadline, and stopping them by tag (idempotent; a tag this run never met is a typo, as
+chaosgpu.scope tells). Every process it starts gets the runner's environment without its scope
+variables (chaosgpu.sandbox.runtime.helper_env) plus the workload's own tag. It must not signal
+any process that is not in a record it wrote.
 """
 
 import logging
@@ -20,10 +22,20 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
-from chaosgpu.arguments import COUNT, INDEX, POSITIVE, POSITIVE_SECONDS, SECONDS, TEXT, checked
+from chaosgpu.arguments import (
+    COUNT,
+    INDEX,
+    POSITIVE,
+    POSITIVE_SECONDS,
+    SECONDS,
+    TEXT,
+    checked,
+    missing_allowed,
+)
+from chaosgpu.errors import ActivityError
 from chaosgpu.process import terminate
 from chaosgpu.workloads.readiness import wait_all_ready
 
@@ -101,7 +113,7 @@ def python_for_user(uid: int, gid: int) -> tuple[str, dict[str, str]]:
         probe = subprocess.run(
             [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
              "sh", "-c", '"$@"', "sh", exe, "-c", "import chaosgpu.workloads.hold"],
-            env=dict(os.environ, **extra), stdin=subprocess.DEVNULL, capture_output=True,
+            env=_proc().helper_env(**extra), stdin=subprocess.DEVNULL, capture_output=True,
             timeout=60, cwd="/",
         )  # fmt: skip
         if probe.returncode == 0:
@@ -201,7 +213,7 @@ def start_holders(
             else:
                 with open(log, "ab") as handle:
                     process = subprocess.Popen(
-                        argv, env=dict(os.environ, **env), stdin=subprocess.DEVNULL,
+                        argv, env=_proc().helper_env(**env), stdin=subprocess.DEVNULL,
                         stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
                     )  # fmt: skip
                 _reap_in_background(process)
@@ -489,6 +501,7 @@ def stop_workload(
     tag: str,
     grace_s: float = 5.0,
     deadline_s: float = 10.0,
+    missing_ok: Union[bool, str] = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
@@ -496,12 +509,16 @@ def stop_workload(
 
     Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
     Waits up to `deadline_s` after SIGKILL. Removes the record and the workload's files (kept,
-    with "record_kept", while a process survives SIGKILL); a tag with no record returns
-    {"stopped": false}.
+    with "record_kept", while a process survives SIGKILL). A tag with no record returns
+    {"stopped": false} when this run met it (it started the workload, stopped since) or
+    `missing_ok` allows it (true, or "before-method", the default, before the method starts);
+    a tag this run never met fails, naming the recorded workloads (a typo would leave the real
+    one running).
     """
+    missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
     record = state.read_record(KIND, tag)
     if record is None:
-        return {"tag": tag, "stopped": False, "note": "no such workload"}
+        return _no_workload(tag, missing_ok)
     outcome: dict[str, str] = {}
     targets = []
     for entry in record.get("processes", []):
@@ -529,6 +546,23 @@ def stop_workload(
         shutil.rmtree(record["workdir"], ignore_errors=True)
     state.remove_record(KIND, tag)
     return {"tag": tag, "stopped": True, "processes": outcome}
+
+
+def _no_workload(tag: str, missing_ok: Any) -> dict[str, Any]:
+    """stop_workload's answer for a tag with no record; ActivityError for a typo (a tag this run
+    never met, chaosgpu.scope.tag_seen, where `missing_ok` does not allow it)."""
+    from chaosgpu.scope import tag_seen
+
+    seen = tag_seen(tag)
+    if missing_allowed(missing_ok, seen):
+        why = "it ended (this run met that tag)" if seen else f"missing_ok={missing_ok!r}"
+        return {"tag": tag, "stopped": False, "note": f"no such workload: {why}"}
+    known = sorted(state.list_records(KIND))
+    raise ActivityError(
+        f"no workload tagged {tag!r} is recorded, and this run never met that tag (no workload "
+        f"it started, no process seen carrying it): a typo? Recorded workloads: "
+        f"{known or 'none'}. A workload that may be absent needs missing_ok true (or "
+        f"\"before-method\", the default, before the method starts)")
 
 
 # What stop_workload says of each process, from the terminate primitive's outcome.
