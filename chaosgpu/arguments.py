@@ -21,26 +21,44 @@ from chaosgpu.errors import InvalidArgument
 
 __all__ = ["Rule", "checked", "rules_of", "option", "missing_allowed", "SECONDS",
            "POSITIVE_SECONDS", "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID", "FRACTION",
-           "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT", "LONGEST_WAIT_S"]
+           "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT", "LONGEST_WAIT_S",
+           "TAG", "NAME"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Rule:
-    """A named predicate on one argument's value; `what` completes "NAME must be ..."."""
+    """A named predicate on one argument's value; `what` completes "NAME must be ...". With
+    `at_most`, a number the predicate accepts is refused above that many seconds, and the
+    refusal says so ("NAME must be at most ...")."""
 
-    def __init__(self, what: str, accepts: Callable[[Any], bool]) -> None:
+    def __init__(self, what: str, accepts: Callable[[Any], bool],
+                 at_most: float | None = None) -> None:
         self.what = what
-        self.accepts = accepts
+        self._accepts = accepts
+        self.at_most = at_most
 
     def __repr__(self) -> str:
         return f"Rule({self.what!r})"
+
+    def accepts(self, value: Any) -> bool:
+        """Whether the rule accepts `value`."""
+        return self._accepts(value) and not self._too_large(value)
+
+    def _too_large(self, value: Any) -> bool:
+        return self.at_most is not None and value > self.at_most
+
+    def must(self, value: Any) -> str:
+        """What a refused `value` had to be: "must be ...", completed by ", got VALUE"."""
+        if self._accepts(value) and self._too_large(value):
+            return f"must be at most {self.at_most:g} s (the longest wait chaosgpu makes)"
+        return f"must be {self.what}"
 
     def require(self, label: str, value: Any) -> None:
         """Raise InvalidArgument ("LABEL must be ..., got VALUE") unless the rule accepts
         `value`: the check for library functions that are not `checked` activities."""
         if not self.accepts(value):
-            raise InvalidArgument(f"{label} must be {self.what}, got {value!r}")
+            raise InvalidArgument(f"{label} {self.must(value)}, got {value!r}")
 
 
 def _number(value: Any) -> bool:
@@ -52,8 +70,13 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-SECONDS = Rule("a number of seconds >= 0", lambda v: _number(v) and v >= 0)
-POSITIVE_SECONDS = Rule("a number of seconds > 0", lambda v: _number(v) and v > 0)
+#: The longest wait a command accepts (about 31 years): threads, timers and torch's
+#: millisecond timeouts cannot hold much more. Every argument in seconds is capped here, so a
+#: wait too long to make is refused by name before anything is sent.
+LONGEST_WAIT_S = 1e9
+SECONDS = Rule("a number of seconds >= 0", lambda v: _number(v) and v >= 0, LONGEST_WAIT_S)
+POSITIVE_SECONDS = Rule("a number of seconds > 0", lambda v: _number(v) and v > 0,
+                        LONGEST_WAIT_S)
 POSITIVE = Rule("a number > 0", lambda v: _number(v) and v > 0)
 NON_NEGATIVE = Rule("a number >= 0", lambda v: _number(v) and v >= 0)
 FRACTION = Rule("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1)
@@ -65,9 +88,14 @@ RANK = Rule('a rank number (a non-negative integer) or "any"',
 MIB = Rule("a number of MiB >= 0", lambda v: _number(v) and v >= 0)
 PID = Rule("a positive host PID (an integer > 0)", lambda v: _integer(v) and v > 0)
 TEXT = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
-#: The longest wait a command accepts (about 31 years): threads, timers and torch's
-#: millisecond timeouts cannot hold much more.
-LONGEST_WAIT_S = 1e9
+#: A tag (CHAOSGPU_TAG) as a selection takes it: matched exactly, never stripped, so it may hold
+#: no whitespace or control character (a workload's tag, chaosgpu.workloads' TAG_RE, never does).
+TAG = Rule("a tag: a non-empty string without whitespace or control characters",
+           lambda v: isinstance(v, str) and v.isprintable() and bool(v)
+           and not any(c.isspace() for c in v))
+#: A name or id matched exactly (a job id, a sandbox name, a pod uid): never stripped.
+NAME = Rule("a non-empty string without leading or trailing whitespace",
+            lambda v: isinstance(v, str) and bool(v) and v == v.strip())
 #: A user or group id: 0 .. 2**32 - 2 (2**32 - 1 is the kernel's "no id", -1 as unsigned).
 ID = Rule("a user or group id (an integer from 0 to 4294967294)",
           lambda v: _integer(v) and 0 <= v <= 4294967294)
@@ -91,7 +119,7 @@ def option(rule: Rule, convert: Callable[[str], Any] = float) -> Callable[[str],
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {rule.what}, got {text!r}") from None
         if not rule.accepts(value):
-            raise argparse.ArgumentTypeError(f"must be {rule.what}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{rule.must(value)}, got {text!r}")
         return value
 
     parse.__name__ = rule.what  # argparse names the type in some messages
@@ -145,7 +173,7 @@ def checked(**rules: Rule) -> Callable[[F], F]:
                 if value is None and name in optional:
                     continue
                 if not rule.accepts(value):
-                    raise InvalidArgument(f"{func.__name__}: {name} must be {rule.what}, "
+                    raise InvalidArgument(f"{func.__name__}: {name} {rule.must(value)}, "
                                           f"got {value!r}")
             return func(*args, **kwargs)
 

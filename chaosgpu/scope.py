@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any
 
+from chaosgpu.arguments import NAME, TAG
 from chaosgpu.errors import InvalidArgument
 
 __all__ = ["ScopeError", "KINDS", "validate_scope", "resolve_scope", "resolve_scope_detail",
@@ -61,9 +62,7 @@ def validate_scope(scope: Any) -> dict[str, Any]:
                 raise ScopeError(f"scope 'pids' must hold positive integers, got {pid!r}")
         value = sorted(set(value))
     else:
-        if not isinstance(value, str) or not value.strip():
-            raise ScopeError(f"scope '{kind}' must be a non-empty string, got {value!r}")
-        value = value.strip()
+        _check_selection(kind, value)
     normalised: dict[str, Any] = {kind: value}
     for option in OPTIONS:
         flag = scope.get(option, False)
@@ -71,6 +70,15 @@ def validate_scope(scope: Any) -> dict[str, Any]:
             raise ScopeError(f"scope option '{option}' must be true or false, got {flag!r}")
         normalised[option] = flag
     return normalised
+
+
+def _check_selection(kind: str, value: Any) -> None:
+    """Refuse a tag, job id, sandbox name or pod a scope names that could not match exactly: a
+    selection is compared as given, never stripped, so `{"tag": "x "}` can never reach the
+    processes tagged `x` (TAG; NAME for the others: chaosgpu.arguments)."""
+    rule = TAG if kind == "tag" else NAME
+    if not rule.accepts(value):
+        raise ScopeError(f"scope '{kind}' {rule.must(value)}, got {value!r}")
 
 
 def describe_scope(scope: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ froze its target, and kill_rank(wait_s=-1) was accepted.
 import importlib
 import inspect
 import os
+import re
 import signal
 import subprocess
 import time
@@ -23,8 +24,8 @@ from chaosgpu.arguments import checked, rules_of
 from chaosgpu.errors import InvalidArgument
 
 BAD: dict[str, list[Any]] = {
-    "SECONDS": [-1, -0.5, float("nan"), float("inf"), True, "5"],
-    "POSITIVE_SECONDS": [0, -1, float("nan"), True, "5"],
+    "SECONDS": [-1, -0.5, float("nan"), float("inf"), True, "5", 1e12, 1e300],
+    "POSITIVE_SECONDS": [0, -1, float("nan"), True, "5", 1e12],
     "POSITIVE": [0, -2.0, True, "1"],
     "FRACTION": [0, 1.5, -0.1, True],
     "COUNT": [0, -1, 1.5, True, "2"],
@@ -33,6 +34,8 @@ BAD: dict[str, list[Any]] = {
     "MIB": [-1, float("nan"), True, "64"],
     "PID": [0, -3, 1.0, True, "12"],
     "TEXT": ["", "   ", 3, ["x"]],
+    "TAG": ["", "x ", " x", "x\n", "a b", "a\tb", "a\x00b", "a\u200bb", 3],
+    "NAME": ["", " x", "x ", "x\n", 3],
     "DEVICE": [-1, "", 1.5, True],
     "ID": [-1, 4294967295, 2**40, 1.5, True, "0"],
     "PORT": [0, 65536, -1, True, "80"],
@@ -144,6 +147,7 @@ def test_kill_rank_with_a_negative_wait_kills_nothing() -> None:
 
 @pytest.mark.parametrize(("rule", "convert", "text"), [
     ("SECONDS", float, "nan"), ("SECONDS", float, "inf"), ("SECONDS", float, "-1"),
+    ("SECONDS", float, "1e12"), ("POSITIVE_SECONDS", float, "1e10"),
     ("POSITIVE_SECONDS", float, "0"), ("ID", int, "-1"), ("ID", int, "4294967295"),
     ("ID", int, "abc"), ("PORT", int, "70000")])
 def test_a_command_line_option_is_refused_by_its_rule(rule: str, convert: Any,
@@ -158,3 +162,75 @@ def test_a_command_line_option_is_refused_by_its_rule(rule: str, convert: Any,
         parser.parse_args(["--value", text])
     assert stopped.value.code == 2
     assert parser.parse_args(["--value", "1"]).value == 1
+
+
+def test_every_rule_refuses_its_bad_values_and_takes_a_good_one() -> None:
+    good = {"SECONDS": [0, 2.5, arguments.LONGEST_WAIT_S], "POSITIVE_SECONDS": [1e-3, 1e9],
+            "TAG": ["ring-1", "my.job_2", "hAfoo"], "NAME": ["job 1", "ns/pod"]}
+    for name, values in good.items():
+        rule = getattr(arguments, name)
+        assert all(rule.accepts(v) for v in values), name
+        for bad in BAD[name]:
+            with pytest.raises(InvalidArgument, match=f"^x must be .*, got {re.escape(repr(bad))}"):
+                rule.require("x", bad)
+    with pytest.raises(InvalidArgument, match=r"^wait_s must be at most 1e\+09 s \(the longest "
+                                              r"wait chaosgpu makes\), got 1000000000000\.0$"):
+        arguments.SECONDS.require("wait_s", 1e12)
+
+
+def _tagged_sleeper(tag: str, **env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=tag, **env))
+
+
+def test_a_wait_too_long_to_make_is_refused_before_anything_is_sent() -> None:
+    # Each once sent its signal, then failed on the wait with a bare OverflowError.
+    from chaosgpu.job.actions import cleanup_hung_job, kill_rank
+    from chaosgpu.process.actions import freeze_processes, signal_processes
+
+    tag = f"args-{os.environ['CHAOSGPU_TEST_ID']}"
+    target = _tagged_sleeper(tag, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    try:
+        time.sleep(0.1)
+        refusals = [
+            ("signal_processes: wait_gone_s", 1e12,
+             lambda v: signal_processes({"tag": tag}, "SIGKILL", wait_gone_s=v)),
+            ("kill_rank: wait_s", 1e12, lambda v: kill_rank(rank=0, tag=tag, wait_s=v)),
+            ("cleanup_hung_job: grace_s", 1e12, lambda v: cleanup_hung_job(tag=tag, grace_s=v)),
+            ("freeze_processes: deadline_s", 1e300,
+             lambda v: freeze_processes({"tag": tag}, deadline_s=v))]
+        for label, value, call in refusals:
+            with pytest.raises(InvalidArgument, match=f"^{label} must be at most 1e\\+09 s .*, "
+                                                      f"got {re.escape(repr(value))}$"):
+                call(value)
+        os.kill(target.pid, signal.SIGSTOP)  # a SIGCONT sent would show: the target runs
+        assert _wait_state(target.pid, "T") == "T"
+        with pytest.raises(InvalidArgument, match="wait_gone_s must be at most 1e\\+09 s"):
+            signal_processes({"tag": tag}, "SIGCONT", wait_gone_s=1e300)
+        time.sleep(0.2)
+        assert target.poll() is None and _state(target.pid) == "T"  # nothing was sent
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(timeout=10)
+
+
+def test_a_wait_longer_than_one_poll_can_take_is_waited_for() -> None:
+    # 30 days: accepted, and longer than poll(2)'s 2**31 - 1 ms (which raised OverflowError).
+    from chaosgpu.process.actions import signal_processes
+
+    tag = f"args-{os.environ['CHAOSGPU_TEST_ID']}"
+    target = _tagged_sleeper(tag)
+    try:
+        time.sleep(0.1)
+        report = signal_processes({"tag": tag}, "SIGKILL", wait_gone_s=30 * 86400.0)
+        assert report["sent"] == 1 and report["wait"]["all_gone"] is True, report
+    finally:
+        target.kill()
+        target.wait(timeout=10)
+    assert target.returncode == -signal.SIGKILL
+
+
+def _wait_state(pid: int, wanted: str, timeout_s: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while _state(pid) != wanted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _state(pid)

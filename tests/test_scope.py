@@ -2,18 +2,27 @@
 
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from chaosgpu.job import hang
 from chaosgpu.process import actions, freezer, probes
-from chaosgpu.scope import ScopeError, resolve_scope, resolve_scope_detail, validate_scope
+from chaosgpu.scope import (
+    ScopeError,
+    describe_scope,
+    resolve_scope,
+    resolve_scope_detail,
+    validate_scope,
+)
 
 
 def _tag() -> str:
@@ -72,6 +81,13 @@ def _wait_state(pid: int, wanted: tuple[str, ...], timeout: float = 5.0) -> str 
         ({"pids": [1, "2"]}, "positive integers"),
         ({"pids": [True]}, "positive integers"),
         ({"tag": "a", "include_other_users": "yes"}, "true or false"),
+        ({"tag": "a "}, r"scope 'tag' must be a tag: .* got 'a '"),
+        ({"tag": "\ta"}, r"without whitespace or control characters, got '\\ta'"),
+        ({"tag": "a b"}, "got 'a b'"),
+        ({"tag": "a\x07"}, r"got 'a\\x07'"),
+        ({"job": "j "}, r"scope 'job' must be a non-empty string without leading or trailing "
+                        r"whitespace, got 'j '"),
+        ({"sandbox": " s"}, "scope 'sandbox' must be .* got ' s'"),
     ],
 )
 def test_bad_scopes_are_refused_with_a_clear_error(scope: object, message: str) -> None:
@@ -82,6 +98,31 @@ def test_bad_scopes_are_refused_with_a_clear_error(scope: object, message: str) 
 def test_validate_normalises() -> None:
     assert validate_scope({"pids": [5, 3, 5]}) == {
         "pids": [3, 5], "include_other_users": False, "include_ns_init": False}
+
+
+@pytest.mark.parametrize("bad", [" ", "\n", "\t"])
+def test_a_tag_with_whitespace_is_refused_and_touches_no_process(bad: str) -> None:
+    # A tag is matched as given: "t " once reached the processes tagged exactly "t".
+    tag = _tag()
+    named = {tag: _start(tag), tag + bad: _start(tag + bad), bad + tag: _start(bad + tag)}
+    try:
+        time.sleep(0.05)
+        for wrong in (tag + bad, bad + tag):
+            message = f"scope 'tag' must be a tag: .*, got {re.escape(repr(wrong))}$"
+            for attempt in (resolve_scope, partial(actions.signal_processes, signal="SIGSTOP"),
+                            actions.freeze_processes, probes.processes_in_scope,
+                            partial(actions.resume_processes, missing_ok=True)):
+                with pytest.raises(ScopeError, match=message):
+                    attempt({"tag": wrong})
+            with pytest.raises(ScopeError, match=message):  # `chaosgpu cleanup --tag` takes it here
+                hang.cleanup(tag=wrong, grace_s=0, deadline_s=1)
+        time.sleep(0.1)
+        assert {name: _state(proc.pid) for name, proc in named.items()} == {
+            name: "S" for name in named}, "a process was stopped or killed"
+    finally:
+        for proc in named.values():
+            proc.kill()
+            proc.wait()
 
 
 def test_tag_scope_resolves_to_the_tagged_processes(sleepers: tuple[str, list]) -> None:
@@ -137,8 +178,9 @@ def test_freeze_and_resume_with_sigstop(sleepers: tuple[str, list]) -> None:
     resumed = actions.resume_processes({"tag": tag})
     assert resumed["sent"] == 3
     assert all(_wait_state(p.pid, ("S", "R")) in ("S", "R") for p in procs)
-    # twice is fine
-    assert actions.resume_processes({"tag": tag})["sent"] == 3
+    # twice is fine: what this run froze is resumed already, nothing is sent
+    again = actions.resume_processes({"tag": tag})
+    assert again["sent"] == 0 and again["left_stopped"] == [], again
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
@@ -172,24 +214,82 @@ def _our_groups() -> list[str]:
     return found + [str(p) for p in freezer._v2_groups()]
 
 
-@pytest.mark.parametrize("method", FREEZERS)
-def test_the_freezer_leaves_a_stopped_process_stopped(sleepers: tuple[str, list],
-                                                      method: str) -> None:
-    # The refusal rules are checked with the null signal: a SIGCONT would resume a process
-    # that something else stopped on purpose.
+@pytest.mark.parametrize("method", [pytest.param("sigstop"), *FREEZERS])
+def test_resume_leaves_what_someone_else_stopped_stopped(sleepers: tuple[str, list],
+                                                        method: str) -> None:
+    # A stopped before the freeze (by someone else): freeze leaves it, resume must not SIGCONT
+    # it; B, frozen by this run, resumed; then stopped again by someone else: left stopped.
     tag, procs = sleepers
-    os.kill(procs[0].pid, signal.SIGSTOP)
-    assert _wait_state(procs[0].pid, ("T",)) == "T"
+    a, b = procs[0], procs[1]
+    os.kill(a.pid, signal.SIGSTOP)
+    assert _wait_state(a.pid, ("T",)) == "T"
     try:
         report = actions.freeze_processes({"tag": tag}, method=method)
-        assert sorted(report["frozen"]) == sorted(p.pid for p in procs)
-        assert report["freezer_state"] == "FROZEN"
+        resumed = actions.resume_processes({"tag": tag})
     finally:
-        thawed = freezer.thaw({p.pid for p in procs})  # the cgroups only: no SIGCONT
-    assert thawed
+        freezer.thaw({p.pid for p in procs})  # were the resume to fail: the fixture can kill
+    assert _wait_state(b.pid, ("S", "R")) in ("S", "R")
     time.sleep(0.2)
-    assert _state(procs[0].pid) == "T", "the freezer resumed a stopped process"
-    assert _wait_state(procs[1].pid, ("S", "R")) in ("S", "R")
+    assert _state(a.pid) == "T", "resume_processes resumed a process stopped by someone else"
+    assert [(e["pid"], e["reason"]) for e in report["already_stopped"]] == [
+        (a.pid, "stopped (state T) before this freeze: left as found")], report
+    frozen = report["sent"] if method == "sigstop" else len(report["frozen"])
+    assert frozen == 2 and a.pid not in report.get("frozen", []), report
+    assert [(e["pid"], e["reason"]) for e in resumed["left_stopped"]] == [
+        (a.pid, "stopped (state T), but not frozen by this run (or resumed since): left as "
+                "found")], resumed
+    assert a.pid not in [r["pid"] for r in resumed["results"]], resumed
+    assert all(a.pid not in g["pids"] for g in resumed["thawed_cgroups"]), resumed
+    assert not [g for g in _our_groups() if tag in g], "a freezer group was left behind"
+    os.kill(b.pid, signal.SIGSTOP)  # after the resume, someone else stops B
+    assert _wait_state(b.pid, ("T",)) == "T"
+    again = actions.resume_processes({"tag": tag})
+    time.sleep(0.2)
+    assert (_state(a.pid), _state(b.pid)) == ("T", "T")
+    assert again["sent"] == 0 and {e["pid"] for e in again["left_stopped"]} == {a.pid, b.pid}
+
+
+def _members(group: Path) -> list[int]:
+    return sorted(int(pid) for pid in (group / "cgroup.procs").read_text().split())
+
+
+def _group_frozen(group: Path) -> bool:
+    if (group / "freezer.state").exists():
+        return (group / "freezer.state").read_text().strip() == "FROZEN"
+    return "frozen 1" in (group / "cgroup.events").read_text().splitlines()
+
+
+@pytest.mark.parametrize("method", FREEZERS)
+def test_resume_thaws_only_what_this_run_froze_in_a_shared_group(sleepers: tuple[str, list],
+                                                                  method: str) -> None:
+    # A frozen earlier (another run: not in this run's fault log) in the group the scope's
+    # name gives; this run's freeze moves B and C into the same group; resume takes them out
+    # and leaves A frozen there.
+    tag, procs = sleepers
+    a = procs[0]
+    name = describe_scope(validate_scope({"tag": tag}))
+    earlier = freezer.freeze(name, resolve_scope({"pids": [a.pid]}), 5.0, method[-2:])
+    group = Path(earlier["cgroup"])
+    try:
+        assert _members(group) == [a.pid] and _group_frozen(group)
+        report = actions.freeze_processes({"tag": tag}, method=method)
+        assert report["cgroups"] == [str(group)]  # the same group as A's
+        resumed = actions.resume_processes({"tag": tag})
+        assert all(_wait_state(p.pid, ("S", "R")) in ("S", "R") for p in procs[1:])
+        time.sleep(0.2)
+        assert group.exists() and _members(group) == [a.pid] and _group_frozen(group), \
+            "resume_processes thawed a process it never froze"
+    finally:
+        thawed = freezer.thaw({p.pid for p in procs})
+    assert [(g["cgroup"], g["pids"]) for g in thawed] == [(str(group), [a.pid])]
+    assert not group.exists()
+    assert _wait_state(a.pid, ("S", "R")) in ("S", "R")
+    assert [(e["pid"], e["reason"]) for e in report["already_stopped"]] == [
+        (a.pid, "in a frozen cgroup before this freeze: left as found")], report
+    assert sorted(report["frozen"]) == sorted(p.pid for p in procs[1:])
+    assert [(g["cgroup"], g["pids"], g["left_frozen"]) for g in resumed["thawed_cgroups"]] == [
+        (str(group), sorted(p.pid for p in procs[1:]), [a.pid])], resumed
+    assert [e["pid"] for e in resumed["left_stopped"]] == [a.pid], resumed
 
 
 @pytest.mark.skipif(not ROOT or freezer.v2_root() is None,

@@ -3,7 +3,9 @@
 This module owns the process faults. Which processes a scope covers is decided by
 chaosgpu.scope (from the census); every signal is sent and every exit waited for by the terminate
 primitive (`actions/signal_processes.py`, typed in chaosgpu.process.terminate: pidfd +
-start-time identity + refusal rules); the freezers are chaosgpu.process.freezer. It must not read
+start-time identity + refusal rules); the freezers are chaosgpu.process.freezer. Each process a
+freeze stops is recorded in chaosgpu.faultlog, and a resume undoes only what this run froze,
+never a stop by someone else. It must not read
 /proc itself nor send a signal or wait for an exit any other way. Every function that waits
 has its own deadline.
 """
@@ -12,6 +14,7 @@ import logging
 import time
 from typing import Any, Dict, Optional, Union
 
+from chaosgpu import faultlog
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.process import freezer
 from chaosgpu.process.terminate import NULL_SIGNAL, Target, wait_exits
@@ -28,6 +31,12 @@ __all__ = ["signal_processes", "freeze_processes", "resume_processes"]
 logger = logging.getLogger("chaostoolkit")
 
 FREEZE_METHODS = ("sigstop", "freezer", "freezer-v1", "freezer-v2")
+#: The fault log's kinds for a freeze: what resume_processes may undo.
+FREEZE_KINDS = ("SIGSTOP", "freezer")
+
+#: (PID, start time) -> when resume_processes last resumed it: a freeze recorded before then is
+#: over, so a second resume leaves alone what someone else stopped since.
+_RESUMED_AT: dict[tuple[int, int], float] = {}
 
 
 def _signaller() -> Any:
@@ -113,6 +122,30 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     return report  # type: ignore[no-any-return]
 
 
+def _stopped_how(proc: dict[str, Any]) -> str | None:
+    """How a census process is stopped now: "stopped (state T)" (SIGSTOP, or "t": a tracer),
+    "in a frozen cgroup", or None when it is not."""
+    if proc.get("state") in ("T", "t"):
+        return f"stopped (state {proc['state']})"
+    if freezer.frozen_now(proc["pid"]):
+        return "in a frozen cgroup"
+    return None
+
+
+def _frozen_by_this_run(processes: list[dict[str, Any]]) -> dict[tuple[int, int], set[str]]:
+    """For each of `processes` this run froze and has not resumed since, how ("SIGSTOP",
+    "freezer" or both): the fault log's freeze entries (freeze_processes, freeze_rank,
+    fail_rank) by PID and start time, newer than its last resume_processes."""
+    keys = {(p["pid"], p.get("starttime")) for p in processes}
+    how: dict[tuple[int, int], set[str]] = {}
+    for fault in faultlog.recent():
+        key = (fault.get("pid", 0), fault.get("starttime", 0))
+        if fault["kind"] in FREEZE_KINDS and key in keys \
+                and fault["t"] > _RESUMED_AT.get(key, float("-inf")):
+            how.setdefault(key, set()).add(fault["kind"])
+    return how
+
+
 def _freeze_with_freezer(checked: dict[str, Any], processes: list[dict[str, Any]],
                          deadline_s: float, version: str = "auto") -> dict[str, Any]:
     """Freeze `processes` in chaosgpu's freezer group named after the scope `checked`."""
@@ -132,13 +165,13 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
     `method="sigstop"` sends SIGSTOP through pidfds (state T, visible to the process's parent),
     `method="freezer"` moves them into a cgroup freezer group and freezes it (invisible to the
     process; needs root; the v1 freezer where it is mounted, else cgroup v2's cgroup.freeze;
-    "freezer-v1" or "freezer-v2" choose). Same refusal rules as signal_processes. Use
-    resume_processes (or the job hang cleanup) to thaw them; a frozen process ignores SIGKILL
-    until thawed. Returns what was frozen and how."""
+    "freezer-v1" or "freezer-v2" choose). Same refusal rules as signal_processes. A process
+    already stopped (state T) or in a frozen cgroup is left as found (`already_stopped` says
+    why). Each process frozen is recorded in the fault log, and resume_processes resumes only
+    those; a frozen process ignores SIGKILL until thawed. Returns what was frozen and how."""
     if method not in FREEZE_METHODS:
         raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
                          f"to choose the cgroup version), got {method!r}")
-    freezer.check_seconds("deadline_s", deadline_s)
     checked = validate_scope(scope)
     version = "auto" if method in ("sigstop", "freezer") else method[len("freezer-"):]
     if method != "sigstop":
@@ -149,37 +182,70 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
     if not detail["processes"]:
         raise ScopeError(f"scope {describe_scope(checked)} matched no process to freeze "
                          f"(excluded: {detail['excluded']}, missing: {detail['missing']})")
+    already = []
+    targets = []
+    for proc in detail["processes"]:
+        how = _stopped_how(proc)
+        if how is None:
+            targets.append(proc)
+        else:
+            already.append({"pid": proc["pid"], "starttime": proc.get("starttime"),
+                            "reason": f"{how} before this freeze: left as found"})
     if method == "sigstop":
-        report = send(detail["processes"], "SIGSTOP", checked)
+        report = send(targets, "SIGSTOP", checked)
         report["method"] = "sigstop"
+        frozen = [r for r in report["results"] if r["result"] == "sent"]
     else:
         # The freezer path does not signal, but the same refusal rules must hold: check them
         # with the null signal (permission and identity only; a SIGCONT would resume a process
         # stopped on purpose) through the terminate primitive first.
-        check = send(detail["processes"], NULL_SIGNAL, checked)
+        check = send(targets, NULL_SIGNAL, checked)
         allowed = {r["pid"] for r in check["results"] if r["result"] == "sent"}
         report = _freeze_with_freezer(
-            checked, [p for p in detail["processes"] if p["pid"] in allowed], deadline_s,
-            version)
+            checked, [p for p in targets if p["pid"] in allowed], deadline_s, version)
         report["refused"] = [r for r in check["results"] if r["result"] == "refused"]
-    report.update(scope=checked, excluded=detail["excluded"])
+        frozen = [p for p in targets if p["pid"] in report["frozen"]]
+    kind = "SIGSTOP" if method == "sigstop" else "freezer"
+    for proc in frozen:  # what resume_processes may resume
+        faultlog.record(kind, pid=proc["pid"], starttime=proc["starttime"],
+                        scope=describe_scope(checked))
+    report.update(scope=checked, excluded=detail["excluded"], already_stopped=already)
     return report
 
 
 def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "before-method",
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Resume the frozen processes of a declared scope: thaw chaosgpu's freezer cgroups that
-    hold them and send SIGCONT through pidfds. Safe to run twice and when nothing is frozen
+    """Resume the processes of a declared scope that this run froze (the fault log:
+    freeze_processes, freeze_rank, fail_rank) and has not resumed since: move them out of
+    chaosgpu's freezer cgroups (which thaws them) or send SIGCONT through pidfds, as they were
+    frozen. A process stopped or frozen by someone else, before the freeze or after a resume,
+    is left as found (`left_stopped` says why). Safe to run twice and when nothing is frozen
     (a rollback), also once the processes are gone; but a scope this run never met (a typo'd
     tag: it would leave the frozen processes frozen) fails, unless `missing_ok` is true (or
     "before-method", the default, before the method starts; chaosgpu.scope.resolve_observed).
     Returns what was resumed."""
     detail = resolve_observed(scope, missing_ok, observe=False)
     checked = detail["scope"]
-    pids = {p["pid"] for p in detail["processes"]}
-    thawed = _thaw_freezer_groups(pids) if pids else []
-    report = send(detail["processes"], "SIGCONT", checked) if detail["processes"] else {
-        "signal": "SIGCONT", "results": [], "sent": 0, "refused": 0, "gone": 0}
-    report.update(scope=checked, thawed_cgroups=thawed, excluded=detail["excluded"])
+    how = _frozen_by_this_run(detail["processes"])
+    ours, left_stopped = [], []
+    for proc in detail["processes"]:
+        key = (proc["pid"], proc.get("starttime"))
+        if key in how:
+            ours.append(proc)
+        elif (stopped := _stopped_how(proc)) is not None:
+            left_stopped.append({"pid": proc["pid"], "starttime": proc.get("starttime"),
+                                 "reason": f"{stopped}, but not frozen by this run (or resumed "
+                                           "since): left as found"})
+    in_freezer = {p["pid"] for p in ours if "freezer" in how[(p["pid"], p["starttime"])]}
+    thawed = _thaw_freezer_groups(in_freezer) if in_freezer else []
+    report = send([p for p in ours if "SIGSTOP" in how[(p["pid"], p["starttime"])]], "SIGCONT",
+                  checked)
+    resumed_at = time.time()
+    for proc in ours:
+        _RESUMED_AT[(proc["pid"], proc["starttime"])] = resumed_at
+    report.update(scope=checked, thawed_cgroups=thawed, excluded=detail["excluded"],
+                  left_stopped=left_stopped)
+    for entry in left_stopped:
+        logger.warning("chaosgpu: resume_processes: PID %s: %s", entry["pid"], entry["reason"])
     return report  # type: ignore[no-any-return]

@@ -6,8 +6,9 @@ the freezer controller, so moving a process there changes nothing else); FROZEN 
 `freezer.state`. v2: a child group `chaosgpu-freeze-<name>` of each process's own v2 cgroup (so
 its memory and CPU limits, which are its parent's, still apply), `1` written to `cgroup.freeze`,
 and `frozen 1` waited for in `cgroup.events`. The v2 hierarchy is /sys/fs/cgroup (unified) or
-/sys/fs/cgroup/unified (hybrid). Thawing moves the processes back where they were and removes
-the groups. This module owns the freezer files; which processes may be frozen is decided by the
+/sys/fs/cgroup/unified (hybrid). Thawing moves the processes it names back where they were
+(which thaws them) and thaws and removes a group once it is empty, so a member it does not name
+stays frozen. This module owns the freezer files; which processes may be frozen is decided by the
 caller (scope and the refusal rules of the terminate primitive); it reads a process's cgroup
 through the census program, never /proc itself.
 """
@@ -19,7 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "v2_root", "available", "check_seconds"]
+from chaosgpu.arguments import SECONDS
+
+__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "v2_root", "available", "check_seconds",
+           "frozen_now"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -65,11 +69,16 @@ def available(version: str) -> tuple[str | None, str | None]:
 
 
 def check_seconds(label: str, value: object) -> float:
-    """Return `value` as seconds, or raise ValueError naming `label` (negative, NaN, not a
-    number)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{label} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
+    """Return `value` as seconds, or raise InvalidArgument (a ValueError) naming `label`:
+    chaosgpu.arguments' SECONDS (negative, NaN, longer than the longest wait, not a number)."""
+    SECONDS.require(label, value)
+    return float(value)  # type: ignore[arg-type]
+
+
+def frozen_now(pid: int) -> bool:
+    """Whether process `pid` is in a frozen cgroup now (v1 freezer.state FROZEN or FREEZING, v2
+    `frozen 1` in cgroup.events), as the census reads it; False when that cannot be told."""
+    return bool(_census_program()._frozen({"pid": pid}, str(CGROUP_ROOT), "/proc"))
 
 
 def _write(path: Path, text: str) -> None:
@@ -139,6 +148,9 @@ def freeze(name: str, processes: list[dict[str, Any]], deadline_s: float,
     chosen, problem = available(version)
     if chosen is None:
         raise RuntimeError(problem)
+    if not processes:  # nothing to freeze: no group is made
+        return {"method": "freezer", "cgroup_version": int(chosen[1]), "cgroup": None,
+                "cgroups": [], "frozen": [], "failed": [], "freezer_state": None, "took_s": 0.0}
     if chosen == "v1":
         v1_group = V1_ROOT / f"{V1_PREFIX}{_safe(name)}"
         v1_group.mkdir(exist_ok=True)
@@ -188,28 +200,35 @@ def _v2_groups() -> list[Path]:
 
 def _thaw_one(group: Path, home: Path, control: str, value: str,
               pids: set[int] | None) -> dict[str, Any] | None:
+    """Move the members of `group` that are in `pids` (all with None) back `home`, which thaws
+    them; thaw and remove the group once no other member is left in it."""
     try:
         members = {int(x) for x in (group / "cgroup.procs").read_text().split()}
     except OSError:
         return None
-    if pids is not None and members and not members & pids:
+    chosen = members if pids is None else members & pids
+    if members and not chosen:
         return None
+    others = members - chosen
     try:
-        _write(group / control, value)
-        for pid in members:
+        if not others:
+            _write(group / control, value)
+        for pid in chosen:
             try:
                 _write(home / "cgroup.procs", str(pid))
             except OSError:
                 pass
-        group.rmdir()
+        if not others:
+            group.rmdir()
     except OSError as error:
         logger.warning("chaosgpu: could not thaw/remove freezer cgroup %s: %s", group, error)
-    return {"cgroup": str(group), "pids": sorted(members)}
+    return {"cgroup": str(group), "pids": sorted(chosen), "left_frozen": sorted(others)}
 
 
 def thaw(pids: set[int] | None) -> list[dict[str, Any]]:
-    """Thaw and remove chaosgpu's freezer groups (v1 and v2) holding any of `pids` (all of them
-    with None, and empty ones), moving their processes back; return what was thawed."""
+    """Thaw the processes `pids` (all with None) in chaosgpu's freezer groups (v1 and v2) by
+    moving them back where they were; a group is thawed and removed once empty (so are empty
+    ones), and its other members stay frozen ("left_frozen"). Return what was thawed."""
     thawed: list[dict[str, Any]] = []
     if V1_ROOT.is_dir():
         for group in sorted(V1_ROOT.glob(f"{V1_PREFIX}*")):
