@@ -19,10 +19,10 @@ from typing import Any, TypeVar, cast
 
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["Rule", "checked", "rules_of", "option", "missing_allowed", "SECONDS",
-           "POSITIVE_SECONDS", "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID", "FRACTION",
-           "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT", "LONGEST_WAIT_S",
-           "TAG", "NAME"]
+__all__ = ["Rule", "checked", "rules_of", "argument_problem", "option", "missing_allowed",
+           "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID",
+           "FRACTION", "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT",
+           "LONGEST_WAIT_S", "TAG", "NAME"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -135,6 +135,19 @@ def rules_of(activity: Callable[..., Any]) -> dict[str, Rule]:
     return dict(getattr(activity, "__chaosgpu_rules__", {}))
 
 
+def argument_problem(activity: Callable[..., Any], name: str, value: Any) -> str | None:
+    """What is wrong with `value` for the argument `name` of a `checked` activity ("NAME must
+    be ..., got VALUE"), or None when its rule accepts it, when None is a value the argument
+    declares, or when it has no rule: the check `checked` makes before the activity runs, and
+    `chaosgpu validate` makes without running it."""
+    rule = rules_of(activity).get(name)
+    if rule is None or rule.accepts(value):
+        return None
+    if value is None and name in getattr(activity, "__chaosgpu_optional__", ()):
+        return None
+    return f"{name} {rule.must(value)}, got {value!r}"
+
+
 def _allows_none(parameter: inspect.Parameter) -> bool:
     """Whether None is a value the parameter declares: its default, or Optional[...]."""
     if parameter.default is None:
@@ -168,16 +181,14 @@ def checked(**rules: Rule) -> Callable[[F], F]:
                     f"takes {', '.join(n for n in signature.parameters if n not in _CONTEXT)}")
             bound = signature.bind(*args, **kwargs)  # a missing argument stays a TypeError
             bound.apply_defaults()
-            for name, rule in rules.items():
-                value = bound.arguments[name]
-                if value is None and name in optional:
-                    continue
-                if not rule.accepts(value):
-                    raise InvalidArgument(f"{func.__name__}: {name} {rule.must(value)}, "
-                                          f"got {value!r}")
+            for name in rules:
+                problem = argument_problem(wrapper, name, bound.arguments[name])
+                if problem:
+                    raise InvalidArgument(f"{func.__name__}: {problem}")
             return func(*args, **kwargs)
 
         wrapper.__chaosgpu_rules__ = dict(rules)  # type: ignore[attr-defined]
+        wrapper.__chaosgpu_optional__ = frozenset(optional)  # type: ignore[attr-defined]
         return cast(F, wrapper)
 
     return decorate

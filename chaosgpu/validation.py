@@ -8,22 +8,33 @@ state, rollbacks, controls...) that no configuration key, secret or `--var` defi
 `ensure_variables_resolve` raises `chaosgpu.errors.UnknownVariable` naming each and where it
 is used. `$${name}` is chaoslib's escape for a literal `${name}` and is not a reference.
 
+`argument_problems` checks the arguments of every chaosgpu activity of the experiment (its
+steady state, method and rollbacks) against the activity's own rules (chaosgpu.arguments)
+without running it: a value written in the experiment, or a whole `${name}` that the
+configuration or a `--var` defines (`--var rank:str=1` gives the text "1", which no rank rule
+takes). chaoslib's validation checks the names of arguments, not their values: without this, a
+bad value failed only when its activity ran, after the method had started the job.
+`ensure_arguments_valid` raises `chaosgpu.errors.InvalidArgument` naming each.
+
 Where it runs: `chaosgpu validate EXPERIMENT` (chaoslib's own validation, then this), and, as a
-Chaos Toolkit control (`"module": "chaosgpu.validation"`), before the experiment starts: a
-typo'd variable interrupts `chaos run` before anything is touched.
+Chaos Toolkit control (`"module": "chaosgpu.validation"`, and the timeline control's first
+step), before the experiment starts: a typo'd variable or a bad argument value interrupts
+`chaos run` before anything is touched.
 """
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Iterator, Mapping
 from string import Template
 from typing import Any
 
-from chaosgpu.errors import UnknownVariable
+from chaosgpu.arguments import argument_problem
+from chaosgpu.errors import InvalidArgument, UnknownVariable
 
 __all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve",
-           "before_experiment_control", "main"]
+           "argument_problems", "ensure_arguments_valid", "before_experiment_control", "main"]
 
 # The experiment's own declarations of variables: not places where variables are used.
 DECLARATIONS = ("configuration", "secrets")
@@ -82,10 +93,85 @@ def ensure_variables_resolve(experiment: Mapping[str, Any],
                               f"or secret defines: {listed} (defined: {known})")
 
 
+def _activities(experiment: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(where, activity) of each activity the run may play: steady-state probes, the method,
+    the rollbacks (a reference to another activity by name is that one's)."""
+    hypothesis = experiment.get("steady-state-hypothesis")
+    parts = [("steady-state-hypothesis", (hypothesis or {}).get("probes")
+              if isinstance(hypothesis, Mapping) else None),
+             ("method", experiment.get("method")), ("rollbacks", experiment.get("rollbacks"))]
+    for part, activities in parts:
+        for index, activity in enumerate(activities if isinstance(activities, list) else []):
+            if isinstance(activity, Mapping):
+                yield f"{part}[{activity.get('name', index)!r}]", activity
+
+
+def _value(value: Any, values: Mapping[str, Any]) -> tuple[bool, Any]:
+    """(known, value) of an argument before the run: a value without `${...}` as written, a
+    whole `${name}` as `values` define it; (False, None) for what only the run can tell."""
+    if isinstance(value, str):
+        references = list(_references(value))
+        if not references:
+            return True, value
+        if value.strip() == f"${{{references[0]}}}" and references[0] in values:
+            resolved = values[references[0]]
+            return not isinstance(resolved, Mapping), resolved  # {"type": "env"...}: later
+        return False, None
+    return "${" not in json.dumps(value, default=str), value
+
+
+def _activity_function(provider: Mapping[str, Any]) -> Any:
+    """The chaosgpu function a python provider names (None for anything else, or a name that
+    does not resolve: chaoslib's validation reports that one)."""
+    module = provider.get("module")
+    if provider.get("type") != "python" or not isinstance(module, str) \
+            or not (module == "chaosgpu" or module.startswith("chaosgpu.")):
+        return None
+    try:
+        return getattr(importlib.import_module(module), str(provider.get("func")), None)
+    except ImportError:
+        return None
+
+
+def argument_problems(experiment: Mapping[str, Any],
+                      values: Mapping[str, Any] | None = None) -> list[str]:
+    """What is wrong with the arguments of the experiment's chaosgpu activities, each as
+    "WHERE: FUNC: NAME must be ..., got VALUE", checked by the activity's own rules before
+    anything runs; `values` are the configuration and `--var` values a whole `${name}`
+    argument takes (what only the run can resolve is left to the activity)."""
+    known = {key: value for key, value in (experiment.get("configuration") or {}).items()}
+    known.update(values or {})
+    problems = []
+    for where, activity in _activities(experiment):
+        provider = activity.get("provider")
+        if not isinstance(provider, Mapping):
+            continue
+        function = _activity_function(provider)
+        arguments = provider.get("arguments")
+        if function is None or not isinstance(arguments, Mapping):
+            continue
+        for name, value in arguments.items():
+            resolved, value = _value(value, known)
+            problem = argument_problem(function, name, value) if resolved else None
+            if problem:
+                problems.append(f"{where}: {provider.get('func')}: {problem}")
+    return problems
+
+
+def ensure_arguments_valid(experiment: Mapping[str, Any],
+                           values: Mapping[str, Any] | None = None) -> None:
+    """Raise InvalidArgument naming every bad argument value (``argument_problems``)."""
+    problems = argument_problems(experiment, values)
+    if problems:
+        raise InvalidArgument("bad argument values, refused before anything runs: "
+                              + "; ".join(problems))
+
+
 def before_experiment_control(context: Any = None, configuration: Any = None,
                               secrets: Any = None, **kwargs: Any) -> None:
     """Chaos Toolkit control: interrupt the run before anything starts when a `${name}` of the
-    experiment resolves to nothing (configuration as loaded, `--var` included, and secrets)."""
+    experiment resolves to nothing (configuration as loaded, `--var` included, and secrets),
+    or when an argument of a chaosgpu activity has a value its rules refuse."""
     from chaoslib.exceptions import InterruptExecution
 
     defined = set(configuration or {})
@@ -94,7 +180,8 @@ def before_experiment_control(context: Any = None, configuration: Any = None,
             defined |= set(scope)
     try:
         ensure_variables_resolve(context or {}, defined)
-    except UnknownVariable as error:
+        ensure_arguments_valid(context or {}, configuration or {})
+    except (UnknownVariable, InvalidArgument) as error:
         raise InterruptExecution(str(error)) from None
 
 
@@ -154,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         experiment = _load(args.experiment)
         ensure_experiment_is_valid(experiment)
         ensure_variables_resolve(experiment, set(extra))
+        ensure_arguments_valid(experiment, extra)
     except ChaosException as error:
         print(f"chaosgpu validate: {args.experiment}: {error}", file=sys.stderr)
         return 1

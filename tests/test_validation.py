@@ -1,6 +1,7 @@
-"""An experiment that omits a required argument, or names a variable nothing defines, is refused
-by validation, before anything runs: chaoslib's validation (what `chaos validate` runs) for the
-arguments, `chaosgpu validate` and the chaosgpu.validation control for the variables."""
+"""An experiment that omits a required argument, names a variable nothing defines, or gives an
+argument a value its activity's rules refuse, is refused by validation, before anything runs:
+chaoslib's validation (what `chaos validate` runs) for the arguments' names, `chaosgpu
+validate` and the chaosgpu.validation control for the variables and the values."""
 
 import json
 import os
@@ -16,7 +17,11 @@ from chaoslib.exceptions import InvalidActivity
 from chaoslib.experiment import ensure_experiment_is_valid
 
 from chaosgpu.errors import UnknownVariable
-from chaosgpu.validation import ensure_variables_resolve, unresolved_variables
+from chaosgpu.validation import (
+    argument_problems,
+    ensure_variables_resolve,
+    unresolved_variables,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAOS = shutil.which("chaos") or str(Path(sys.executable).with_name("chaos"))
@@ -181,6 +186,76 @@ def test_the_timeline_control_refuses_a_typo_d_variable_too(tmp_path: Path) -> N
     try:
         path = _typo_experiment(tmp_path, target.pid, control="chaosgpu.timeline.control")
         _assert_run_refused(tmp_path, path, target)
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(timeout=10)
+
+
+def _freeze_experiment(rank: Any, pid: int | None = None) -> dict:
+    """A method that freezes `rank` of a job, then SIGKILLs `pid` (when given): neither may
+    happen when validation refuses the rank."""
+    method = [{"type": "action", "name": "freeze", "provider": {
+        "type": "python", "module": "chaosgpu.job.actions", "func": "freeze_rank",
+        "arguments": {"tag": "validation-job", "rank": rank}}}]
+    if pid is not None:
+        method.insert(0, {"type": "action", "name": "kill", "provider": {
+            "type": "python", "module": "chaosgpu.process.actions", "func": "signal_processes",
+            "arguments": {"scope": {"pids": [pid]}, "signal": "SIGKILL"}}})
+    return {"title": "a bad rank", "description": "refused before the method",
+            "configuration": {"literal_rank": 1, "env_rank": {"type": "env", "key": "RANK_X"}},
+            "controls": [{"name": "chaosgpu-variables",
+                          "provider": {"type": "python", "module": "chaosgpu.validation"}}],
+            "method": method}
+
+
+@pytest.mark.parametrize("rank", ["1", 1.0, -1, True])
+def test_a_bad_literal_argument_value_is_named_with_where_it_is(rank: Any) -> None:
+    problems = argument_problems(_freeze_experiment(rank))
+    assert problems == [f"method['freeze']: freeze_rank: rank must be a rank number (a "
+                        f"non-negative integer) or \"any\", got {rank!r}"]
+
+
+@pytest.mark.parametrize("rank", [1, 0, "any", "${literal_rank}", "${env_rank}", "${later}"])
+def test_good_or_unknowable_values_pass(rank: Any) -> None:
+    """A good value passes; a `${name}` passes when it is good or only the run can resolve it
+    (an environment variable, a --var not given here)."""
+    assert argument_problems(_freeze_experiment(rank)) == []
+
+
+def test_a_var_s_value_is_checked_as_the_run_will_pass_it() -> None:
+    experiment = _freeze_experiment("${rank}")
+    assert argument_problems(experiment, {"rank": 1}) == []
+    assert argument_problems(experiment, {"rank": "1"})[0].endswith("got '1'")
+
+
+def test_chaosgpu_validate_and_chaos_run_refuse_a_bad_argument_value(tmp_path: Path) -> None:
+    """`--var rank:str=1` (a text, not a number): `chaosgpu validate` exits 1 naming it, and
+    `chaos run` is interrupted before its method (the SIGKILL before the freeze never sent)."""
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        path = tmp_path / "rank.json"
+        experiment = _freeze_experiment("${rank}", target.pid)
+        del experiment["configuration"]["env_rank"]  # chaoslib wants it set in the environment
+        experiment["configuration"]["rank"] = 0  # `chaos run --var` overrides declared keys
+        path.write_text(json.dumps(experiment))
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
+                               "rank:str=1", str(path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "method['freeze']: freeze_rank: rank must be a rank number" in done.stderr
+        assert "got '1'" in done.stderr
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
+                               "rank:int=1", str(path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        journal = tmp_path / "journal.json"
+        run = _chaos(tmp_path, "run", "--var", "rank:str=1", "--journal-path", str(journal),
+                     str(path))
+        assert run.returncode != 0, run.stdout + run.stderr
+        assert "rank must be a rank number" in (tmp_path / "log").read_text()
+        data = json.loads(journal.read_text())
+        assert data["status"] == "interrupted" and data["run"] == [], data
+        assert target.poll() is None  # the SIGKILL was never sent
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
