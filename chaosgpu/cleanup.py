@@ -7,9 +7,12 @@ every workload recorded in the state dir (chaosgpu.workloads.actions.stop_worklo
 SIGTERM, grace, SIGKILL, by recorded PID + start time), then remove every recorded sandbox
 (chaosgpu.sandbox.actions.remove_sandbox), then, for each `--tag`, every live process carrying
 that tag (chaosgpu.job.hang.cleanup), and last removes the GPU injector's trigger files of
-processes that are gone. It reports what it removed and, honestly, what it could not;
-exit status 0 when nothing is left alive (zombies whose parent has not reaped them yet are listed,
-they hold no memory), 1 otherwise, 2 on bad usage.
+processes that are gone. Every workload and sandbox is taken from the state dir's records
+(`missing_ok`: one removed between listing and removal, by a rollback running beside it, has
+ended: it is no typo); a `--tag` is matched exactly (chaosgpu.arguments.TAG: one with
+whitespace or a control character is bad usage). It reports what it removed and, honestly,
+what it could not; exit status 0 when nothing is left alive (zombies whose parent has not
+reaped them yet are listed, they hold no memory), 1 otherwise, 2 on bad usage.
 
 This module owns the order and the report. It signals nothing itself (the workload, sandbox
 and job modules do, through pidfds) and must not remove anything it has no record or tag of.
@@ -21,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, TEXT, option
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, TAG, option
 
 __all__ = ["cleanup_all", "main"]
 
@@ -61,7 +64,7 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
 
     for tag in sorted(state.list_records("workloads")):
         result, error = _safe(f"workload {tag}", stop_workload, tag, grace_s=grace_s,
-                              deadline_s=deadline_s)
+                              deadline_s=deadline_s, missing_ok=True)
         if error:
             not_removed.append({"kind": "workload", "name": tag, "reason": error})
             continue
@@ -76,7 +79,7 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
     from chaosgpu.sandbox.actions import remove_sandbox
 
     for name in sorted(state.list_records("sandboxes")):
-        result, error = _safe(f"sandbox {name}", remove_sandbox, name)
+        result, error = _safe(f"sandbox {name}", remove_sandbox, name, missing_ok=True)
         if error:
             not_removed.append({"kind": "sandbox", "name": name, "reason": error})
         else:
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="SIGTERM grace before SIGKILL (default 2)")
     parser.add_argument("--deadline-s", type=option(POSITIVE_SECONDS), default=30.0,
                         help="how long to wait for processes to die after SIGKILL (default 30)")
-    parser.add_argument("--tag", action="append", default=[], type=option(TEXT, str),
+    parser.add_argument("--tag", action="append", default=[], type=option(TAG, str),
                         help="also remove live processes carrying CHAOSGPU_TAG=TAG (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     try:

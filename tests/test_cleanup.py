@@ -10,6 +10,7 @@ import time
 import uuid
 
 import pytest
+from conftest import require_tool
 
 from chaosgpu import state
 from chaosgpu.scope import resolve_scope
@@ -83,11 +84,73 @@ def test_cleanup_by_tag_removes_unrecorded_processes() -> None:
             proc.wait()
 
 
+def test_cleanup_by_tag_of_another_users_process_removes_nothing_and_says_so() -> None:
+    # It sent nothing, waited out the grace and the deadline, listed the PID twice as not
+    # removed, and (through hang.cleanup's success) showed no error for the tag.
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process of another user")
+    require_tool("setpriv", install="apt-get install util-linux")
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                              "sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=tag),
+                             stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.1)
+        started = time.monotonic()
+        code, output = _cleanup("--tag", tag, "--grace-s", "5", "--deadline-s", "10")
+        assert time.monotonic() - started < 5.0, output  # neither grace nor deadline waited
+        assert code == 1, output
+        lines = [line for line in output.splitlines() if line.startswith("NOT removed")]
+        assert len(lines) == 1 and f"removed none of the 1 process(es) it found: PID " \
+            f"{other.pid}: refused: another user's process" in lines[0], output
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_cleanup_bad_usage() -> None:
     assert _cleanup("--grace-s", "-1")[0] == 2
     assert _cleanup("--bogus")[0] == 2
     code, output = _cleanup("--help")
     assert code == 0 and "chaosgpu cleanup" in output
+
+
+@pytest.mark.parametrize("suffix", [" ", "\n"])
+def test_a_tag_that_could_never_match_exactly_is_bad_usage(suffix: str) -> None:
+    # It was taken as any non-empty text: `--tag 'x '` matched nothing (the processes tagged
+    # "x" stayed) and the cleanup said it succeeded.
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=tag),
+                            start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        code, output = _cleanup("--tag", tag + suffix, "--grace-s", "0")
+        assert code == 2, output
+        assert (f"argument --tag: must be a tag: a non-empty string without whitespace or "
+                f"control characters, got {tag + suffix!r}") in output
+        assert proc.poll() is None  # nothing was touched
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_record_removed_between_listing_and_removal_is_no_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # stop_workload and remove_sandbox refuse a name this run never met (a typo); cleanup
+    # takes its names from the records, so one another cleanup or rollback removed meanwhile
+    # has ended: it must not show as "NOT removed".
+    from chaosgpu.cleanup import cleanup_all
+
+    ghost_workload, ghost_sandbox = f"cl-{uuid.uuid4().hex[:8]}", f"cl-{uuid.uuid4().hex[:6]}"
+    listed = {"workloads": ghost_workload, "sandboxes": ghost_sandbox}
+    real = state.list_records
+    monkeypatch.setattr(state, "list_records", lambda kind: (
+        {listed[kind]: {}, **real(kind)} if kind in listed else real(kind)))
+    report = cleanup_all(grace_s=0, deadline_s=5)
+    assert report["not_removed"] == [], report
+    details = {(item["kind"], item["name"]): item["detail"] for item in report["removed"]}
+    assert details[("workload", ghost_workload)]["stopped"] is False
+    assert details[("sandbox", ghost_sandbox)]["removed"] is False
 
 
 PARTITIONING_RUNNER = """

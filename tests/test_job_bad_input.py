@@ -28,3 +28,40 @@ def test_kill_rank_refuses_a_bad_wait_before_anything(wait_s: object) -> None:
     finally:
         rank.kill()
         rank.wait()
+
+
+@pytest.mark.parametrize("name, value, must", [
+    ("tag", "{tag} ", "must be a tag: a non-empty string without whitespace or control "
+                      "characters"),
+    ("tag", "{tag}\n", "must be a tag: a non-empty string without whitespace or control "
+                       "characters"),
+    ("job", " {tag}", "must be a non-empty string without leading or trailing whitespace"),
+])
+def test_a_selection_that_could_never_match_exactly_is_refused_naming_it(
+        name: str, value: str, must: str) -> None:
+    # A job selection is matched exactly (as a scope is): "x " never selects the job tagged
+    # "x". It was accepted as any non-empty text, and read as "no such job".
+    from chaosgpu.job.observe import JobError, check_selector
+
+    tag = f"badtag-{uuid.uuid4().hex[:6]}"
+    selection = {name: value.format(tag=tag)}
+    expected = f"{name} {must}, got {selection[name]!r}"
+    with pytest.raises(JobError) as refused:
+        check_selector(selection.get("job"), selection.get("tag"))
+    assert str(refused.value) == expected
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29918", CHAOSGPU_TAG=tag, CHAOSGPU_JOB=tag)
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                            stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)
+        with pytest.raises(JobError) as refused:
+            actions.kill_rank(rank=0, **selection)  # type: ignore[arg-type]
+        assert str(refused.value) == expected
+        with pytest.raises(JobError) as refused:
+            actions.cleanup_hung_job(grace_s=0, missing_ok=True, **selection)
+        assert str(refused.value) == expected
+        assert rank.poll() is None and alive(rank.pid)
+    finally:
+        rank.kill()
+        rank.wait()

@@ -93,12 +93,16 @@ def test_hold_auto_falls_back_to_host_only_when_asked(tmp_path: Path) -> None:
         process.wait()
 
 
-@pytest.mark.parametrize("args", [["--mib", "-1"], ["--via", "magic"], ["--on-sigterm", "x"]])
+@pytest.mark.parametrize("args", [["--mib", "-1"], ["--via", "magic"], ["--on-sigterm", "x"],
+                                  ["--tag", "x "], ["--tag", "x\n"], ["--tag", ""]])
 def test_hold_bad_arguments(tmp_path: Path, args: list[str]) -> None:
     process, ready = _hold(tmp_path, "--via", "host", *args)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 2
     assert err
+    if args[0] == "--tag":  # a tag no selection could match exactly is refused by name
+        assert f"argument --tag: must be a tag: a non-empty string without whitespace or " \
+               f"control characters, got {args[1]!r}" in err.decode(), err
     assert not ready.exists()
 
 

@@ -1,14 +1,20 @@
 """Chaos Toolkit actions that start and stop the reference workloads, for real."""
 
 import os
+import re
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import require_tool
 from proc_helpers import alive as _alive
 
 from chaosgpu import state
+from chaosgpu.arguments import TAG
+from chaosgpu.errors import InvalidArgument
 from chaosgpu.sandbox import runtime
 from chaosgpu.workloads import actions
 
@@ -89,6 +95,7 @@ def test_a_worker_that_cannot_start_leaves_nothing() -> None:
     "kwargs, message",
     [({"count": 0}, "count"), ({"mib": -1}, "mib"), ({"via": "magic"}, "via"),
      ({"on_sigterm": "pray"}, "on_sigterm"), ({"tag": "no spaces"}, "invalid tag"),
+     ({"tag": ""}, "invalid tag ''"), ({"tag": "x\n"}, r"invalid tag 'x\\n'"),
      ({"sandbox": "no-such-box"}, "no sandbox"), ({"timeout_s": 0}, "timeout")],
 )  # fmt: skip
 def test_start_holders_bad_input(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
@@ -235,3 +242,76 @@ def test_stop_keeps_the_record_of_a_worker_still_alive_after_sigkill() -> None:
         final = actions.stop_workload("h-frozen", grace_s=0)
     assert not any(_alive(p) for p in started["pids"]), final
     assert state.read_record("workloads", "h-frozen") is None
+
+
+# -- a tag an activity selects by: matched exactly, never stripped -----------------------------
+
+BAD_TAGS = ["x ", "x\n"]
+
+
+def _gpu_probe(name: str) -> Any:
+    from chaosgpu.gpu import probes
+
+    return getattr(probes, name)
+
+
+TAG_TAKERS = [
+    ("stop_workload", lambda tag: actions.stop_workload(tag, grace_s=0)),
+    ("job_progress", lambda tag: _gpu_probe("job_progress")(tag, window_s=0.1)),
+    ("job_stalled", lambda tag: _gpu_probe("job_stalled")(tag, window_s=0.1, missing_ok=True)),
+    ("job_slowdown", lambda tag: _gpu_probe("job_slowdown")(tag, window_s=0.1)),
+    ("cuda_oom_seen", lambda tag: _gpu_probe("cuda_oom_seen")(tag, missing_ok=True)),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_TAGS)
+@pytest.mark.parametrize("name, call", TAG_TAKERS, ids=[n for n, _ in TAG_TAKERS])
+def test_a_tag_with_whitespace_or_a_control_character_is_refused_naming_it(
+        name: str, call: Callable[[str], Any], bad: str) -> None:
+    # It used to be accepted as any non-empty text: never matched exactly, it read as "no
+    # such workload" (missing_ok) or, stripped elsewhere, reached the workload tagged "x".
+    with pytest.raises(InvalidArgument) as refused:
+        call(bad)
+    assert str(refused.value) == f"{name}: tag must be {TAG.what}, got {bad!r}"
+
+
+@pytest.mark.parametrize("suffix", [" ", "\n", "\t"])
+def test_stop_workload_with_a_near_miss_tag_leaves_the_workload_alone(suffix: str) -> None:
+    started = actions.start_holders(count=1, mib=1, via="host", tag="h-exact")
+    try:
+        with pytest.raises(InvalidArgument, match="stop_workload: tag must be a tag"):
+            actions.stop_workload("h-exact" + suffix, grace_s=0, missing_ok=True)
+        assert _alive(started["pids"][0])
+        assert state.read_record("workloads", "h-exact") is not None
+    finally:
+        actions.stop_workload("h-exact", grace_s=0)
+    assert not _alive(started["pids"][0])
+
+
+def test_stop_all_workloads_takes_a_record_gone_since_it_was_listed_as_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another stop (a rollback, `chaosgpu cleanup`) removed it between the listing and the stop:
+    # it has ended, it is no typo of a tag this run never met.
+    started = actions.start_holders(count=1, mib=1, via="host", tag="h-listed")
+    real = state.list_records
+    ghost = f"h-gone-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setattr(state, "list_records", lambda kind: (
+        {ghost: {"tag": ghost}, **real(kind)} if kind == "workloads" else real(kind)))
+    try:
+        done = {d["tag"]: d for d in actions.stop_all_workloads()}
+        assert done[ghost]["stopped"] is False and done["h-listed"]["stopped"] is True
+        assert not _alive(started["pids"][0])
+    finally:
+        monkeypatch.undo()
+        actions.stop_workload("h-listed", grace_s=0)
+
+
+@pytest.mark.parametrize("bad", ["x\n", "x ", "", "-x", "x" * 64, "a/b"])
+def test_a_new_workload_tag_is_matched_whole_by_every_start(bad: str) -> None:
+    # `^...$` let "x\n" through: a workload was started and recorded under "x\n".
+    from chaosgpu.gpu import launch
+
+    for claim in (actions.claim_tag, launch.check_tag):
+        with pytest.raises(ValueError, match=f"^invalid tag {re.escape(repr(bad))}: use 1-63"):
+            claim(bad, "p")
+    assert actions.list_workloads() == []

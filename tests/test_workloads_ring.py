@@ -4,6 +4,7 @@ survivors sometimes die by SIGABRT)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from proc_helpers import alive as _alive
 
 from chaosgpu.workloads import actions
 from chaosgpu.workloads.readiness import read_ready
-from chaosgpu.workloads.ring import RingConfig, launch_ring
+from chaosgpu.workloads.ring import RingConfig, launch_ring, rank_env
 
 pytest.importorskip("torch")
 
@@ -77,6 +78,35 @@ def test_bare_ring_ready_files_and_env(bare_ring) -> None:  # type: ignore[no-un
 
     jobs = {j["id"]: j for j in take_census(fds=False, gpu=False)["jobs"]}
     assert "job-env" in jobs and jobs["job-env"]["world_size"] == 3
+
+
+RUNNER_SCOPE = {"CHAOSGPU_TAG": "the-runners-tag", "CHAOSGPU_JOB": "the-runners-job",
+                "CHAOSGPU_SANDBOX": "the-runners-pod"}
+
+
+def _scope_env(environ: dict[str, str] | bytes) -> dict[str, str]:
+    """The scope variables (tag, job, sandbox) of an environment or a /proc/PID/environ."""
+    if isinstance(environ, bytes):
+        entries = environ.decode(errors="replace").split("\0")
+        environ = dict(entry.partition("=")[::2] for entry in entries if "=" in entry)
+    return {key: value for key, value in environ.items() if key in RUNNER_SCOPE}
+
+
+def test_ranks_carry_their_own_tag_and_job_never_the_runners(
+        bare_ring, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # A runner carrying a tag, job or sandbox of its own handed them to every rank: a kill by
+    # the runner's tag, or a sandbox scope, reached the ring.
+    for key, value in RUNNER_SCOPE.items():
+        monkeypatch.setenv(key, value)
+    launch = bare_ring(2, 30.0, job_id="own-job", tag="own-tag")
+    for pid in launch.pids:
+        assert _scope_env(Path(f"/proc/{pid}/environ").read_bytes()) == {
+            "CHAOSGPU_JOB": "own-job", "CHAOSGPU_TAG": "own-tag"}
+    # a ring without a tag of its own carries none (torchrun's agent gets the same environment)
+    for launcher in ("bare", "torchrun"):
+        assert _scope_env(rank_env(RingConfig(launcher=launcher, job_id="j2"))) == {
+            "CHAOSGPU_JOB": "j2"}
+    assert os.environ["CHAOSGPU_SANDBOX"] == "the-runners-pod"  # the runner's own is kept
 
 
 def test_bare_sigkill_of_a_rank_makes_survivors_fail_fast(bare_ring) -> None:  # type: ignore[no-untyped-def]
@@ -195,6 +225,32 @@ def test_start_ring_bad_input(kwargs: dict, message: str) -> None:  # type: igno
     with pytest.raises(ValueError, match=message):
         actions.start_ring(tag="bad-ring", **kwargs)  # type: ignore[arg-type]
     assert "bad-ring" not in {w["tag"] for w in actions.list_workloads()}
+
+
+@pytest.mark.parametrize("field, value, label, must", [
+    ("tag", "t ", "tag", "a tag: a non-empty string without whitespace or control characters"),
+    ("tag", "t\n", "tag", "a tag: a non-empty string without whitespace or control characters"),
+    ("job_id", " j", "job id", "a non-empty string without leading or trailing whitespace"),
+])
+def test_a_ring_never_carries_a_tag_or_job_id_no_selection_could_match(
+        field: str, value: str, label: str, must: str, tmp_path: Path) -> None:
+    # Ranks carrying "t " could be named by no selection (a tag or job is matched exactly).
+    from chaosgpu.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=f"^{label} must be {must}, got "
+                                              f"{re.escape(repr(value))}$"):
+        launch_ring(RingConfig(backend="gloo", **{field: value}))  # type: ignore[arg-type]
+    option = "--" + field.replace("_", "-")
+    done = subprocess.run([sys.executable, "-m", "chaosgpu.workloads", "ring", "--backend",
+                           "gloo", "--ready-dir", str(tmp_path), option, value],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"argument {option}: must be {must}, got {value!r}" in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing started
+    if field == "job_id":
+        with pytest.raises(InvalidArgument, match=f"^start_ring: job_id must be {must}"):
+            actions.start_ring(backend="gloo", job_id=value, tag="ring-bad-job")
+        assert "ring-bad-job" not in {w["tag"] for w in actions.list_workloads()}
 
 
 def test_ring_cli_detach(tmp_path: Path) -> None:

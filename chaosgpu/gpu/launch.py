@@ -2,10 +2,12 @@
 
 This module owns starting a fault program (`python -m chaosgpu.gpu pressure|contention|xid`)
 detached from the runner (own session, DEVNULL stdin, output in a log file) or inside a local
-pod, with CHAOSGPU_TAG in its environment, recording it in `<state>/workloads/<tag>.json`
-(the workloads' record schema: host PID + start time) *before* waiting on it, so that a rollback
-(`chaosgpu.workloads.actions.stop_workload`) and `chaosgpu cleanup` find and remove it even after
-a crash of the runner. It never signals anything itself: stopping goes through stop_workload.
+pod, with its own CHAOSGPU_TAG in its environment and none of the runner's scope variables
+(chaosgpu.process.environment.helper_env; in a pod, chaosgpu.sandbox.runtime.exec_in),
+recording it in `<state>/workloads/<tag>.json` (the workloads' record schema: host PID + start
+time) *before* waiting on it, so that a rollback (`chaosgpu.workloads.actions.stop_workload`)
+and `chaosgpu cleanup` find and remove it even after a crash of the runner. It never signals
+anything itself: stopping goes through stop_workload.
 """
 
 import os
@@ -18,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from chaosgpu import state
-from chaosgpu.node import process_starttime, process_state
-from chaosgpu.workloads.actions import KIND, TAG_RE, stop_workload
+from chaosgpu.node import process_starttime
+from chaosgpu.process.environment import helper_env
+from chaosgpu.workloads.actions import KIND, claim_tag, stop_workload
 from chaosgpu.workloads.readiness import wait_ready
 
 __all__ = ["FAULT_KINDS", "check_tag", "start", "run_to_end", "tail", "result_file"]
@@ -29,24 +32,9 @@ FAULT_KINDS = ("memory-pressure", "compute-contention", "xid")
 
 def check_tag(tag: str | None, prefix: str) -> str:
     """A valid, unused workload tag (`prefix-<random>` when None); a record left by a dead
-    workload of that tag is cleared first."""
-    import uuid
-
-    tag = tag or f"{prefix}-{uuid.uuid4().hex[:8]}"
-    if not isinstance(tag, str) or not TAG_RE.match(tag):
-        raise ValueError(f"invalid tag {tag!r}: use 1-63 letters, digits, '.', '_' or '-', "
-                         "starting with a letter or digit")
-    from chaosgpu import scope
-
-    scope.remember("tag", tag)  # the experiment's own tag, not a typo, once the program ends
-    existing = state.read_record(KIND, tag)
-    if existing is not None:
-        if any(process_state(p["pid"]) not in (None, "Z", "X")
-               and process_starttime(p["pid"]) == p.get("starttime")
-               for p in existing.get("processes", [])):
-            raise ValueError(f"tag {tag!r} is already in use by a running workload")
-        stop_workload(tag, grace_s=0)
-    return tag
+    workload of that tag is cleared first. The one rule of a new workload's tag:
+    chaosgpu.workloads.actions.claim_tag."""
+    return claim_tag(tag, prefix)
 
 
 def result_file(tag: str) -> Path:
@@ -75,7 +63,7 @@ def _spawn(tag: str, argv: list[str], log: Path, sandbox: str | None,
         pid, ns_pid, process = started["host_pid"], started["ns_pid"], None
     else:
         with open(log, "ab") as handle:
-            process = subprocess.Popen(argv, env=dict(os.environ, **env),
+            process = subprocess.Popen(argv, env=helper_env(**env),
                                        stdin=subprocess.DEVNULL, stdout=handle,
                                        stderr=subprocess.STDOUT, start_new_session=True)
         threading.Thread(target=process.wait, name=f"chaosgpu-reap-{process.pid}",
@@ -145,7 +133,7 @@ def run_to_end(kind: str, tag: str, program: str, args: list[str], config: dict[
     rc: int | None = None
     try:
         with open(out, "wb") as stdout, open(log, "ab") as stderr:
-            process = subprocess.Popen(argv, env=dict(os.environ, CHAOSGPU_TAG=tag),
+            process = subprocess.Popen(argv, env=helper_env(CHAOSGPU_TAG=tag),
                                        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                                        start_new_session=True)
         record["processes"].append({"pid": process.pid, "ns_pid": None,

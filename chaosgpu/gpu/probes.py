@@ -7,6 +7,8 @@ fault: a ring job's progress and stragglers (its own step counter), CUDA out-of-
 job. It must not import pynvml itself, and must not signal or start anything. NVML absent is a
 normal state: `gpu_available` says so, NVML probes raise a clear error naming why.
 
+A workload's `tag` is matched exactly, never stripped: one with whitespace or a control
+character (chaosgpu.arguments.TAG) is refused by name before anything is read.
 A probe that reads a workload by tag (job_stalled, cuda_oom_seen) fails when the tag is one this
 run never met (no workload recorded or started under it, no process seen carrying it: a typo)
 unless `missing_ok` allows it: true, or "before-method" (the default, the catalog's form: before
@@ -25,7 +27,7 @@ from chaosgpu.arguments import (
     POSITIVE,
     POSITIVE_SECONDS,
     SECONDS,
-    TEXT,
+    TAG,
     checked,
 )
 from chaosgpu.gpu import devices, monitor
@@ -197,7 +199,7 @@ def _ring_folder(tag: str) -> Path:
     return Path(record["workdir"])
 
 
-@checked(tag=TEXT, window_s=POSITIVE_SECONDS, stall_factor=POSITIVE)
+@checked(tag=TAG, window_s=POSITIVE_SECONDS, stall_factor=POSITIVE)
 def job_progress(tag: str, window_s: float = 2.0, stall_factor: float = 0.5,
                  configuration: Optional[Dict[str, Any]] = None,
                  secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -218,7 +220,7 @@ def job_progress(tag: str, window_s: float = 2.0, stall_factor: float = 0.5,
     return result
 
 
-@checked(tag=TEXT, window_s=POSITIVE_SECONDS)
+@checked(tag=TAG, window_s=POSITIVE_SECONDS)
 def job_stalled(tag: str, window_s: float = 2.0, missing_ok: MissingOk = "before-method",
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> bool:
@@ -241,7 +243,7 @@ def job_stalled(tag: str, window_s: float = 2.0, missing_ok: MissingOk = "before
     return not bool(job_progress(tag, window_s)["progressing"])
 
 
-@checked(tag=TEXT, window_s=POSITIVE_SECONDS)
+@checked(tag=TAG, window_s=POSITIVE_SECONDS)
 def job_slowdown(tag: str, window_s: float = 2.0,
                  configuration: Optional[Dict[str, Any]] = None,
                  secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -264,7 +266,7 @@ def job_slowdown(tag: str, window_s: float = 2.0,
             "straggler_rank": now["straggler_rank"], "stalled_ranks": now["stalled_ranks"]}
 
 
-@checked(tag=TEXT)
+@checked(tag=TAG)
 def cuda_oom_seen(tag: str, missing_ok: MissingOk = "before-method",
                   configuration: Optional[Dict[str, Any]] = None,
                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -278,8 +280,6 @@ def cuda_oom_seen(tag: str, missing_ok: MissingOk = "before-method",
     from chaosgpu import state
     from chaosgpu.gpu import injector
 
-    if not isinstance(tag, str) or not tag:
-        raise ValueError("tag must name the workload (its CHAOSGPU_TAG)")
     arguments.missing_allowed(missing_ok, True)  # a bad missing_ok is refused either way
     events = injector.tagged_events(tag)
     record = state.read_record("workloads", tag)

@@ -79,18 +79,20 @@ def visibility_note(census: dict[str, Any]) -> str | None:
 
 
 def check_selector(job: str | None, tag: str | None, allow_all: bool = False) -> None:
-    """Refuse a selection that names nothing usable (raise JobError)."""
+    """Refuse a selection that names nothing usable (raise JobError naming the argument): a
+    tag is matched exactly, never stripped (chaosgpu.arguments.TAG: no whitespace or control
+    character), a job id likewise (NAME: no edge whitespace), as a scope takes them."""
     if job is None and tag is None and not allow_all:
         raise JobError("name the job: give job=<id> (as `chaosgpu jobs` lists it) or "
                        "tag=<the workload's tag>")
-    for name, value in (("job", job), ("tag", tag)):
+    for name, value, rule in (("job", job, arguments.NAME), ("tag", tag, arguments.TAG)):
         if value is None:
             continue
-        if not isinstance(value, str) or not value.strip():
-            raise JobError(f"{name} must be a non-empty string, got {value!r}")
-        if "${" in value:
+        if isinstance(value, str) and "${" in value:
             raise JobError(f"{name}={value!r} still holds an unsubstituted ${{...}}: the "
                            "experiment's configuration does not define it")
+        if not rule.accepts(value):
+            raise JobError(f"{name} {rule.must(value)}, got {value!r}")
 
 
 def select_jobs(census: dict[str, Any], job: str | None = None,

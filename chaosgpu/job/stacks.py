@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaosgpu.process.environment import helper_env
+
 __all__ = ["Frame", "ThreadStack", "StackSample", "Site", "py_spy_path", "take_samples",
            "classify", "signature", "is_dataloader_worker", "SITE_KINDS"]
 
@@ -177,7 +179,9 @@ def take_samples(pids: dict[int, bool], timeout_s: float = 3.0,
     """Take one stack sample of each PID at once (`pids` maps a PID to whether it is stopped:
     a stopped process is read with `--nonblocking`, which does not wait for it to run), every
     dump with the same deadline. A PID py-spy cannot read gets a sample with `error` (not
-    installed, no permission, not a Python process, gone, no answer in time)."""
+    installed, no permission, not a Python process, gone, no answer in time). py-spy runs
+    without the runner's scope variables (helper_env): a kill by the runner's tag never hits
+    it."""
     exe = py_spy_path()
     now = time.time()
     if exe is None:
@@ -192,7 +196,8 @@ def take_samples(pids: dict[int, bool], timeout_s: float = 3.0,
         if stopped:
             argv.append("--nonblocking")
         running[pid] = (subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL, text=True), stopped)
+                                         stdin=subprocess.DEVNULL, text=True,
+                                         env=helper_env()), stopped)
     end = time.monotonic() + timeout_s
     samples = {}
     for pid, (proc, stopped) in running.items():

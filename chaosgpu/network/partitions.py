@@ -11,7 +11,8 @@ Tables of other names are never touched.
 
 This module owns writing, listing and removing those rules. Which processes it may target is
 decided by the callers (chaosgpu.network.actions, through the experiment's scope); it signals no
-process.
+process. What it runs (`nft`, `nsenter`, the census in another namespace) runs without the
+runner's scope variables (chaosgpu.process.environment.helper_env).
 """
 
 import contextlib
@@ -24,6 +25,7 @@ import uuid
 from typing import Any
 
 from chaosgpu.errors import ActivityError
+from chaosgpu.process.environment import helper_env
 from chaosgpu.state import list_records, read_record, remove_record, write_record
 
 __all__ = ["PartitionError", "nft_path", "connections_of", "create", "remove", "remove_all",
@@ -67,7 +69,7 @@ def _run_nft(args: list[str], netns_pid: int | None, stdin: str | None = None
                                  "namespace")
         argv = [nsenter, f"--net=/proc/{netns_pid}/ns/net", "--", *argv]
     return subprocess.run(argv, input=stdin, capture_output=True, text=True,
-                          timeout=NFT_TIMEOUT_S, stdin=None if stdin is not None
+                          timeout=NFT_TIMEOUT_S, env=helper_env(), stdin=None if stdin is not None
                           else subprocess.DEVNULL)
 
 
@@ -84,7 +86,7 @@ def _sockets_in(netns_pid: int | None) -> dict[int, dict[str, Any]]:
     out = subprocess.run([nsenter, f"--net=/proc/{netns_pid}/ns/net", "--", _python(),
                           str(program_path("probes", "node_census")), "--tcp-sockets"],
                          capture_output=True, text=True, timeout=NFT_TIMEOUT_S,
-                         stdin=subprocess.DEVNULL)
+                         env=helper_env(), stdin=subprocess.DEVNULL)
     if out.returncode != 0:
         raise PartitionError(f"cannot read the sockets of PID {netns_pid}'s network namespace: "
                              f"{out.stderr.strip()[-300:] or out.stdout.strip()[-300:]}")

@@ -32,6 +32,7 @@ from typing import Any
 from chaosgpu import node, state
 from chaosgpu.arguments import ID, POSITIVE_SECONDS, SECONDS
 from chaosgpu.process import terminate as terminate_
+from chaosgpu.process.environment import SCOPE_ENV, helper_env
 
 __all__ = [
     "INITS",
@@ -65,10 +66,6 @@ KIND = "sandboxes"
 CREATE_TIMEOUT_S = 20.0
 KILL_DEADLINE_S = 10.0
 _ASKED: set[str] = set()  # the sandbox names this process asked `create` for
-#: The environment variables that put a process in a declared scope (the census reads a
-#: process's tag, job and sandbox from them): chaosgpu's own processes never inherit the
-#: runner's (see helper_env); a workload carries only those it declares.
-SCOPE_ENV = ("CHAOSGPU_TAG", "CHAOSGPU_JOB", "CHAOSGPU_SANDBOX")
 
 
 class SandboxError(RuntimeError):
@@ -136,16 +133,6 @@ def kill(pid: int, starttime: int) -> bool:
     primitive, no wait); True if the kernel accepted the signal."""
     target = terminate_.Target(pid, starttime)
     return terminate_.signal_once([target], "SIGKILL", _rules())[0].result == "sent"
-
-
-def helper_env(**declared: str) -> dict[str, str]:
-    """The environment of a process chaosgpu starts: the caller's without its scope variables
-    (SCOPE_ENV), plus `declared` (a workload's own tag). A runner started with CHAOSGPU_TAG=X
-    must not put chaosgpu's machinery (the sandbox supervisor, `unshare`, `nsenter`, a probe
-    it runs) nor a workload of another tag in X's scope, where a kill by tag would hit them."""
-    env = {key: value for key, value in os.environ.items() if key not in SCOPE_ENV}
-    env.update(declared)
-    return env
 
 
 def _env_argv(variables: dict[str, str]) -> list[str]:

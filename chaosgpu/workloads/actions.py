@@ -5,9 +5,11 @@ DEVNULL stdin, output in a log file under the state dir; or, with `sandbox`, as 
 shells exec'd inside a local pod like the field report's workers), recording them in
 `<state>/workloads/<tag>.json` (host PIDs + starttimes), waiting for their readiness files under
 a deadline, and stopping them by tag (idempotent; a tag this run never met is a typo, as
-chaosgpu.scope tells). Every process it starts gets the runner's environment without its scope
-variables (chaosgpu.sandbox.runtime.helper_env) plus the workload's own tag. It must not signal
-any process that is not in a record it wrote.
+chaosgpu.scope tells). A new workload's tag is claimed here (`claim_tag`, TAG_RE: also the GPU
+fault programs'); a tag an activity selects by is chaosgpu.arguments.TAG. Every process it
+starts gets the runner's environment without its scope variables
+(chaosgpu.process.environment.helper_env) plus the workload's own tag. It must not signal any
+process that is not in a record it wrote.
 """
 
 import logging
@@ -28,15 +30,18 @@ from chaosgpu import state
 from chaosgpu.arguments import (
     COUNT,
     INDEX,
+    NAME,
     POSITIVE,
     POSITIVE_SECONDS,
     SECONDS,
+    TAG,
     TEXT,
     checked,
     missing_allowed,
 )
 from chaosgpu.errors import ActivityError
 from chaosgpu.process import terminate
+from chaosgpu.process.environment import helper_env
 from chaosgpu.workloads.readiness import wait_all_ready
 
 __all__ = [
@@ -51,7 +56,10 @@ __all__ = [
 logger = logging.getLogger("chaostoolkit")
 
 KIND = "workloads"
-TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+#: The tag a new workload may be given (stricter than chaosgpu.arguments.TAG, which a selection
+#: takes): 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit, so that it
+#: is also a safe record and folder name. Matched whole (fullmatch): `^...$` let "x\n" through.
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 VIAS = ("torch", "driver", "host", "auto")
 SIGTERM_MODES = ("ignore", "exit", "cleanup")
 _python_cache: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}
@@ -63,9 +71,13 @@ def _proc() -> Any:
     return runtime
 
 
-def _check_tag(tag: str | None, prefix: str) -> str:
-    tag = tag or f"{prefix}-{uuid.uuid4().hex[:8]}"
-    if not isinstance(tag, str) or not TAG_RE.match(tag):
+def claim_tag(tag: str | None, prefix: str) -> str:
+    """The tag of a workload about to start (`prefix-<random>` when None), remembered as this
+    run's (chaosgpu.scope). A tag TAG_RE refuses is ValueError naming it; a tag a running
+    workload holds is ValueError; a record left by a dead workload of that tag is cleared."""
+    if tag is None:
+        tag = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
         raise ValueError(
             f"invalid tag {tag!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -113,7 +125,7 @@ def python_for_user(uid: int, gid: int) -> tuple[str, dict[str, str]]:
         probe = subprocess.run(
             [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
              "sh", "-c", '"$@"', "sh", exe, "-c", "import chaosgpu.workloads.hold"],
-            env=_proc().helper_env(**extra), stdin=subprocess.DEVNULL, capture_output=True,
+            env=helper_env(**extra), stdin=subprocess.DEVNULL, capture_output=True,
             timeout=60, cwd="/",
         )  # fmt: skip
         if probe.returncode == 0:
@@ -180,7 +192,7 @@ def start_holders(
         if box.get("uid") not in (None, 0) and not box.get("userns"):
             owner = (int(box["uid"]), int(box.get("gid") or box["uid"]))
             exe, extra_env = python_for_user(*owner)
-    tag = _check_tag(tag, "hold")
+    tag = claim_tag(tag, "hold")
     workdir = _workdir(tag, owner)
     record: dict[str, Any] = {
         "tag": tag,
@@ -213,7 +225,7 @@ def start_holders(
             else:
                 with open(log, "ab") as handle:
                     process = subprocess.Popen(
-                        argv, env=_proc().helper_env(**env), stdin=subprocess.DEVNULL,
+                        argv, env=helper_env(**env), stdin=subprocess.DEVNULL,
                         stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
                     )  # fmt: skip
                 _reap_in_background(process)
@@ -302,7 +314,7 @@ def start_pod_with_holders(
         assert uid is not None
         owner = (uid, gid if gid is not None else uid)
         exe, extra_env = python_for_user(*owner)
-    tag = _check_tag(tag, "pod")
+    tag = claim_tag(tag, "pod")
     workdir = _workdir(tag, owner)
     ready_files = [workdir / f"holder{i}.json" for i in range(count)]
     commands = [_hold_argv(exe, mib, via, device, on_sigterm, ready, allow_host_fallback)
@@ -375,7 +387,8 @@ def _tail(path: Path, limit: int = 400) -> str:
 
 
 @checked(world_size=COUNT, process_group_timeout_s=POSITIVE_SECONDS, mib=INDEX,
-         iters_per_s=POSITIVE, timeout_s=POSITIVE_SECONDS, matmul=INDEX, step_mib=INDEX)
+         iters_per_s=POSITIVE, timeout_s=POSITIVE_SECONDS, matmul=INDEX, step_mib=INDEX,
+         job_id=NAME)
 def start_ring(
     world_size: int = 2,
     backend: str = "auto",
@@ -412,7 +425,7 @@ def start_ring(
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     injector_env = _injector_env(inject)
-    tag = _check_tag(tag, "ring")
+    tag = claim_tag(tag, "ring")
     workdir = _workdir(tag, None)
     from chaosgpu import scope
 
@@ -496,7 +509,7 @@ def _injector_env(inject: str) -> dict[str, str]:
     return env
 
 
-@checked(tag=TEXT, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(tag=TAG, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_workload(
     tag: str,
     grace_s: float = 5.0,
@@ -510,10 +523,12 @@ def stop_workload(
     Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
     Waits up to `deadline_s` after SIGKILL. Removes the record and the workload's files (kept,
     with "record_kept", while a process survives SIGKILL). A tag with no record returns
-    {"stopped": false} when this run met it (it started the workload, stopped since) or
-    `missing_ok` allows it (true, or "before-method", the default, before the method starts);
-    a tag this run never met fails, naming the recorded workloads (a typo would leave the real
-    one running).
+    {"stopped": false} where `missing_ok` allows it (chaosgpu.arguments.missing_allowed): true
+    always; "before-method", the default, for a tag this run met (it started the workload,
+    stopped since) and, for any tag, before the method starts; false never. Otherwise it fails,
+    naming the recorded workloads (a typo would leave the real one running). `tag` is matched
+    exactly, never stripped: one that is not a tag (chaosgpu.arguments.TAG: empty, whitespace,
+    control characters) is InvalidArgument.
     """
     missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
     record = state.read_record(KIND, tag)
@@ -585,7 +600,10 @@ def stop_all_workloads(
     failures: list[str] = []
     for tag in state.list_records(KIND):
         try:
-            done.append(stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s))
+            # missing_ok: a record removed since it was listed (a stop running beside this one)
+            # has ended; it is no typo.
+            done.append(stop_workload(tag, grace_s=grace_s, deadline_s=deadline_s,
+                                      missing_ok=True))
         except Exception as error:  # the next workloads must still be stopped
             logger.warning("chaosgpu: could not stop workload %s: %s", tag, error)
             failures.append(f"{tag}: {type(error).__name__}: {error}")

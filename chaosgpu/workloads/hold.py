@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from chaosgpu.arguments import TAG, option
 from chaosgpu.workloads.readiness import write_ready
 
 __all__ = ["build_parser", "main", "NoGpuError"]
@@ -55,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ready-file", help="write a JSON readiness file here once memory is held")
     parser.add_argument(
-        "--tag", help="set CHAOSGPU_TAG=TAG in this process's environment (and its children's)"
-    )
+        "--tag", type=option(TAG, str),
+        help="set CHAOSGPU_TAG=TAG in this process's environment (and its children's); no "
+        "whitespace or control characters: a selection matches it exactly",
+    )  # fmt: skip
     parser.add_argument(
         "--allow-host-fallback",
         action="store_true",

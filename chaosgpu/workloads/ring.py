@@ -33,11 +33,14 @@ from chaosgpu.arguments import (
     INDEX,
     LISTEN_PORT,
     LONGEST_WAIT_S,
+    NAME,
     POSITIVE,
     SECONDS,
+    TAG,
     Rule,
     option,
 )
+from chaosgpu.process.environment import helper_env
 from chaosgpu.workloads.readiness import wait_all_ready, write_ready
 
 __all__ = [
@@ -89,8 +92,8 @@ class RingConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
-        """ValueError (InvalidArgument for numbers) naming the first field that is not valid
-        (nan and inf included)."""
+        """ValueError (InvalidArgument for numbers, the tag and the job id) naming the first
+        field that is not valid (nan and inf included)."""
         if self.backend not in ("nccl", "gloo", "auto"):
             raise ValueError(f"unknown backend {self.backend!r} (nccl, gloo or auto)")
         if self.launcher not in ("bare", "torchrun"):
@@ -102,6 +105,11 @@ class RingConfig:
             ("master port", LISTEN_PORT, self.master_port))
         for name, rule, value in numbers:
             rule.require(name, value)  # InvalidArgument, a ValueError
+        # What the ranks carry is matched exactly by every selection: never a tag or job id
+        # that no selection could name ("x " or "x\n").
+        for name, rule, text in (("tag", TAG, self.tag), ("job id", NAME, self.job_id)):
+            if text is not None:
+                rule.require(name, text)
         if self.timeout_s > LONGEST_TIMEOUT_S:
             raise ValueError(f"timeout must be at most {LONGEST_TIMEOUT_S:g} s, "
                              f"got {self.timeout_s:g}")
@@ -130,8 +138,11 @@ def resolve_backend(backend: str, world_size: int) -> str:
 
 
 def rank_env(config: RingConfig, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment shared by every rank of `config` (before RANK/LOCAL_RANK)."""
-    env = dict(os.environ if base is None else base)
+    """The environment shared by every rank of `config` (before RANK/LOCAL_RANK): `base`
+    (default: the launcher's own without its scope variables, chaosgpu.process.environment),
+    plus the ring's own CHAOSGPU_JOB and CHAOSGPU_TAG where `config` sets them. A rank never
+    carries the launcher's tag, job or sandbox: a kill by the runner's tag must not reach it."""
+    env = dict(helper_env() if base is None else base)
     env.update(RANK_ENV_DEFAULTS)
     env["MASTER_ADDR"] = config.master_addr
     env["MASTER_PORT"] = str(config.master_port)
@@ -288,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iters-per-s", type=option(POSITIVE), default=10.0)
     _add_step_options(parser)
     parser.add_argument("--ready-dir", help="each rank writes rank<R>.json here once running")
-    parser.add_argument("--tag", help="CHAOSGPU_TAG for every rank")
-    parser.add_argument("--job-id", help="CHAOSGPU_JOB for every rank (default: generated)")
+    parser.add_argument("--tag", type=option(TAG, str), help="CHAOSGPU_TAG for every rank")
+    parser.add_argument("--job-id", type=option(NAME, str),
+                        help="CHAOSGPU_JOB for every rank (default: generated)")
     parser.add_argument("--master-addr", default="127.0.0.1")
     parser.add_argument("--master-port", type=option(LISTEN_PORT, int), default=0,
                         help="default (0): a free port")
