@@ -56,6 +56,9 @@ SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT", "SIGINT", "SIGQUIT", "SIG
            "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP")
 NULL_SIGNAL = "0"
 UNTIL = ("sent", "exit", "reaped")
+# The longest one poll(2) call waits (a day): its timeout is an int of milliseconds, at most
+# 2**31 - 1 (about 24.8 days); a longer grace or deadline is waited for a day at a time.
+POLL_SLICE_S = 86400.0
 
 
 class SignalInputError(ValueError):
@@ -227,7 +230,8 @@ def _open_checked(target, rules):
 
 def _poll_exits(pidfds, timeout_s):
     """Wait up to `timeout_s` on the pidfds {key: fd}; return the keys whose process exited (a
-    pidfd turns readable when its process has exited, zombie or reaped)."""
+    pidfd turns readable when its process has exited, zombie or reaped). Each poll(2) waits at
+    most POLL_SLICE_S, so any finite `timeout_s` is waited for in full."""
     exited = set()  # type: set[str]
     poller = select.poll()
     by_fd = {}
@@ -237,7 +241,7 @@ def _poll_exits(pidfds, timeout_s):
     end = time.monotonic() + timeout_s
     while len(exited) < len(pidfds):
         remaining = end - time.monotonic()
-        for fd, _events in poller.poll(max(0.0, remaining) * 1000.0):
+        for fd, _events in poller.poll(min(max(0.0, remaining), POLL_SLICE_S) * 1000.0):
             exited.add(by_fd[fd])
             poller.unregister(fd)
         if remaining <= 0:

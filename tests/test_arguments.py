@@ -39,8 +39,12 @@ BAD: dict[str, list[Any]] = {
     "DEVICE": [-1, "", 1.5, True],
     "ID": [-1, 4294967295, 2**40, 1.5, True, "0"],
     "PORT": [0, 65536, -1, True, "80"],
+    "GRACE_PERIOD": [-2, -1.0, 1.5, True, "3", 2_000_000_000],
 }
-RULE_NAMES = {id(getattr(arguments, name)): name for name in BAD}
+#: The rules activities use: chaosgpu.arguments', and the Kubernetes grace period (seconds or -1).
+RULES = {**{name: getattr(arguments, name) for name in BAD if hasattr(arguments, name)},
+         "GRACE_PERIOD": importlib.import_module("chaosgpu.k8s.actions").GRACE_PERIOD}
+RULE_NAMES = {id(rule): name for name, rule in RULES.items()}
 
 
 def _placeholder(param: inspect.Parameter) -> Any:

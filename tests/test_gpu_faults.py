@@ -92,28 +92,64 @@ def _nvml_here() -> bool:
     return bool(nvml_snapshot(with_processes=False).get("available"))
 
 
+#: Every argument in seconds of the GPU faults, over LONGEST_WAIT_S: (activity, argument, call).
+TOO_LONG = [
+    ("start_memory_pressure", "duration_s",
+     lambda: actions.start_memory_pressure(mib=64, backend="host", duration_s=2e9)),
+    ("start_memory_pressure", "timeout_s",
+     lambda: actions.start_memory_pressure(mib=64, backend="host", timeout_s=2e9)),
+    ("start_compute_contention", "duration_s",
+     lambda: actions.start_compute_contention(backend="host", duration_s=2e9)),
+    ("start_compute_contention", "period_s",
+     lambda: actions.start_compute_contention(backend="host", duration_s=5, period_s=2e9)),
+    ("start_compute_contention", "timeout_s",
+     lambda: actions.start_compute_contention(backend="host", timeout_s=2e9)),
+    ("stop_gpu_fault", "grace_s", lambda: actions.stop_gpu_fault("x", grace_s=2e9)),
+    ("stop_gpu_fault", "deadline_s", lambda: actions.stop_gpu_fault("x", deadline_s=2e9)),
+    ("stop_all_gpu_faults", "grace_s", lambda: actions.stop_all_gpu_faults(grace_s=2e9)),
+    ("stop_all_gpu_faults", "deadline_s", lambda: actions.stop_all_gpu_faults(deadline_s=2e9)),
+    ("inject_rank_fault", "duration_s",
+     lambda: actions.inject_rank_fault("gpu-hang", tag="x", duration_s=2e9)),
+    ("inject_rank_fault", "timeout_s",
+     lambda: actions.inject_rank_fault("gpu-hang", tag="x", timeout_s=2e9)),
+    ("release_rank_fault", "timeout_s", lambda: actions.release_rank_fault(tag="x", timeout_s=2e9)),
+    ("inject_cuda_fault", "timeout_s", lambda: actions.inject_cuda_fault(tag="x", timeout_s=2e9)),
+    ("trigger_xid", "watch_s", lambda: actions.trigger_xid(watch_s=2e9)),
+    ("trigger_xid", "timeout_s", lambda: actions.trigger_xid(timeout_s=2e9)),
+]
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda: actions.start_memory_pressure(device=1, mib=64), "GPU 1 is out of range"),
     (lambda: actions.start_memory_pressure(device="GPU-nope", mib=64), "no GPU with UUID"),
     (lambda: actions.start_memory_pressure(mib=200000), "more than GPU 0"),
     (lambda: actions.start_memory_pressure(leave_mib=200000), "not less than"),
-    (lambda: actions.start_memory_pressure(mib=64, duration_s=0), "duration_s must be > 0"),
-    (lambda: actions.start_memory_pressure(mib=64, duration_s=-5), "duration_s must be > 0"),
+    (lambda: actions.start_memory_pressure(mib=64, duration_s=0),
+     "start_memory_pressure: duration_s must be a number of seconds > 0, got 0"),
+    (lambda: actions.start_memory_pressure(mib=64, duration_s=-5),
+     "duration_s must be a number of seconds > 0"),
     (lambda: actions.start_memory_pressure(mib=64, backend="cuda"), "unknown backend"),
     (lambda: actions.start_memory_pressure(leave_mib=64, backend="host"), "needs mib"),
-    (lambda: actions.start_memory_pressure(mib=64, timeout_s=0), "timeout_s must be > 0"),
+    (lambda: actions.start_memory_pressure(mib=64, timeout_s=0),
+     "timeout_s must be a number of seconds > 0"),
     (lambda: actions.start_memory_pressure(mib=64, tag="bad tag"), "invalid tag"),
     (lambda: actions.start_compute_contention(device=3), "GPU 3 is out of range"),
-    (lambda: actions.start_compute_contention(duration_s=0), "duration_s must be > 0"),
-    (lambda: actions.start_compute_contention(duration_s=None), "duration_s is required"),
+    (lambda: actions.start_compute_contention(duration_s=0),
+     "duration_s must be a number of seconds > 0"),
+    (lambda: actions.start_compute_contention(duration_s=None),
+     "duration_s must be a number of seconds > 0, got None"),
     (lambda: actions.start_compute_contention(duty_cycle=0), "duty_cycle must be > 0"),
     (lambda: actions.start_compute_contention(duty_cycle=1.5), "duty_cycle must be <= 1"),
     (lambda: actions.start_compute_contention(duration_s=1, period_s=2), "must not exceed"),
     (lambda: actions.start_compute_contention(target="tensor"), "unknown target"),
     (lambda: actions.trigger_xid(device=2), "GPU 2 is out of range"),
     (lambda: actions.trigger_xid(kind="ecc"), "unknown kind"),
-    (lambda: actions.trigger_xid(watch_s=-1), "watch_s must be >= 0"),
-    (lambda: actions.stop_gpu_fault("x", grace_s=-1), "grace_s must be >= 0"),
+    (lambda: actions.trigger_xid(watch_s=-1), "watch_s must be a number of seconds >= 0"),
+    (lambda: actions.stop_gpu_fault("x", grace_s=-1), "grace_s must be a number of seconds >= 0"),
+    (lambda: actions.stop_gpu_fault("x", deadline_s=0),
+     "deadline_s must be a number of seconds > 0"),
+    *[(call, f"^{name}: {argument} must be at most 1e\\+09 s \\(the longest wait chaosgpu "
+       f"makes\\), got 2000000000.0$") for name, argument, call in TOO_LONG],
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_bad_input_is_refused_and_nothing_starts(replay: dict, call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -192,6 +228,21 @@ def test_compute_contention_stops_at_once_on_rollback(replay: dict) -> None:
     assert stopped["result"]["stopped_by_sigterm"] is True
 
 
+def test_a_stop_with_a_grace_longer_than_one_poll_can_take(replay: dict) -> None:
+    # A grace of 3e6 s (more than poll(2)'s 24.8 days, less than LONGEST_WAIT_S) is accepted
+    # and ends at the exit; it once sent SIGTERM, then raised OverflowError. A grace over
+    # LONGEST_WAIT_S is refused by name, the holder left as it was.
+    out = actions.start_memory_pressure(mib=8, backend="host", tag="press-long")
+    with pytest.raises(ValueError, match=r"^stop_gpu_fault: grace_s must be at most 1e\+09 s"):
+        actions.stop_gpu_fault("press-long", grace_s=2e9)
+    assert process_state(out["pid"]) == "S"
+    assert state.read_record("workloads", "press-long") is not None
+    started = time.monotonic()
+    stopped = actions.stop_gpu_fault("press-long", grace_s=3e6, deadline_s=3e6)
+    assert time.monotonic() - started < 5.0
+    assert stopped["processes"] == {str(out["pid"]): "exited on SIGTERM"}, stopped
+
+
 def test_duty_cycle_schedule_on_a_simulated_clock() -> None:
     now = [0.0]
 
@@ -247,10 +298,20 @@ def test_pressure_program_refuses_bad_arguments() -> None:
                         (["--mib", "5", "--duration-s", "-1"], 2)):
         done = subprocess.run(base + extra, capture_output=True, text=True, timeout=60)
         assert done.returncode == code, (extra, done.stderr)
-    done = subprocess.run([sys.executable, "-m", "chaosgpu.gpu", "contention", "--ready-file",
-                           "/nonexistent/x", "--duration-s", "0"], capture_output=True,
+    done = subprocess.run(base + ["--mib", "5", "--duration-s", "2e9"], capture_output=True,
                           text=True, timeout=60)
-    assert done.returncode == 2 and "--duration-s" in done.stderr
+    assert done.returncode == 2 and "--duration-s: must be at most 1e+09 s" in done.stderr
+    contention = [sys.executable, "-m", "chaosgpu.gpu", "contention", "--ready-file",
+                  "/nonexistent/x"]
+    for extra, words in ((["--duration-s", "0"], "--duration-s: must be a number of seconds > 0"),
+                         (["--duration-s", "2e9"], "--duration-s: must be at most 1e+09 s"),
+                         (["--duration-s", "5", "--period-s", "2e9"],
+                          "--period-s: must be at most 1e+09 s"),
+                         (["--duration-s", "5", "--period-s", "nan"], "--period-s: must be"),
+                         (["--duration-s", "5", "--duty-cycle", "1.5"],
+                          "--duty-cycle: must be a number in (0, 1]")):
+        done = subprocess.run(contention + extra, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr, (extra, done.stderr)
     done = subprocess.run([sys.executable, "-m", "chaosgpu.gpu", "nothing"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 2 and "usage" in done.stderr
@@ -299,7 +360,7 @@ def test_cuda_oom_seen_reads_the_injector_marks_of_a_tag(tmp_path: Path) -> None
         assert probes.cuda_oom_seen("nobody", missing_ok=True)["seen"] is False
     finally:
         mark.unlink()
-    with pytest.raises(ValueError, match="tag must be a non-empty string"):
+    with pytest.raises(ValueError, match="tag must be a tag: a non-empty string"):
         probes.cuda_oom_seen("")
     with pytest.raises(ValueError, match="no chaosgpu ring workload tagged"):
         probes.job_progress("nobody", window_s=0.1)

@@ -5,6 +5,7 @@ nothing alive and is idempotent; bad and vacuous input."""
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 
 pytest.importorskip("torch")
 
 from chaosgpu import progress  # noqa: E402
+from chaosgpu.errors import ActivityError  # noqa: E402
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.job.observe import JobError  # noqa: E402
 from chaosgpu.workloads.ring import RingConfig, RingLaunch, launch_ring  # noqa: E402
@@ -176,6 +179,82 @@ def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
                                        "met it .*: a typo"):
         actions.cleanup_hung_job(tag=nope)  # a typo'd rollback would leave the job running
     assert actions.cleanup_hung_job(tag=nope, missing_ok=True)["found"] == 0
+
+
+#: A rank that prints the name of each signal it receives (SIGCONT, SIGTERM: handled, so it
+#: lives on), after "ready" once its handlers are set.
+SIGNAL_RECORDER = ("import signal, time\n"
+                   "for s in (signal.SIGCONT, signal.SIGTERM):\n"
+                   "    signal.signal(s, lambda n, f: print(signal.Signals(n).name, flush=True))\n"
+                   "print('ready', flush=True)\n"
+                   "time.sleep(60)\n")
+
+
+def _rank_env(tag: str, rank: int) -> dict[str, str]:
+    return dict(os.environ, CHAOSGPU_TAG=tag, RANK=str(rank), LOCAL_RANK=str(rank),
+                WORLD_SIZE="2")
+
+
+def _nobodys_rank(tag: str, rank: int) -> subprocess.Popen[str]:
+    """A rank of the job tagged `tag` run by another user (nobody, UID 65534)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process of another user")
+    require_tool("setpriv", install="apt-get install util-linux")
+    proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             sys.executable, "-c", SIGNAL_RECORDER], env=_rank_env(tag, rank),
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def _signals_received(proc: subprocess.Popen[str]) -> str:
+    """Kill the signal recorder; return what it printed after "ready"."""
+    proc.kill()
+    out, _ = proc.communicate(timeout=10)
+    return out
+
+
+def _refused_as_nobodys(pid: int) -> str:
+    return (f"refused: another user's process (PID {pid} belongs to UID 65534/65534, not "
+            f"{os.getuid()}): nothing was sent to it")
+
+
+def test_cleanup_of_another_users_rank_sends_nothing_waits_for_nothing_and_fails() -> None:
+    # It sent nothing, waited out the grace and the deadline, listed the PID twice in
+    # not_removed, and returned as a success.
+    tag = f"job-test-{uuid.uuid4().hex[:8]}"
+    other = _nobodys_rank(tag, 1)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ActivityError, match=(
+                f"^cleanup of tag '{tag}' removed none of the 1 process\\(es\\) it found: PID "
+                f"{other.pid}: {re.escape(_refused_as_nobodys(other.pid))}$")):
+            actions.cleanup_hung_job(tag=tag, grace_s=5, deadline_s=10)
+        assert time.monotonic() - started < 3.0  # neither the grace nor the deadline waited
+        assert other.poll() is None
+    finally:
+        assert _signals_received(other) == ""
+
+
+def test_cleanup_removes_its_own_ranks_and_lists_another_users_once() -> None:
+    tag = f"job-test-{uuid.uuid4().hex[:8]}"
+    own = subprocess.Popen(["sleep", "60"], env=_rank_env(tag, 0), stdin=subprocess.DEVNULL)
+    other = _nobodys_rank(tag, 1)
+    try:
+        started = time.monotonic()
+        report = actions.cleanup_hung_job(tag=tag, grace_s=5, deadline_s=10)
+        assert time.monotonic() - started < 3.0  # the grace ended at the own rank's exit
+        assert report["removed"] == [own.pid] and report["reaped"] == [own.pid], report
+        assert report["not_removed"] == [{"pid": other.pid, "reason_code": "other_user",
+                                          "reason": _refused_as_nobodys(other.pid)}], report
+        steps = {step["step"]: step for step in report["steps"]}
+        assert list(steps) == ["thaw", "sigterm", "gpu_release"], report  # no SIGKILL
+        assert steps["sigterm"]["sent"] == 1 and steps["sigterm"]["gone_in_grace"] is True
+        assert other.poll() is None
+    finally:
+        own.kill()
+        own.wait()
+        assert _signals_received(other) == ""
 
 
 def test_a_job_and_a_tag_that_disagree_are_an_error(ring: tuple[str, RingLaunch]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from chaosgpu.job import hang
+from chaosgpu.job.observe import JobError
 from chaosgpu.process import actions, freezer, probes
 from chaosgpu.scope import (
     ScopeError,
@@ -114,7 +115,9 @@ def test_a_tag_with_whitespace_is_refused_and_touches_no_process(bad: str) -> No
                             partial(actions.resume_processes, missing_ok=True)):
                 with pytest.raises(ScopeError, match=message):
                     attempt({"tag": wrong})
-            with pytest.raises(ScopeError, match=message):  # `chaosgpu cleanup --tag` takes it here
+            # `chaosgpu cleanup --tag` takes it here, as a job selector does
+            with pytest.raises(JobError, match=f"tag must be a tag: .*, got "
+                                               f"{re.escape(repr(wrong))}$"):
                 hang.cleanup(tag=wrong, grace_s=0, deadline_s=1)
         time.sleep(0.1)
         assert {name: _state(proc.pid) for name, proc in named.items()} == {

@@ -118,6 +118,24 @@ def test_one_deadline_bounds_the_whole_escalation(run: Runner, spawn: Spawn) -> 
     assert alive(proc.pid)
 
 
+#: More than one poll(2) can wait (2**31 - 1 ms, about 24.8 days) and less than LONGEST_WAIT_S.
+LONGER_THAN_ONE_POLL_S = 3e6
+
+
+@RUNNERS
+def test_a_grace_longer_than_one_poll_can_take_ends_at_the_exit(run: Runner,
+                                                                spawn: Spawn) -> None:
+    # It sent SIGTERM, then raised OverflowError ("timeout is too large") from poll(2).
+    proc = spawn()
+    t0 = time.monotonic()
+    (out,) = run([_target(proc)], ["SIGTERM", "SIGKILL"], LONGER_THAN_ONE_POLL_S,
+                 2 * LONGER_THAN_ONE_POLL_S)
+    assert out["result"] == "exited" and out["exited_on"] == "SIGTERM", out
+    assert out["signals"] == ["SIGTERM"]
+    assert time.monotonic() - t0 < 5.0
+    assert proc.wait(timeout=5) == -signal.SIGTERM
+
+
 @RUNNERS
 def test_a_reused_pid_is_refused_and_left_alone(run: Runner, spawn: Spawn) -> None:
     proc = spawn()
@@ -205,6 +223,33 @@ def test_wait_exits_polls_pidfds() -> None:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_a_wait_longer_than_one_poll_can_take(spawn: Spawn) -> None:
+    # The wait ends at the exit, well within the first poll.
+    proc = spawn("import time; time.sleep(0.5)")
+    target = terminate.Target(**_target(proc))
+    t0 = time.monotonic()
+    assert terminate.wait_exits([target], LONGER_THAN_ONE_POLL_S) == []
+    assert time.monotonic() - t0 < 5.0
+
+
+def test_a_wait_is_made_of_polls_until_the_deadline(spawn: Spawn,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each poll(2) waits at most POLL_SLICE_S (a day); shrunk here, a 0.5 s wait takes many
+    # polls, ends at its own deadline and not at the first poll's, and still sees an exit.
+    from chaosgpu.intarget import load
+
+    monkeypatch.setattr(load("actions", "signal_processes"), "POLL_SLICE_S", 0.02)
+    alive_one = terminate.Target(**_target(spawn()))
+    t0 = time.monotonic()
+    assert terminate.wait_exits([alive_one], 0.5) == [alive_one]
+    assert 0.45 < time.monotonic() - t0 < 3.0
+    ending = terminate.Target(**_target(spawn("import time; time.sleep(0.5)")))
+    t0 = time.monotonic()
+    assert terminate.wait_exits([ending, alive_one], 1.5) == [alive_one]
+    assert 1.45 < time.monotonic() - t0 < 4.0
+    assert not alive(ending.pid)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,6 @@ from typing import IO, Any
 
 from chaosgpu.arguments import (
     COUNT,
-    LONGEST_WAIT_S,
     NON_NEGATIVE,
     POSITIVE_SECONDS,
     SECONDS,
@@ -171,14 +170,12 @@ def _check(args: Any) -> tuple[str, int]:
     if not is_loopback(host) and not args.allow_remote:
         raise UsageError(f"--listen {args.listen}: not a loopback address; pass --allow-remote "
                          "(with a token) to serve other machines")
-    # the types refuse nan, inf and numbers out of their rule; what is left is the ranges
+    # the types refuse nan, inf and numbers out of their rule (seconds above LONGEST_WAIT_S
+    # too); what is left is the ranges
     if not (args.rate_hz == 0 or 1 <= args.rate_hz <= 5000):
         raise UsageError(f"--rate-hz must be 0 or between 1 and 5000, got {args.rate_hz:g}")
     if args.max_inflight > 10_000:
         raise UsageError(f"--max-inflight must be between 1 and 10000, got {args.max_inflight}")
-    for name, value in (("--max-seconds", args.max_seconds), ("--jobs-every", args.jobs_every)):
-        if value is not None and value > LONGEST_WAIT_S:  # a thread cannot wait longer
-            raise UsageError(f"{name} must be at most {LONGEST_WAIT_S:g} s, got {value:g}")
     if args.ready_file:
         _check_ready_file(args.ready_file)
     return host, port

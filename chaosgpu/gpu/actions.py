@@ -3,7 +3,8 @@ contention, an in-process fault in one rank (GPU hang, GIL held, exception, segf
 failed CUDA call in any CUDA program, and a genuine XID.
 
 This module owns the faults' public face: validating arguments (a device that exists, MiB that
-fit it, durations > 0) before anything starts, choosing the target (a device by NVML index or
+fit it; seconds by the rules of chaosgpu.arguments: durations and timeouts > 0, at most
+LONGEST_WAIT_S) before anything starts, choosing the target (a device by NVML index or
 UUID; a rank by job id or tag), marking each fault on the experiment's timeline, and the
 rollbacks. Fault programs run as chaosgpu-started, tagged, recorded processes (chaosgpu.gpu.launch);
 in-process faults go through the injectors' trigger channel (chaosgpu.gpu.injector). It must not
@@ -15,6 +16,7 @@ import time
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.gpu import devices, injector, launch, monitor
 
 __all__ = [
@@ -48,10 +50,7 @@ def _check_backend(backend: Any) -> str:
     return str(backend)
 
 
-def _check_timeout(timeout_s: Any) -> float:
-    return float(devices.check_number("timeout_s", timeout_s, minimum=0, strict_minimum=True))
-
-
+@checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS)
 def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None,
                           leave_mib: Optional[int] = None, duration_s: Optional[float] = None,
                           backend: str = "driver", chunk_mib: int = 1024,
@@ -66,8 +65,6 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
     tag, PID, MiB held and the device's free MiB after. backend="host" holds host memory
     instead (machines without a GPU)."""
     backend = _check_backend(backend)
-    devices.check_duration(duration_s)
-    timeout = _check_timeout(timeout_s)
     devices.check_number("chunk_mib", chunk_mib, minimum=2, integer=True)
     entry = devices.resolve_device(device)
     request = devices.check_mib(entry, mib, leave_mib)
@@ -81,7 +78,7 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
         args += ["--uuid", str(entry["uuid"])]
     config = {"device": entry.get("index"), "uuid": entry.get("uuid"), "backend": backend,
               **request, "duration_s": duration_s}
-    started = launch.start("memory-pressure", tag, "pressure", args, config, timeout, sandbox)
+    started = launch.start("memory-pressure", tag, "pressure", args, config, timeout_s, sandbox)
     ready = started["ready"]
     pid = started["record"]["processes"][0]["pid"]
     _mark("memory-pressure", tag=tag, pid=pid, held_mib=ready.get("held_mib"),
@@ -95,6 +92,7 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
             "duration_s": duration_s, "ready": ready}
 
 
+@checked(duration_s=POSITIVE_SECONDS, period_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS)
 def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30.0,
                              duty_cycle: float = 1.0, target: str = "sm",
                              period_s: float = 0.1, backend: str = "driver",
@@ -110,14 +108,11 @@ def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30
     from chaosgpu.gpu.contention import TARGETS
 
     backend = _check_backend(backend)
-    devices.check_duration(duration_s, allow_none=False)
     devices.check_number("duty_cycle", duty_cycle, minimum=0, maximum=1, strict_minimum=True)
-    devices.check_number("period_s", period_s, minimum=0, strict_minimum=True)
     if period_s > duration_s:
         raise ValueError(f"period_s ({period_s:g}) must not exceed duration_s ({duration_s:g})")
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
-    timeout = _check_timeout(timeout_s)
     entry = devices.resolve_device(device)
     tag = launch.check_tag(tag, "contention")
     args = ["--backend", backend, "--target", target, "--duty-cycle", str(duty_cycle),
@@ -127,7 +122,7 @@ def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30
     config = {"device": entry.get("index"), "uuid": entry.get("uuid"), "backend": backend,
               "target": target, "duty_cycle": duty_cycle, "period_s": period_s,
               "duration_s": duration_s}
-    started = launch.start("compute-contention", tag, "contention", args, config, timeout)
+    started = launch.start("compute-contention", tag, "contention", args, config, timeout_s)
     pid = started["record"]["processes"][0]["pid"]
     _mark("compute-contention", tag=tag, pid=pid, device=entry.get("index"),
           duty_cycle=duty_cycle, target=target)
@@ -142,6 +137,7 @@ def _gpu_pids_left(pids: list[int]) -> list[int]:
     return [pid for pid in pids if pid in listed]
 
 
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -152,8 +148,6 @@ def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
     (contention: achieved duty cycle) and how long the GPU took to drop it."""
     from chaosgpu.workloads.actions import stop_workload
 
-    devices.check_number("grace_s", grace_s, minimum=0)
-    devices.check_number("deadline_s", deadline_s, minimum=0, strict_minimum=True)
     record = state.read_record("workloads", tag) if isinstance(tag, str) else None
     if record is None:
         return {"tag": tag, "stopped": False, "note": "no such GPU fault (already stopped?)"}
@@ -183,6 +177,7 @@ def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
     return out
 
 
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_all_gpu_faults(grace_s: float = 0.0, deadline_s: float = 10.0,
                         configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
@@ -226,6 +221,7 @@ def _rank_process(job: str | None, tag: str | None, rank: Union[int, str, None],
         time.sleep(0.05)
 
 
+@checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS)
 def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[str] = None,
                       job: Optional[str] = None, duration_s: Optional[float] = None,
                       device: Optional[int] = None, exception: Optional[str] = None,
@@ -244,16 +240,14 @@ def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[
     reported as done. `device`: the CUDA ordinal when the rank uses several GPUs."""
     if mode not in injector.MODES:
         raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(injector.MODES)}")
-    devices.check_duration(duration_s)
     devices.check_number("device", device, minimum=0, integer=True, allow_none=True)
-    timeout = _check_timeout(timeout_s)
     if exception is not None and (mode != "raise" or exception not in injector.EXCEPTIONS):
         raise ValueError(f"exception applies to mode 'raise' and is one of "
                          f"{', '.join(injector.EXCEPTIONS)}, got {exception!r} for mode "
                          f"{mode!r}")
     process = _rank_process(job, tag, rank)
     ack = injector.trigger(process, mode, duration_s=duration_s, device=device,
-                           exception=exception, timeout_s=timeout)
+                           exception=exception, timeout_s=timeout_s)
     _mark(mode, job=process.get("job"), rank=process["rank"], pid=process["pid"],
           starttime=process.get("starttime"))
     logger.info("chaosgpu: %s injected in rank %s (PID %d)", mode, process["rank"],
@@ -263,6 +257,7 @@ def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[
             "delivered": True, "ack_after_s": ack.get("ack_after_s"), "ack": ack}
 
 
+@checked(timeout_s=POSITIVE_SECONDS)
 def release_rank_fault(rank: Union[int, str, None] = 0, tag: Optional[str] = None,
                        job: Optional[str] = None, timeout_s: float = 5.0,
                        configuration: Optional[Dict[str, Any]] = None,
@@ -271,13 +266,13 @@ def release_rank_fault(rank: Union[int, str, None] = 0, tag: Optional[str] = Non
     allocations work again); returns what the rank's injector released. `rank` as for
     inject_rank_fault ("any": the last live rank, which is the one a fault with "any" hit
     while the job's ranks stay as they were)."""
-    timeout = _check_timeout(timeout_s)
     process = _rank_process(job, tag, rank)
-    answer = injector.release(process, timeout_s=timeout)
+    answer = injector.release(process, timeout_s=timeout_s)
     _mark("release", job=process.get("job"), rank=process["rank"], pid=process["pid"])
     return {"job": process.get("job"), "rank": process["rank"], "pid": process["pid"], **answer}
 
 
+@checked(timeout_s=POSITIVE_SECONDS)
 def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str, None] = 0,
                       tag: Optional[str] = None, job: Optional[str] = None,
                       timeout_s: float = 5.0,
@@ -289,12 +284,11 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str
     `rank` (a number or "any") of a job (by id or tag), or with rank null the one armed
     process carrying `tag`.
     Waits up to `timeout_s` for the library's acknowledgement."""
-    timeout = _check_timeout(timeout_s)
     if fault not in injector.CUDA_FAULTS:
         raise ValueError(f"unknown CUDA fault {fault!r}: one of {', '.join(injector.CUDA_FAULTS)}")
     devices.check_number("count", count, minimum=1, maximum=1_000_000, integer=True)
     process = _rank_process(job, tag, rank)
-    ack = injector.trigger_cuda(process, fault, count=count, timeout_s=timeout)
+    ack = injector.trigger_cuda(process, fault, count=count, timeout_s=timeout_s)
     _mark(f"cuda-{fault}", job=process.get("job"), rank=process["rank"], pid=process["pid"],
           starttime=process.get("starttime"), count=count)
     return {"job": process.get("job"), "rank": process["rank"], "pid": process["pid"],
@@ -302,6 +296,7 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str
             "count": count, "delivered": True, "ack": ack}
 
 
+@checked(watch_s=SECONDS, timeout_s=POSITIVE_SECONDS)
 def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
                 watch_s: float = 10.0, check: bool = True, timeout_s: float = 60.0,
                 configuration: Optional[Dict[str, Any]] = None,
@@ -319,8 +314,6 @@ def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
 
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
-    devices.check_number("watch_s", watch_s, minimum=0)
-    timeout = _check_timeout(timeout_s)
     entry = devices.resolve_device(device)
     uuid = ["--uuid", str(entry["uuid"])] if entry.get("uuid") else []
     watch = None
@@ -335,7 +328,7 @@ def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
         fault_at = time.time()
         run = launch.run_to_end("xid", launch.check_tag(None, "xid"), "xid",
                                 ["--kind", kind, *uuid], {"device": entry.get("index"),
-                                                          "kind": kind}, timeout)
+                                                          "kind": kind}, timeout_s)
         try:
             program = json.loads(run["stdout"] or "{}")
         except json.JSONDecodeError:
@@ -354,7 +347,7 @@ def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
     if check:
         checked_run = launch.run_to_end("xid", launch.check_tag(None, "xid-check"), "xid",
                                         ["--check", *uuid], {"device": entry.get("index"),
-                                                             "check": True}, timeout)
+                                                             "check": True}, timeout_s)
         try:
             checked = json.loads(checked_run["stdout"] or "{}")
         except json.JSONDecodeError:

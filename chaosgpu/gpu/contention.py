@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from chaosgpu.arguments import FRACTION, POSITIVE_SECONDS, option
 from chaosgpu.workloads.readiness import write_ready
 
 __all__ = ["build_parser", "main", "run_duty_cycle", "TARGETS"]
@@ -154,9 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Keep a GPU busy with a duty cycle.")
     parser.add_argument("--uuid", help="the GPU's UUID (as NVML spells it)")
     parser.add_argument("--target", choices=TARGETS, default="sm")
-    parser.add_argument("--duty-cycle", type=float, default=1.0)
-    parser.add_argument("--period-s", type=float, default=0.1)
-    parser.add_argument("--duration-s", type=float, required=True)
+    parser.add_argument("--duty-cycle", type=option(FRACTION), default=1.0)
+    parser.add_argument("--period-s", type=option(POSITIVE_SECONDS), default=0.1)
+    parser.add_argument("--duration-s", type=option(POSITIVE_SECONDS), required=True)
     parser.add_argument("--backend", choices=("driver", "host"), default="driver")
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--result-file")
@@ -165,11 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Calibrate, announce readiness, run the duty cycle, write the result file."""
-    args = build_parser().parse_args(argv)
-    if not 0 < args.duty_cycle <= 1 or args.period_s <= 0 or args.duration_s <= 0:
-        print("contention: --duty-cycle must be in (0, 1], --period-s and --duration-s > 0",
-              file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)  # a bad number: usage error, exit 2
     stopped = {"flag": False}
 
     def _stop(signum: int, frame: Any) -> None:

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+from chaosgpu.arguments import SECONDS, option
 from chaosgpu.workloads.readiness import write_ready
 
 __all__ = ["build_parser", "main", "wait_for_sigterm"]
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--uuid", help="the GPU's UUID (as NVML spells it)")
     parser.add_argument("--backend", choices=("driver", "host"), default="driver")
     parser.add_argument("--chunk-mib", type=int, default=1024)
-    parser.add_argument("--duration-s", type=float, default=0.0,
+    parser.add_argument("--duration-s", type=option(SECONDS), default=0.0,
                         help="release after this many seconds (0: hold until stopped)")
     parser.add_argument("--ready-file", required=True)
     return parser
@@ -135,9 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    and args.leave_mib < 0):
         print("pressure: --mib must be >= 1 and --leave-mib >= 0", file=sys.stderr)
         return 2
-    if args.chunk_mib < MIN_CHUNK_MIB or args.duration_s < 0:
-        print(f"pressure: --chunk-mib must be >= {MIN_CHUNK_MIB}, --duration-s >= 0",
-              file=sys.stderr)
+    if args.chunk_mib < MIN_CHUNK_MIB:
+        print(f"pressure: --chunk-mib must be >= {MIN_CHUNK_MIB}", file=sys.stderr)
         return 2
     # SIGTERM is taken synchronously (sigtimedwait): the holder frees and exits 0 at once.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

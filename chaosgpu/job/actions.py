@@ -73,12 +73,6 @@ def _pick_rank(found: dict[str, Any], rank: Union[int, str],
     return running[-1] if running else None
 
 
-def _check_seconds(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
 def rank_process(job: str | None, tag: str | None, rank: Union[int, str], deadline_s: float,
                  frozen: bool = False
                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int | None]:
@@ -199,9 +193,8 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     rules, or by the kernel: the reason is given)."""
     if signal not in SIGNALS:
         raise ValueError(f"signal must be one of {list(SIGNALS)}, got {signal!r}")
-    wait = _check_seconds("wait_s", wait_s)
     census, found, proc, number = rank_process(job, tag, rank, 2.0)
-    return _signal_process(census, found, number, proc, signal, wait)
+    return _signal_process(census, found, number, proc, signal, float(wait_s))
 
 
 @checked(rank=RANK)

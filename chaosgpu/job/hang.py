@@ -2,17 +2,22 @@
 
 This module owns finding a job's processes (ranks, launcher, tagged helpers) in a census, the
 backend a job uses, and the rollback that removes a job: thaw, SIGTERM, grace, SIGKILL, wait for
-death and GPU release. Whether a job is hung is not decided here: that is a verdict observed over
-time (chaosgpu.job.observe and chaosgpu.job.verdict). It reads the node only through the census
-(chaosgpu.node) and signals only through chaosgpu.process.actions.send (the in-target signal
-program). It must not start workloads. Every function that waits has its own deadline.
+death and GPU release (a process the signal rules refuse, such as another user's, is neither
+signalled nor waited for; a cleanup that removed none of what it found raises). Whether a job is
+hung is not decided here: that is a verdict observed over time (chaosgpu.job.observe and
+chaosgpu.job.verdict). It reads the node only through the census (chaosgpu.node) and signals
+only through chaosgpu.process.actions.send (the in-target signal program). It must not start
+workloads. Every function that waits has its own deadline.
 """
 
 import logging
 import os
+import re
 import time
 from typing import Any
 
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS
+from chaosgpu.errors import ActivityError
 from chaosgpu.job.observe import JobError, check_selector, select_jobs
 from chaosgpu.process.actions import _thaw_freezer_groups, is_alive, send
 
@@ -124,13 +129,29 @@ def _gpu_pids() -> set[int] | None:
     return {entry["pid"] for entry in nvml_gpu_processes()}
 
 
+def _refusal(result: dict[str, Any]) -> str:
+    """The `not_removed` reason of a process the signal rules refused at `result["signal"]`
+    (at SIGCONT, the cleanup's first signal: nothing was sent to it). The rules' hint to widen
+    a scope ("set include_other_users to allow") is left out: a cleanup has no such option."""
+    why = re.sub(r"\s*\(set include_\w+ to allow\)", "", str(result.get("reason")))
+    if result.get("reason_code") == "other_user":
+        why = f"another user's process ({why})"
+    first = result["signal"] == "SIGCONT"
+    return f"refused: {why}: " + ("nothing was sent to it" if first
+                                  else f"{result['signal']} was not sent to it")
+
+
 def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0,
             deadline_s: float = 30.0) -> dict[str, Any]:
     """Thaw, SIGTERM, wait `grace_s`, SIGKILL, wait for death and GPU release; report honestly.
-    Idempotent: finding nothing is a normal outcome."""
+    Idempotent: finding nothing is a normal outcome. A process the signal rules refuse
+    (another user's, a namespace init, the runner) is sent nothing more, not waited for, and
+    listed once in `not_removed` with the reason. Raises ActivityError when processes were
+    found and none of them was removed (every one refused, or still alive at the deadline):
+    a rollback that removed nothing never reads as a success."""
     check_selector(job, tag)
-    if grace_s < 0 or deadline_s <= 0:
-        raise ValueError("grace_s must be >= 0 and deadline_s > 0")
+    SECONDS.require("grace_s", grace_s)
+    POSITIVE_SECONDS.require("deadline_s", deadline_s)
     started = time.monotonic()
     def left() -> float:
         return max(0.0, deadline_s - (time.monotonic() - started))
@@ -150,68 +171,96 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
                       took_s=round(time.monotonic() - started, 4))
         return report
     scope = {"include_other_users": False, "include_ns_init": False}
-    targets = [{"pid": p["pid"], "starttime": p.get("starttime")} for p in processes]
     all_pids = [p["pid"] for p in processes]
+    refused: dict[int, dict[str, Any]] = {}  # PID -> its refusal (and signal): nothing more sent
+
+    def send_to(procs: list[dict[str, Any]], signal: str) -> dict[str, Any]:
+        """Send `signal` to those of `procs` not refused yet; note the new refusals."""
+        sent = send([p for p in procs if p["pid"] not in refused], signal, scope)
+        for result in sent["results"]:
+            if result["result"] == "refused":
+                refused.setdefault(result["pid"], dict(result, signal=signal))
+        return sent
+
+    def targets(procs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"pid": p["pid"], "starttime": p.get("starttime")} for p in procs
+                if p["pid"] not in refused]
+
     # 1. thaw: a frozen process ignores SIGKILL until thawed (freezer) and SIGTERM until SIGCONT
     thawed = _thaw_freezer_groups(set(all_pids))
-    cont = send(processes, "SIGCONT", scope)
+    cont = send_to(processes, "SIGCONT")
     report["steps"].append({"step": "thaw", "thawed_cgroups": thawed, "sigcont_sent": cont["sent"],
                             "t": round(time.monotonic() - started, 4)})
-    refused = [r for r in cont["results"] if r["result"] == "refused"]
-    # 2. SIGTERM, then wait the grace period
-    term = send(processes, "SIGTERM", scope)
+    # 2. SIGTERM, then wait the grace period (for the processes signalled only)
+    term = send_to(processes, "SIGTERM")
     from chaosgpu.process.actions import wait_gone
 
-    waited = wait_gone(targets, min(grace_s, left()))
+    termed = targets(processes)
+    waited = wait_gone(termed, min(grace_s, left()))
     report["steps"].append({"step": "sigterm", "sent": term["sent"], "gone_in_grace":
-                            waited["all_gone"], "t": round(time.monotonic() - started, 4)})
+                            waited["all_gone"] if termed else None,
+                            "t": round(time.monotonic() - started, 4)})
     # 3. SIGKILL what is left, wait for death
     remaining = [p for p in processes if p["pid"] in set(waited["still_alive"])]
     if remaining:
-        kill = send(remaining, "SIGKILL", scope)
-        killed_targets = [{"pid": p["pid"], "starttime": p.get("starttime")} for p in remaining]
-        waited = wait_gone(killed_targets, left())
+        kill = send_to(remaining, "SIGKILL")
+        killed = targets(remaining)
+        waited = wait_gone(killed, left())
         report["steps"].append({"step": "sigkill", "sent": kill["sent"],
-                                "all_dead": waited["all_gone"],
+                                "all_dead": waited["all_gone"] if killed else None,
                                 "t": round(time.monotonic() - started, 4)})
     report["reaped"] = reap_if_children(all_pids, min(2.0, left()))
-    # 4. GPU memory back: NVML no longer lists any of them
+    # 4. GPU memory back: NVML no longer lists any of them (those signalled)
+    signalled = {p["pid"] for p in processes if p["pid"] not in refused}
     gpu_released: bool | None = None
     gpu = _gpu_pids()
-    while gpu is not None and set(all_pids) & gpu and left() > 0:
+    while gpu is not None and signalled & gpu and left() > 0:
         time.sleep(0.02)
         gpu = _gpu_pids()
     if gpu is not None:
-        gpu_released = not (set(all_pids) & gpu)
+        gpu_released = not (signalled & gpu)
     report["steps"].append({"step": "gpu_release", "released": gpu_released,
                             "note": None if gpu is not None else "NVML not available here",
                             "t": round(time.monotonic() - started, 4)})
     # 5. the honest account
-    from chaosgpu.node import process_state
-
-    not_removed = []
-    removed = []
-    zombies = []
-    for target in targets:
-        pid = target["pid"]
-        if is_alive(pid, target["starttime"]):
-            not_removed.append({"pid": pid, "reason": "still alive at the deadline"})
-        elif process_state(pid) in ("Z", "X") and not _reused(pid, target["starttime"]):
-            removed.append(pid)
-            zombies.append({"pid": pid, "note": "dead but not reaped by its parent yet (a "
-                            "zombie: holds no memory, holds a PID)"})
-        else:
-            removed.append(pid)
-    report["zombies"] = zombies
-    for item in refused:
-        not_removed.append({"pid": item["pid"], "reason": f"refused: {item['reason']}"})
-    report.update(removed=removed, not_removed=not_removed, gpu_memory_released=gpu_released,
-                  took_s=round(time.monotonic() - started, 4))
+    removed, not_removed, zombies = _account(processes, refused)
+    report.update(zombies=zombies, removed=removed, not_removed=not_removed,
+                  gpu_memory_released=gpu_released, took_s=round(time.monotonic() - started, 4))
+    if not removed:
+        what = f"tag {tag!r}" if tag is not None else f"job {report['job']!r}"
+        raise ActivityError(f"cleanup of {what} removed none of the {len(processes)} "
+                            "process(es) it found: " + "; ".join(
+                                f"PID {item['pid']}: {item['reason']}" for item in not_removed))
     if not_removed:
         logger.warning("chaosgpu: hang cleanup could not remove everything: %s", not_removed)
     if zombies:
         logger.info("chaosgpu: dead, awaiting their parent's reap: %s", [z["pid"] for z in zombies])
     return report
+
+
+def _account(processes: list[dict[str, Any]], refused: dict[int, dict[str, Any]]
+             ) -> tuple[list[int], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(removed PIDs, not_removed entries, zombies) after a cleanup: one entry per process; a
+    refused one counts as not removed, whatever became of it (the cleanup did not remove it)."""
+    from chaosgpu.node import process_state
+
+    removed: list[int] = []
+    not_removed: list[dict[str, Any]] = []
+    zombies: list[dict[str, Any]] = []
+    for proc in processes:
+        pid, starttime = proc["pid"], proc.get("starttime")
+        if pid in refused:
+            not_removed.append({"pid": pid, "reason": _refusal(refused[pid]),
+                                "reason_code": refused[pid].get("reason_code")})
+        elif is_alive(pid, starttime):
+            not_removed.append({"pid": pid, "reason": "still alive at the deadline"})
+        elif process_state(pid) in ("Z", "X") and not _reused(pid, starttime):
+            removed.append(pid)
+            zombies.append({"pid": pid, "note": "dead but not reaped by its parent yet (a "
+                            "zombie: holds no memory, holds a PID)"})
+        else:
+            removed.append(pid)
+    return removed, not_removed, zombies
 
 
 def _reused(pid: int, starttime: int | None) -> bool:

@@ -24,14 +24,6 @@ __all__ = ["job_state", "job_hung", "job_running", "detect_hang", "wait_survivor
 SETTLED = ("hung", "failed", "finished")
 
 
-def _seconds(name: str, value: Any, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-            or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a number of seconds {bound}, got {value!r}")
-    return float(value)
-
-
 def _mark(verdict: dict[str, Any]) -> None:
     from chaosgpu.timeline.sampler import current
 
@@ -98,7 +90,7 @@ def job_state(job: Optional[str] = None, tag: Optional[str] = None,
     blocked collective, and since when. Returns as soon as progress is seen or a hang, a
     failure or the end is confirmed, at most about window_s + 2 s. Fails when nothing matches,
     unless missing_ok."""
-    window = _seconds("window_s", window_s)
+    window = float(window_s)
     import time
 
     started = time.time()
@@ -154,8 +146,8 @@ def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     if not isinstance(expect_hang, bool):
         raise InvalidArgument(f"detect_hang: expect_hang must be true or false, "
                               f"got {expect_hang!r}")
-    timeout = _seconds("timeout_s", timeout_s, allow_zero=True)
-    window = _seconds("window_s", window_s)
+    timeout = float(timeout_s)
+    window = float(window_s)
 
     def until(observer: "_observe.Observer") -> bool:
         return bool(observer.tracks) and all(t.verdict in SETTLED
@@ -186,7 +178,7 @@ def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
     where readable), the ranks still alive, the observed verdict ("failed" is the remedy
     working: the survivors aborted instead of hanging) and, with NVML, the survivors still
     holding GPU memory. Fails when nothing matches, unless missing_ok."""
-    timeout = _seconds("timeout_s", timeout_s, allow_zero=True)
+    timeout = float(timeout_s)
     survivors: set[tuple[int, int]] = set()
 
     def until(observer: "_observe.Observer") -> bool:
@@ -236,8 +228,8 @@ def wait_job_verdict(verdicts: List[str], job: Optional[str] = None,
                                                              for v in verdicts):
         raise ValueError(f"verdicts must be a non-empty list of {list(VERDICTS)}, "
                          f"got {verdicts!r}")
-    timeout = _seconds("timeout_s", timeout_s, allow_zero=True)
-    window = _seconds("window_s", window_s)
+    timeout = float(timeout_s)
+    window = float(window_s)
     wanted = set(verdicts)
 
     def until(observer: "_observe.Observer") -> bool:

@@ -16,7 +16,15 @@ from typing import Any, Dict, List, Optional, Union
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, TEXT, checked
+from chaosgpu.arguments import (
+    COUNT,
+    INDEX,
+    LONGEST_WAIT_S,
+    POSITIVE_SECONDS,
+    TEXT,
+    Rule,
+    checked,
+)
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s import exec as k8s_exec
 from chaosgpu.k8s.client import core_api, describe
@@ -27,8 +35,15 @@ __all__ = ["create_gpu_pod", "delete_gpu_pods", "exec_in_pod", "kill_rank_in_pod
 
 logger = logging.getLogger("chaostoolkit")
 
+#: A pod's grace period as Kubernetes takes it (whole seconds, terminationGracePeriodSeconds),
+#: capped like every argument in seconds (LONGEST_WAIT_S), or -1: the pod's own (its manifest's).
+GRACE_PERIOD = Rule("an integer >= 0 (seconds), or -1 for the pod's own",
+                    lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1,
+                    LONGEST_WAIT_S)
 
-@checked(spec_path=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
+
+@checked(spec_path=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
+         grace_period=GRACE_PERIOD)
 def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
                    grace_period: int = -1, image: Optional[str] = None,
@@ -46,9 +61,6 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
     its JSON text) is merged into spec as a JSON merge patch (RFC 7386; null removes a key),
     e.g. {"nodeName": "gpu-7", "hostNetwork": true}."""
     selection.check_namespace(ns)
-    if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
-        raise ValueError(f"grace_period must be an integer >= 0, or -1 for the manifest's, "
-                         f"not {grace_period!r}")
     if image is not None and (not isinstance(image, str) or not image.strip()):
         raise ValueError(f"image must be a non-empty image reference, not {image!r}")
     overrides = _spec_overrides(spec_overrides)
@@ -187,7 +199,8 @@ def _quantities_as_strings(manifest: dict[str, Any]) -> None:
                 resources[kind] = {k: str(v) for k, v in values.items()}
 
 
-@checked(ns=TEXT, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
+@checked(ns=TEXT, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
+         grace_period=GRACE_PERIOD)
 def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                     ns: str = "default", grace_period: int = -1, qty: Optional[int] = None,
                     rand: bool = False, gpu_only: bool = True, wait: bool = True,
@@ -203,9 +216,6 @@ def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional
     the DELETE was sent, when deletionTimestamp was seen, when the containers were terminated
     (exit codes) and when the pod was gone; the record is kept for `pod_deletion_timings`.
     Matching nothing is an error unless missing_ok (for rollbacks: safe to run twice)."""
-    if isinstance(grace_period, bool) or not isinstance(grace_period, int) or grace_period < -1:
-        raise ValueError(f"grace_period must be an integer >= 0, or -1 for the pod's own, "
-                         f"not {grace_period!r}")
     selection.validate(ns, label_selector, name_pattern)
     selection.note_action()
     core = core_api(secrets)

@@ -9,7 +9,6 @@ in, one `Outcome` per target out. It must not send or wait any other way, nor de
 processes are in scope (chaosgpu.scope does).
 """
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,8 +19,6 @@ __all__ = ["Target", "Rules", "SignalSent", "Outcome", "terminate", "signal_once
            "NULL_SIGNAL"]
 
 NULL_SIGNAL = "0"  # checks that a signal could be sent, sends nothing
-#: The longest one wait of the program may take (a day): its poll(2) timeout is an int of ms.
-POLL_SLICE_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -131,15 +128,8 @@ def signal_once(targets: Sequence[Target], signal: str, rules: Rules) -> list[Ou
 
 
 def wait_exits(targets: Sequence[Target], deadline_s: float) -> list[Target]:
-    """Wait up to `deadline_s` until no target is alive (zombies and reused PIDs count as
-    gone), by polling pidfds; return the targets still alive. A deadline is waited for a slice
-    of at most POLL_SLICE_S at a time: poll(2) takes at most 2**31 - 1 ms (about 24.8 days)."""
+    """Wait up to `deadline_s` (at most LONGEST_WAIT_S) until no target is alive (zombies and
+    reused PIDs count as gone), by polling pidfds; return the targets still alive."""
     SECONDS.require("deadline_s", deadline_s)
-    end = time.monotonic() + deadline_s
-    left = list(targets)
-    while True:
-        slice_s = min(max(0.0, end - time.monotonic()), POLL_SLICE_S)
-        left = [Target(int(t["pid"]), int(t["starttime"]))
-                for t in _program().wait_exits(_plain(left), slice_s)]
-        if not left or time.monotonic() >= end:
-            return left
+    left = _program().wait_exits(_plain(targets), deadline_s)
+    return [Target(int(t["pid"]), int(t["starttime"])) for t in left]
