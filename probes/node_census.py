@@ -1795,6 +1795,20 @@ def _is_copy_of(child: Dict[str, Any], parent: Dict[str, Any]) -> bool:
     return child.get("cmdline") == parent.get("cmdline") or _spawned_child(child)
 
 
+def _wraps(parent: Dict[str, Any], child: Dict[str, Any]) -> bool:
+    """Whether ``parent`` is a wrapper that runs the trainer ``child`` (both carrying one rank's
+    environment), rather than a trainer that runs ``child`` (a `sleep` sidecar, a `python -c`
+    probe, a compiler). A wrapper is single-threaded (a shell, env, timeout, numactl, a Python
+    script without torch), or a multi-threaded program that is not Python (a profiler such as
+    nsys) whose child is multi-threaded too; a multi-threaded trainer (importing torch starts
+    threads) is the rank, and what it runs is its helper. Before round 21 every such child
+    was taken for the rank: a trainer's sidecar was frozen in its place, and a probe
+    subprocess that exited 1 failed a job whose ranks all exited 0."""
+    if parent.get("threads", 1) <= 1:
+        return True
+    return child.get("threads", 1) > 1 and not _python_named(parent)
+
+
 def _copies_of(parent: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                ranks: Iterable[int]) -> List[int]:
     """The children of ``parent``, other than ``ranks``, that are copies of it: its helpers."""
@@ -1808,9 +1822,10 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
     """Split a job's candidate processes into its ranks and their helpers. A candidate whose
     parent is a candidate of the same rank (the same RANK, or none in both) is that parent's
     helper when it is a copy of it (forked without exec: the same command line; or a
-    multiprocessing child: a DataLoader's workers, which inherit the rank's environment); any
-    other such child makes its parent a wrapper (a shell that runs the trainer): the child is
-    the rank. Returns (ranks, {rank pid: [helper pids]})."""
+    multiprocessing child: a DataLoader's workers, which inherit the rank's environment), or a
+    program the trainer runs (a sidecar, a probe subprocess: ``_wraps`` says no); any other
+    such child makes its parent a wrapper (a shell that runs the trainer): the child is the
+    rank. Returns (ranks, {rank pid: [helper pids]})."""
     by_pid = {p["pid"]: p for p in candidates}
     helper_of = {}  # type: Dict[int, int]
     wrappers = set()
@@ -1818,10 +1833,18 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
         parent = by_pid.get(proc["ppid"])
         if parent is None or _rank_keys(parent) != _rank_keys(proc):
             continue
-        if _is_copy_of(proc, parent):
+        if _is_copy_of(proc, parent) or not _wraps(parent, proc):
             helper_of[proc["pid"]] = parent["pid"]
         else:
             wrappers.add(parent["pid"])
+    pending = [p for p in candidates if p["ppid"] in helper_of and p["pid"] not in helper_of]
+    while pending:  # what a helper runs (a trainer's `sh -c "sleep 1"`) is a helper too
+        proc = pending.pop()
+        if _rank_keys(by_pid[proc["ppid"]]) == _rank_keys(proc):
+            helper_of[proc["pid"]] = proc["ppid"]
+            wrappers.discard(proc["ppid"])
+            pending.extend(p for p in candidates if p["ppid"] == proc["pid"]
+                           and p["pid"] not in helper_of)
     helpers = {}  # type: Dict[int, List[int]]
     for pid in sorted(helper_of):
         owner = helper_of[pid]
@@ -1985,31 +2008,53 @@ def _loopback(address: str) -> bool:
 
 def _namespaced_ids(members: List[Tuple[str, Dict[str, Any], bool]],
                     proc_root: str) -> Dict[int, str]:
-    """{pid: job id} for the job members whose id is shared by jobs of different network
-    namespaces: a job whose master is a loopback address cannot reach past its namespace, so
-    two pods (or any two namespaces) each running `torchrun` on 127.0.0.1:29500, or with the
-    same `--rdzv-id`, are two jobs. Such an id gets ``@`` and the namespace's container id
-    (12 characters), else ``net:<inode>``; an id seen in one namespace is left as it is."""
-    namespaces = {}  # type: Dict[str, Dict[int, List[Dict[str, Any]]]]
+    """{pid: job id} for the job members whose id is shared by jobs that cannot be one:
+    * of different network namespaces while their master is a loopback address (such a job
+      cannot reach past its namespace): two pods each running `torchrun` on 127.0.0.1:29500,
+      or with the same `--rdzv-id`. Such an id gets ``@`` and the namespace's container id
+      (12 characters), else ``net:<inode>``;
+    * with different masters, each group started by parents of its own (two torchruns given
+      one `--rdzv-id` and two endpoints): ``@`` and the master (an elastic restart that moves
+      the master keeps its agent, so it stays one job).
+    An id seen once stays as it is; so do members without a master."""
+    groups = {}  # type: Dict[str, Dict[Tuple[Optional[str], str], List[Dict[str, Any]]]]
     for job_id, proc, _ in members:
-        if not _loopback(proc["env"].get("MASTER_ADDR", "")):
+        env = proc["env"]
+        if not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
             continue
-        try:
-            inode = net_ns_inode(proc["pid"], proc_root)
-        except ProcError:
-            continue
-        namespaces.setdefault(job_id, {}).setdefault(inode, []).append(proc)
+        master = "%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"])
+        namespace = _namespace_label(proc, proc_root) if _loopback(env["MASTER_ADDR"]) \
+            else None
+        groups.setdefault(job_id, {}).setdefault((namespace, master), []).append(proc)
     ids = {}  # type: Dict[int, str]
-    for job_id, groups in namespaces.items():
-        if len(groups) < 2:
+    for job_id, by_key in groups.items():
+        if len(by_key) < 2:
             continue
-        for inode, procs in groups.items():
-            container = next((p["container"]["id"] for p in procs
-                              if (p.get("container") or {}).get("id")), None)
-            label = container[:12] if container else "net:%d" % inode
+        # a member whose namespace could not be read (a zombie's links are gone) splits nothing
+        split_namespaces = len({key[0] for key in by_key if key[0] is not None}) > 1
+        parents = [{p["ppid"] for p in procs} for procs in by_key.values()]
+        split_masters = len({key[1] for key in by_key}) > 1 and \
+            sum(len(group) for group in parents) == len(set().union(*parents))
+        for (namespace, master), procs in by_key.items():
+            label = "/".join(part for part, split in ((namespace, split_namespaces),
+                                                       (master, split_masters))
+                             if split and part)
             for proc in procs:
-                ids[proc["pid"]] = "%s@%s" % (job_id, label)
+                if label:
+                    ids[proc["pid"]] = "%s@%s" % (job_id, label)
     return ids
+
+
+def _namespace_label(proc: Dict[str, Any], proc_root: str) -> Optional[str]:
+    """The network namespace of ``proc`` in words: its container's id (12 characters), else
+    ``net:<inode>``; None when it cannot be read."""
+    container = (proc.get("container") or {}).get("id")
+    if container:
+        return str(container)[:12]
+    try:
+        return "net:%d" % net_ns_inode(proc["pid"], proc_root)
+    except ProcError:
+        return None
 
 
 def _place_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
@@ -2200,10 +2245,16 @@ def _store_candidates(processes: Dict[int, Dict[str, Any]],
         if proc.get("threads", 2) < 2 or pid in launchers or proc["kthread"] \
                 or proc["state"] in ("Z", "X") or proc.get("exiting"):
             continue  # (most processes of a node have a single thread: that test first)
-        program = (proc.get("cmdline") or [""])[0].rsplit("/", 1)[-1]
-        if proc["comm"].startswith(_WORKER_NAMES) or program.startswith("python"):
+        if _python_named(proc):
             found.append(proc)
     return found
+
+
+def _python_named(proc: Dict[str, Any]) -> bool:
+    """Whether ``proc`` is named as a Python trainer is (python*, pt_*, torchrun, ray::, or
+    python* as its program)."""
+    program = (proc.get("cmdline") or [""])[0].rsplit("/", 1)[-1]
+    return proc["comm"].startswith(_WORKER_NAMES) or program.startswith("python")
 
 
 def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
@@ -2336,6 +2387,19 @@ def _add_found_job(job_id: str, found_by: str, host: Optional[Dict[str, Any]],
         _set_spawn_parent(job, parent)  # torch.multiprocessing's main process
 
 
+def _elastic_agent(parent: Dict[str, Any], proc_root: str) -> bool:
+    """Whether ``parent``, the parent of torchrun-started ranks that is no torchrun by name, is
+    their elastic agent under another name (a script calling torch's launcher API): a live
+    Python process with torch loaded. Not the init or subreaper that adopted the ranks of a
+    dead agent (PID 1, a namespace's init, tini, systemd, a supervisor written in Python
+    without torch): before round 21 such a process was called the job's torchrun, and
+    `cleanup_hung_job` sent it SIGTERM."""
+    if parent["zombie"] or parent["pid"] == 1 or parent.get("ns_init") \
+            or parent["comm"] in KNOWN_SUBREAPERS or not _python_named(parent):
+        return False
+    return _torch_loaded(parent, proc_root)
+
+
 def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
           errors: List[str], cgroup_root: str, hostname: str,
           proc_root: str = "/proc") -> List[Dict[str, Any]]:
@@ -2364,8 +2428,9 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
                         or _job_id(parent.get("env") or {}) != job["_base_id"]:
                     break
                 parent = processes.get(parent["ppid"])
-            if parent is not None and parent["pid"] not in launchers and not parent["zombie"] \
-                    and "TORCHELASTIC_RUN_ID" in (proc.get("env") or {}):
+            if parent is not None and parent["pid"] not in launchers \
+                    and "TORCHELASTIC_RUN_ID" in (proc.get("env") or {}) \
+                    and _elastic_agent(parent, proc_root):
                 launchers[parent["pid"]] = parent  # an elastic agent by another name
             if parent is not None and parent["pid"] in launchers:
                 _set_launcher(job, parent)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from census_helpers import wait_for
-from proc_helpers import alive
+from proc_helpers import alive, wait_until
 
 from chaosgpu import node
 from chaosgpu.job import probes as job_probes
@@ -344,7 +344,8 @@ def test_two_torchrun_jobs_without_a_run_id_are_two_jobs() -> None:
         def both() -> list[dict] | None:
             jobs = [j for j in node.take_census(gpu=False)["jobs"]
                     if j["launcher_pid"] in (first.pid, second.pid)]
-            ready = len(jobs) == 2 and all(len(j["ranks"]) == 2 for j in jobs)
+            ready = len(jobs) == 2 and all(len(j["ranks"]) == 2 and all(
+                r["pid"] is not None for r in j["ranks"]) for j in jobs)
             return jobs if ready else None
 
         jobs = wait_for(both, timeout=120, what="both jobs' ranks to run")
@@ -360,4 +361,32 @@ def test_two_torchrun_jobs_without_a_run_id_are_two_jobs() -> None:
         assert by_launcher[first.pid]["id"] != by_launcher[second.pid]["id"]
         assert not [j for j in node.take_census(gpu=False)["jobs"] if j["id"] == "none"]
         started = [first.pid, second.pid] + [r["pid"] for j in jobs for r in j["ranks"]]
-    assert not [pid for pid in started if alive(pid)]
+    assert wait_until(lambda: not [pid for pid in started if alive(pid)])
+
+
+@pytest.mark.slow
+def test_one_observer_judges_a_job_started_again_under_its_id_afresh() -> None:
+    """A game-day's next round: the same `--rdzv-id` started again under one watch. The first
+    run failed (a rank SIGKILLed); the second, with a new launcher, is running, with only its
+    own ranks. Before round 21 the first run's verdict and ranks stayed."""
+    run_id = f"rerun-{os.environ['CHAOSGPU_TEST_ID']}"
+    observer = Observer(job=run_id, stacks=False, tick_s=0.2, census_every_s=0.2)
+
+    def verdict_is(wanted: str) -> bool | None:
+        observer.tick()
+        track = observer.tracks.get(run_id)
+        return (track is not None and track.verdict == wanted) or None
+
+    try:
+        with torchrun_job(run_id):
+            first = wait_for(lambda: _running(run_id), timeout=120, what="the first run")
+            os.kill(first["ranks"][1]["pid"], signal.SIGKILL)
+            wait_for(lambda: verdict_is("failed"), timeout=60, what="the first run to fail")
+        with torchrun_job(run_id) as launcher:
+            second = wait_for(lambda: _running(run_id), timeout=120, what="the second run")
+            wait_for(lambda: verdict_is("running"), timeout=60, what="the second run judged")
+            track = observer.tracks[run_id]
+            assert track.launcher is not None and track.launcher["pid"] == launcher.pid
+            assert set(track.ranks) == {(r["pid"], r["starttime"]) for r in second["ranks"]}
+    finally:
+        observer.close()

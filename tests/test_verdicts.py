@@ -358,3 +358,21 @@ def test_a_rank_in_its_own_network_namespace_is_partitioned_there(workdir: Path,
         for job in jobs:
             job.stop()
         subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+@pytest.mark.parametrize("unknown_for_s, known", [(1.0, False), (30.0, True)])
+def test_a_verdict_after_a_long_unknown_was_seen_as_it_came(unknown_for_s: float,
+                                                             known: bool) -> None:
+    """A first verdict right after the first look's "unknown" may have held before the watch
+    began (`since_known` false); one after an "unknown" that outlasted a window (ranks idle,
+    then stepping again) was seen as it came. Before round 21 both read "already when first
+    seen"."""
+    from chaosgpu.job.verdict import JobTrack
+
+    track = JobTrack("a-job", window_s=10.0, now=1000.0)
+    decisions = iter([("unknown", "idle or sleeping?", None, {}),
+                      ("running", "its ranks make progress", None, {})])
+    track._decide = lambda now: next(decisions)  # type: ignore[method-assign]
+    assert track.evaluate(1000.0) == "unknown"
+    assert track.evaluate(1000.0 + unknown_for_s) == "running"
+    assert track.since_known is known and track.since == 1000.0 + unknown_for_s

@@ -95,6 +95,19 @@ def check_selector(job: str | None, tag: str | None, allow_all: bool = False) ->
             raise JobError(f"{name} {rule.must(value)}, got {value!r}")
 
 
+def _another_run(track: JobTrack, launcher: tuple[Any, Any]) -> bool:
+    """Whether a job seen under the id of `track` with `launcher` (PID, start time) is another
+    run of it: a new launcher while the run watched so far has ended (finished or failed) or
+    lost its launcher. The same `--rdzv-id` started again under one `chaosgpu jobs --watch`
+    (a game-day's next round) is judged afresh; before round 21 the first run's verdict and
+    ranks stayed."""
+    if launcher[0] is None or track.launcher is None:
+        return False
+    if (track.launcher["pid"], track.launcher.get("starttime")) == launcher:
+        return False
+    return track.verdict in ("finished", "failed") or not track.launcher_alive
+
+
 def select_jobs(census: dict[str, Any], job: str | None = None,
                 tag: str | None = None) -> list[dict[str, Any]]:
     """The census jobs a selection names: by id, by tag (a rank's or the launcher's), both
@@ -228,8 +241,14 @@ class Observer:
                 self._by_launcher[key] = job_id
             return track
         existing = self.tracks.get(job_id) or self._track_of_ranks(entry)
-        if existing is None:
+        rerun = existing is not None and _another_run(existing, key)
+        if existing is None or rerun:
+            if existing is not None:
+                self.tracks.pop(existing.id, None)
             existing = self.tracks[job_id] = JobTrack(job_id, self.window_s, now)
+            if rerun:
+                existing.note(now, "proc", f"a new run of {job_id} (launcher PID {key[0]}): "
+                              "judged afresh")
         track = existing
         if key[0] is not None:
             self._by_launcher[key] = job_id

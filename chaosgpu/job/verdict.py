@@ -570,9 +570,12 @@ class JobTrack:
             self.note(now, "verdict", f"{verdict}: {reason}")
             self.confirmed_at = now
             # a time the evidence gives (a last progress, an exit) after the watch began, or a
-            # change seen from another verdict; not a first look that followed "unknown"
+            # change seen from another verdict; not a first look that followed "unknown",
+            # unless that unknown outlasted a window: then it was a finding (ranks idle), and
+            # what follows was seen as it came (before round 21: "already when first seen")
             self.since_known = (since > self.first_seen if since is not None
-                                else self.verdict != "unknown")
+                                else self.verdict != "unknown"
+                                or now - self.first_seen > self.window_s)
             self.since = since if since is not None else now
         self.verdict, self.reason, self._details = verdict, reason, details
         return verdict
