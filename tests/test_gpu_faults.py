@@ -17,6 +17,7 @@ import pytest
 from conftest import find_tool
 
 from chaosgpu import state
+from chaosgpu.errors import ActivityError
 from chaosgpu.gpu import actions, cudainject, devices, injector, launch, monitor, probes
 from chaosgpu.gpu.contention import run_duty_cycle
 from chaosgpu.node import process_state, read_process
@@ -175,7 +176,12 @@ def test_memory_pressure_host_backend_start_stop_and_idempotent(replay: dict) ->
     stopped = actions.stop_gpu_fault("press-t1", grace_s=5)
     assert stopped["processes"] == {str(pid): "exited on SIGTERM"}, stopped
     assert process_state(pid) in (None, "Z")
-    assert actions.stop_gpu_fault("press-t1")["stopped"] is False
+    assert actions.stop_gpu_fault("press-t1")["stopped"] is False  # this run met that tag
+    with pytest.raises(ActivityError, match="this run never met that tag .* a typo"):
+        actions.stop_gpu_fault("press-t1-typo")  # a typo'd rollback never reads as stopped
+    assert actions.stop_gpu_fault("press-t1-typo", missing_ok=True)["stopped"] is False
+    with pytest.raises(ValueError, match="tag must be a tag"):
+        actions.stop_gpu_fault("press-t1 ")
     with pytest.raises(ValueError, match="not a GPU fault"):
         from chaosgpu.workloads.actions import start_holders, stop_workload
 

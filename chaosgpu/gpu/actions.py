@@ -16,7 +16,7 @@ import time
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
-from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
+from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, TAG, checked, missing_allowed
 from chaosgpu.gpu import devices, injector, launch, monitor
 
 __all__ = [
@@ -137,20 +137,24 @@ def _gpu_pids_left(pids: list[int]) -> list[int]:
     return [pid for pid in pids if pid in listed]
 
 
-@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(tag=TAG, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
+                   missing_ok: Union[bool, str] = "before-method",
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Stop the GPU fault program of `tag` (memory pressure, contention; a rollback): SIGTERM
     (it frees and exits at once), SIGKILL after `grace_s`, then wait up to `deadline_s` until
     NVML no longer lists it on any GPU (its memory is back). Idempotent: a tag with no record
-    returns {"stopped": false}. Returns what happened to each process, the program's result
-    (contention: achieved duty cycle) and how long the GPU took to drop it."""
-    from chaosgpu.workloads.actions import stop_workload
+    returns {"stopped": false} where `missing_ok` allows it, as stop_workload's (a tag this run
+    met, or any before the method starts); a tag this run never met fails (a typo'd rollback
+    would leave the fault running). Returns what happened to each process, the program's
+    result (contention: achieved duty cycle) and how long the GPU took to drop it."""
+    from chaosgpu.workloads.actions import no_workload, stop_workload
 
-    record = state.read_record("workloads", tag) if isinstance(tag, str) else None
+    missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
+    record = state.read_record("workloads", tag)
     if record is None:
-        return {"tag": tag, "stopped": False, "note": "no such GPU fault (already stopped?)"}
+        return no_workload(tag, missing_ok)
     if record.get("kind") not in launch.FAULT_KINDS:
         raise ValueError(f"tag {tag!r} is a {record.get('kind')!r} workload, not a GPU fault: "
                          "stop it with stop_workload")
@@ -182,7 +186,7 @@ def stop_all_gpu_faults(grace_s: float = 0.0, deadline_s: float = 10.0,
                         configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
     """Stop every recorded GPU fault program (a rollback of last resort), as stop_gpu_fault."""
-    return [stop_gpu_fault(tag, grace_s=grace_s, deadline_s=deadline_s)
+    return [stop_gpu_fault(tag, grace_s=grace_s, deadline_s=deadline_s, missing_ok=True)
             for tag, record in state.list_records("workloads").items()
             if record.get("kind") in launch.FAULT_KINDS]
 

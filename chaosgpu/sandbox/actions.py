@@ -9,7 +9,7 @@ recorded is checked as the probes check it (chaosgpu.sandbox.probes.recorded, `m
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.arguments import COUNT, INDEX, POSITIVE_SECONDS, SECONDS, TEXT, checked
+from chaosgpu.arguments import COUNT, INDEX, NAME, POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.sandbox import probes, runtime
 
 __all__ = [
@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-@checked(name=TEXT, uid=INDEX, gid=INDEX, grace_s=SECONDS)
+@checked(name=NAME, uid=INDEX, gid=INDEX, grace_s=SECONDS)
 def create_sandbox(
     name: str,
     init: str = "sleep",
@@ -43,7 +43,7 @@ def create_sandbox(
     )  # fmt: skip
 
 
-@checked(name=TEXT, count=COUNT, timeout_s=POSITIVE_SECONDS)
+@checked(name=NAME, count=COUNT, timeout_s=POSITIVE_SECONDS)
 def exec_in_sandbox(
     name: str,
     argv: List[str],
@@ -76,7 +76,7 @@ def exec_in_sandbox(
     }
 
 
-@checked(name=TEXT, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(name=NAME, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def terminate_sandbox(
     name: str,
     grace_s: Optional[float] = None,
@@ -91,7 +91,7 @@ def terminate_sandbox(
     return runtime.terminate(name, grace_s=grace_s, deadline_s=deadline_s)
 
 
-@checked(name=TEXT)
+@checked(name=NAME)
 def remove_sandbox(
     name: str,
     missing_ok: Union[bool, str] = "before-method",

@@ -13,7 +13,7 @@ for a sandbox this run asked to create (removed since, or never started).
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import arguments
-from chaosgpu.arguments import TEXT, checked
+from chaosgpu.arguments import NAME, checked
 from chaosgpu.errors import ActivityError
 from chaosgpu.node import take_census
 from chaosgpu.sandbox import runtime
@@ -58,7 +58,7 @@ def _processes(name: str, missing_ok: Any) -> list[dict[str, Any]]:
     return runtime.processes(name) if recorded(name, missing_ok) else []
 
 
-@checked(name=TEXT)
+@checked(name=NAME)
 def sandbox_exists(
     name: str,
     configuration: Optional[Dict[str, Any]] = None,
@@ -68,7 +68,7 @@ def sandbox_exists(
     return any(s["name"] == name and s["alive"] for s in runtime.list_sandboxes())
 
 
-@checked(name=TEXT)
+@checked(name=NAME)
 def sandbox_processes(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -81,7 +81,7 @@ def sandbox_processes(
     return _processes(name, missing_ok)
 
 
-@checked(name=TEXT)
+@checked(name=NAME)
 def sandbox_zombies(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -93,7 +93,7 @@ def sandbox_zombies(
     return [p["pid"] for p in _processes(name, missing_ok) if p["zombie"]]
 
 
-@checked(name=TEXT)
+@checked(name=NAME)
 def sandbox_zombie_count(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -105,7 +105,7 @@ def sandbox_zombie_count(
     return len(sandbox_zombies(name, missing_ok))
 
 
-@checked(name=TEXT)
+@checked(name=NAME)
 def sandbox_orphans(
     name: str,
     missing_ok: MissingOk = "before-method",

@@ -61,7 +61,7 @@ __all__ = [
 logger = logging.getLogger("chaostoolkit")
 
 INITS = ("sleep", "tini", "dumb-init", "none")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # the whole name (fullmatch)
 KIND = "sandboxes"
 CREATE_TIMEOUT_S = 20.0
 KILL_DEADLINE_S = 10.0
@@ -145,7 +145,7 @@ def _env_argv(variables: dict[str, str]) -> list[str]:
 
 
 def _validate_name(name: Any) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):  # "box\n" matched `^...$`
         raise ValueError(
             f"invalid sandbox name {name!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

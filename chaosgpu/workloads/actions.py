@@ -533,7 +533,7 @@ def stop_workload(
     missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
     record = state.read_record(KIND, tag)
     if record is None:
-        return _no_workload(tag, missing_ok)
+        return no_workload(tag, missing_ok)
     outcome: dict[str, str] = {}
     targets = []
     for entry in record.get("processes", []):
@@ -563,9 +563,10 @@ def stop_workload(
     return {"tag": tag, "stopped": True, "processes": outcome}
 
 
-def _no_workload(tag: str, missing_ok: Any) -> dict[str, Any]:
-    """stop_workload's answer for a tag with no record; ActivityError for a typo (a tag this run
-    never met, chaosgpu.scope.tag_seen, where `missing_ok` does not allow it)."""
+def no_workload(tag: str, missing_ok: Any) -> dict[str, Any]:
+    """The answer of a stop (stop_workload, stop_gpu_fault) for a tag with no record;
+    ActivityError for a typo (a tag this run never met, chaosgpu.scope.tag_seen, where
+    `missing_ok` does not allow it)."""
     from chaosgpu.scope import tag_seen
 
     seen = tag_seen(tag)
