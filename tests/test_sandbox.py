@@ -162,7 +162,7 @@ def test_bad_create_arguments(box: str, kwargs: dict, message: str) -> None:  # 
     _no_trace(box)
 
 
-@pytest.mark.parametrize("name", ["", "a b", "../x", ".hidden", "x" * 64, "-x", None])
+@pytest.mark.parametrize("name", ["", "a b", "../x", ".hidden", "x" * 64, "-x", None, "box\n"])
 def test_invalid_names(name: object) -> None:
     with pytest.raises(ValueError, match="invalid sandbox name"):
         runtime.create(name)  # type: ignore[arg-type]
