@@ -55,12 +55,7 @@ def validate_scope(scope: Any) -> dict[str, Any]:
     kind = kinds[0]
     value = scope[kind]
     if kind == "pids":
-        if not isinstance(value, list) or not value:
-            raise ScopeError(f"scope 'pids' must be a non-empty list of PIDs, got {value!r}")
-        for pid in value:
-            if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-                raise ScopeError(f"scope 'pids' must hold positive integers, got {pid!r}")
-        value = sorted(set(value))
+        value = _checked_pids(value)
     else:
         _check_selection(kind, value)
     normalised: dict[str, Any] = {kind: value}
@@ -79,6 +74,36 @@ def _check_selection(kind: str, value: Any) -> None:
     rule = TAG if kind == "tag" else NAME
     if not rule.accepts(value):
         raise ScopeError(f"scope '{kind}' {rule.must(value)}, got {value!r}")
+
+
+def _checked_pids(value: Any) -> list[Any]:
+    """A `pids` scope's entries, sorted by PID: each a positive PID, or {"pid": PID,
+    "starttime": clock ticks} (as `chaosgpu snapshot` and the faults' results give them) to
+    be matched only while that PID still holds the process started then."""
+    if not isinstance(value, list) or not value:
+        raise ScopeError(f"scope 'pids' must be a non-empty list of PIDs, got {value!r}")
+    entries: dict[int, Any] = {}
+    for entry in value:
+        pid = entry.get("pid") if isinstance(entry, dict) else entry
+        start = entry.get("starttime") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and (set(entry) != {"pid", "starttime"} or isinstance(
+                start, bool) or not isinstance(start, int) or start < 0):
+            raise ScopeError(f"scope 'pids' entries are a PID or {{\"pid\": PID, \"starttime\": "
+                             f"clock ticks}}, got {entry!r}")
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ScopeError(f"scope 'pids' must hold positive integers, got {pid!r}")
+        if pid in entries and entries[pid] != entry:
+            raise ScopeError(f"scope 'pids' names PID {pid} twice, as {entries[pid]!r} and "
+                             f"{entry!r}")
+        entries[pid] = entry
+    return [entries[pid] for pid in sorted(entries)]
+
+
+def pid_starttimes(scope: dict[str, Any]) -> dict[int, int | None]:
+    """{PID: the start time it must have, or None for any} of a validated `pids` scope."""
+    return {entry["pid"]: entry["starttime"] for entry in scope.get("pids") or []
+            if isinstance(entry, dict)} | {entry: None for entry in scope.get("pids") or []
+                                           if isinstance(entry, int)}
 
 
 def describe_scope(scope: dict[str, Any]) -> str:
@@ -275,11 +300,15 @@ def _candidates(scope: dict[str, Any], census: dict[str, Any]) -> tuple[list[dic
     missing: list[dict[str, Any]] = []
     if "pids" in scope:
         found = []
-        for pid in scope["pids"]:
-            if pid in by_pid:
-                found.append(by_pid[pid])
-            else:
+        for pid, start in pid_starttimes(scope).items():
+            if pid not in by_pid:
                 missing.append({"pid": pid, "reason": "no such process (or not visible here)"})
+            elif start is not None and by_pid[pid].get("starttime") != start:
+                missing.append({"pid": pid, "reason": f"PID reused: the process started at "
+                                f"{start} ended; PID {pid} now holds another, started at "
+                                f"{by_pid[pid].get('starttime')}"})
+            else:
+                found.append(by_pid[pid])
         return found, missing
     if "tag" in scope:
         return _tagged(scope["tag"], processes), missing

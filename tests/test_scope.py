@@ -16,6 +16,7 @@ import pytest
 
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError
+from chaosgpu.node import read_process
 from chaosgpu.process import actions, freezer, probes
 from chaosgpu.scope import (
     ScopeError,
@@ -81,6 +82,11 @@ def _wait_state(pid: int, wanted: tuple[str, ...], timeout: float = 5.0) -> str 
         ({"pids": []}, "non-empty list"),
         ({"pids": [1, "2"]}, "positive integers"),
         ({"pids": [True]}, "positive integers"),
+        ({"pids": [{"pid": 5}]}, r"entries are a PID or \{\"pid\": PID, \"starttime\""),
+        ({"pids": [{"pid": 5, "starttime": -1}]}, "entries are a PID or"),
+        ({"pids": [{"pid": 5, "starttime": True}]}, "entries are a PID or"),
+        ({"pids": [{"pid": 0, "starttime": 7}]}, "positive integers"),
+        ({"pids": [5, {"pid": 5, "starttime": 7}]}, "names PID 5 twice"),
         ({"tag": "a", "include_other_users": "yes"}, "true or false"),
         ({"tag": "a "}, r"scope 'tag' must be a tag: .* got 'a '"),
         ({"tag": "\ta"}, r"without whitespace or control characters, got '\\ta'"),
@@ -436,3 +442,25 @@ def test_terminated_sandbox_scope_never_resolves_to_a_newer_namespace() -> None:
     finally:
         remove_sandbox(new)
         remove_sandbox(old)
+
+
+def test_a_pids_scope_with_start_times_never_reaches_a_reused_pid() -> None:
+    """`{"pid", "starttime"}` entries (as a snapshot or a fault's result gives them) match a
+    PID only while it holds the process started then: a PID taken from an earlier step whose
+    process ended, now another process's, is missing ("PID reused"), and nothing is sent."""
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        started = read_process(target.pid)["starttime"]
+        reused = {"pids": [{"pid": target.pid, "starttime": started + 1}]}
+        detail = resolve_scope_detail(reused)
+        assert detail["processes"] == []
+        assert detail["missing"][0]["pid"] == target.pid
+        assert detail["missing"][0]["reason"].startswith("PID reused")
+        with pytest.raises(ScopeError):
+            actions.signal_processes(reused, signal="SIGSTOP")
+        assert _state(target.pid) == "S"
+        same = {"pids": [{"pid": target.pid, "starttime": started}]}
+        assert [p["pid"] for p in resolve_scope(same)] == [target.pid]
+    finally:
+        target.kill()
+        target.wait()

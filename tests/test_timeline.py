@@ -659,3 +659,15 @@ def test_a_scope_whose_processes_matched_and_exited_is_measured(
     assert probes.termination_timings(after_event="kill")["all_dead_after_s"] is not None
     assert probes.gb_seconds_held(from_event="kill", to_event="kill") >= 0.0
     assert probes.timeline_summary()["scope_matched"] is True
+
+
+def test_a_pids_scope_with_start_times_tracks_only_those_processes() -> None:
+    """The sampler matches a `{"pid", "starttime"}` entry only while the PID holds the process
+    started then (a reused PID is another process); a bare PID matches whatever holds it."""
+    from chaosgpu.timeline.sampler import Sampler
+
+    sampler = Sampler(rate_hz=10, scope={"pids": [{"pid": 123, "starttime": 5}, 7]})
+    assert sampler._matches({"pid": 123, "starttime": 5})
+    assert not sampler._matches({"pid": 123, "starttime": 6})
+    assert sampler._matches({"pid": 7, "starttime": 1})
+    assert not sampler._matches({"pid": 8, "starttime": 5})

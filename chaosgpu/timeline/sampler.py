@@ -49,6 +49,7 @@ import threading
 import time
 from typing import Any
 
+from chaosgpu.scope import pid_starttimes
 from chaosgpu.timeline.integral import GIB_PER_MIB, gib_seconds
 
 __all__ = ["Sampler", "current", "install", "uninstall", "MIB", "GIB_PER_MIB"]
@@ -309,7 +310,9 @@ class Sampler:
         if "tag" in scope:
             return bool(record.get("tag") == scope["tag"])
         if "pids" in scope:
-            return bool(record["pid"] in scope["pids"])
+            wanted = pid_starttimes(scope)
+            return record["pid"] in wanted and wanted[record["pid"]] in (
+                None, record.get("starttime"))
         if "sandbox" in scope:
             if self._sandbox_ns is None:
                 self._resolve_scope_keys()
