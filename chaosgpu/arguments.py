@@ -22,7 +22,7 @@ from chaosgpu.errors import InvalidArgument
 __all__ = ["Rule", "checked", "rules_of", "argument_problem", "option", "missing_allowed",
            "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID",
            "FRACTION", "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT",
-           "LONGEST_WAIT_S", "TAG", "NAME"]
+           "LONGEST_WAIT_S", "TAG", "NAME", "UNIX_TIME"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,6 +77,8 @@ LONGEST_WAIT_S = 1e9
 SECONDS = Rule("a number of seconds >= 0", lambda v: _number(v) and v >= 0, LONGEST_WAIT_S)
 POSITIVE_SECONDS = Rule("a number of seconds > 0", lambda v: _number(v) and v > 0,
                         LONGEST_WAIT_S)
+#: A moment as unix time (seconds since 1970): a time, not a wait, so not capped as waits are.
+UNIX_TIME = Rule("a unix time in seconds >= 0", lambda v: _number(v) and v >= 0)
 POSITIVE = Rule("a number > 0", lambda v: _number(v) and v > 0)
 NON_NEGATIVE = Rule("a number >= 0", lambda v: _number(v) and v >= 0)
 FRACTION = Rule("a number in (0, 1]", lambda v: _number(v) and 0 < v <= 1)

@@ -26,6 +26,7 @@ from chaosgpu.errors import InvalidArgument
 BAD: dict[str, list[Any]] = {
     "SECONDS": [-1, -0.5, float("nan"), float("inf"), True, "5", 1e12, 1e300],
     "POSITIVE_SECONDS": [0, -1, float("nan"), True, "5", 1e12],
+    "UNIX_TIME": [-1, float("nan"), float("inf"), True, "1796648543"],
     "POSITIVE": [0, -2.0, True, "1"],
     "FRACTION": [0, 1.5, -0.1, True],
     "COUNT": [0, -1, 1.5, True, "2"],
@@ -170,6 +171,7 @@ def test_a_command_line_option_is_refused_by_its_rule(rule: str, convert: Any,
 
 def test_every_rule_refuses_its_bad_values_and_takes_a_good_one() -> None:
     good = {"SECONDS": [0, 2.5, arguments.LONGEST_WAIT_S], "POSITIVE_SECONDS": [1e-3, 1e9],
+            "UNIX_TIME": [0, 1796648543.72],  # a moment, not a wait: past the waits' cap
             "TAG": ["ring-1", "my.job_2", "hAfoo"], "NAME": ["job 1", "ns/pod"]}
     for name, values in good.items():
         rule = getattr(arguments, name)

@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional
 
 import requests
 
-from chaosgpu.arguments import INDEX, MIB, POSITIVE_SECONDS, SECONDS, TEXT, checked
+from chaosgpu.arguments import INDEX, MIB, POSITIVE_SECONDS, TEXT, UNIX_TIME, checked
 from chaosgpu.progress import Progress
 from chaosgpu.timeline.integral import gib_seconds
 
@@ -158,7 +158,7 @@ def _release(window: dict[str, Any], since: float, threshold_mib: float) -> floa
     return last_held + interval
 
 
-@checked(since=SECONDS, threshold_mib=MIB, timeout_s=POSITIVE_SECONDS, poll_s=POSITIVE_SECONDS)
+@checked(since=UNIX_TIME, threshold_mib=MIB, timeout_s=POSITIVE_SECONDS, poll_s=POSITIVE_SECONDS)
 def pod_release_time(url: Optional[str] = None, pod_uid: Optional[str] = None,
                      pod: Optional[str] = None,
                      since: Optional[float] = None, threshold_mib: float = 64.0,
@@ -202,7 +202,7 @@ def pod_release_time(url: Optional[str] = None, pod_uid: Optional[str] = None,
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
-@checked(since=SECONDS, until=SECONDS, timeout_s=POSITIVE_SECONDS)
+@checked(since=UNIX_TIME, until=UNIX_TIME, timeout_s=POSITIVE_SECONDS)
 def pod_gb_seconds(url: Optional[str] = None, pod_uid: Optional[str] = None,
                    pod: Optional[str] = None,
                    since: Optional[float] = None, until: Optional[float] = None,
