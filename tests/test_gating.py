@@ -14,18 +14,36 @@ import pytest
 CHAOS = str(Path(sys.executable).with_name("chaos"))
 
 
-def experiment(fail_on_failed_activity: bool) -> dict:
+def _gated(strict: bool, pod: str, title: str, description: str, rate_hz: int = 100) -> dict:
+    """An experiment with the timeline control (`fail_on_failed_activity` = `strict`) and a
+    steady state of no zombies in sandbox `pod`; the caller adds its method."""
     return {
-        "version": "1.0.0",
-        "title": "a fault that cannot be injected",
-        "description": "create_sandbox with an unknown init fails; nothing else happens",
+        "version": "1.0.0", "title": title, "description": description,
         "controls": [{"name": "chaosgpu-timeline", "provider": {
             "type": "python", "module": "chaosgpu.timeline.control",
-            "arguments": {"rate_hz": 100, "fail_on_failed_activity": fail_on_failed_activity}}}],
+            "arguments": {"rate_hz": rate_hz, "fail_on_failed_activity": strict}}}],
         "steady-state-hypothesis": {"title": "no zombies", "probes": [{
             "type": "probe", "name": "no-zombies", "tolerance": 0,
             "provider": {"type": "python", "module": "chaosgpu.sandbox.probes",
-                         "func": "sandbox_zombie_count", "arguments": {"name": "gating-pod"}}}]},
+                         "func": "sandbox_zombie_count", "arguments": {"name": pod}}}]},
+    }
+
+
+def _run(tmp_path: Path, experiment: dict) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """`chaos run` of `experiment` in `tmp_path` (log in `log`): the process and its journal."""
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(experiment))
+    journal_path = tmp_path / "journal.json"
+    done = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
+                           "run", "--journal-path", str(journal_path), str(path)],
+                          cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    return done, json.loads(journal_path.read_text())
+
+
+def experiment(fail_on_failed_activity: bool) -> dict:
+    return _gated(fail_on_failed_activity, "gating-pod", "a fault that cannot be injected",
+                  "create_sandbox with an unknown init fails; nothing else happens") | {
         "method": [{"type": "action", "name": "create-pod", "provider": {
             "type": "python", "module": "chaosgpu.sandbox.actions", "func": "create_sandbox",
             "arguments": {"name": "gating-pod", "init": "no-such-init"}}}],
@@ -38,14 +56,7 @@ def experiment(fail_on_failed_activity: bool) -> dict:
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_failed_method_activity(strict: bool, tmp_path: Path) -> None:
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment(strict)))
-    journal_path = tmp_path / "journal.json"
-    done = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                           "run", "--journal-path", str(journal_path), str(path)],
-                          cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
-    journal = json.loads(journal_path.read_text())
+    done, journal = _run(tmp_path, experiment(strict))
     assert journal["run"][0]["status"] == "failed"
     assert "no-such-init" in "".join(journal["run"][0]["exception"])
     assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
@@ -135,17 +146,8 @@ def test_missed_during_the_method_is_a_deviation(tmp_path: Path) -> None:
 def _errored_after_the_method(strict: bool) -> dict:
     """A steady state whose probe names a sandbox nothing creates: met before the method
     (missing_ok "before-method"), raising after it (this run never met that sandbox)."""
-    return {
-        "version": "1.0.0",
-        "title": "a steady-state probe that cannot be made after the method",
-        "description": "a typo'd sandbox name in the steady state",
-        "controls": [{"name": "chaosgpu-timeline", "provider": {
-            "type": "python", "module": "chaosgpu.timeline.control",
-            "arguments": {"rate_hz": 50, "fail_on_failed_activity": strict}}}],
-        "steady-state-hypothesis": {"title": "no zombies", "probes": [{
-            "type": "probe", "name": "no-zombies", "tolerance": 0,
-            "provider": {"type": "python", "module": "chaosgpu.sandbox.probes",
-                         "func": "sandbox_zombie_count", "arguments": {"name": "no-such-pod"}}}]},
+    return _gated(strict, "no-such-pod", "a steady-state probe that cannot be made after the "
+                  "method", "a typo'd sandbox name in the steady state", rate_hz=50) | {
         "method": [{"type": "probe", "name": "look-at-jobs", "provider": {
             "type": "python", "module": "chaosgpu.node.probes", "func": "jobs"}}],
     }
@@ -157,14 +159,7 @@ def test_a_steady_state_probe_that_raises_after_the_method_is_no_deviation(
     """Chaos Toolkit counts a probe that raised as a missed tolerance: the run deviated (status
     failed, deviated true), the expected end of every baseline. With the gate the run is
     failed and not deviated: the check was never made."""
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(_errored_after_the_method(strict)))
-    journal_path = tmp_path / "journal.json"
-    done = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                           "run", "--journal-path", str(journal_path), str(path)],
-                          cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
-    journal = json.loads(journal_path.read_text())
+    done, journal = _run(tmp_path, _errored_after_the_method(strict))
     gating = journal["chaosgpu"]["gating"]
     assert done.returncode == 1, (done.stdout + done.stderr)[-3000:]
     assert [r["status"] for r in journal["run"]] == ["succeeded"]
