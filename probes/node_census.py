@@ -119,6 +119,13 @@ TASK_LAUNCHERS = frozenset(("mpirun", "mpiexec", "orterun", "orted", "prterun", 
 NOT_TASKS = TASK_LAUNCHERS | frozenset(("srun", "sbatch", "salloc", "bash", "sh", "dash", "zsh",
                                         "ksh", "mksh", "tcsh", "csh", "fish", "busybox"))
 _ENV_KEYS_B = frozenset(k.encode() for k in ENV_KEYS)
+#: The keys that make a process a job's member or name its job (``_job_candidates``,
+#: ``_job_id``, ``_numbering``), besides CHAOSGPU_JOB: a process chaosgpu starts for itself
+#: (py-spy, nft, a sandbox's supervisor) must not carry them, or a runner that itself runs
+#: inside a training job would pass its rank on and its helpers would read as that rank.
+JOB_IDENTITY_KEYS = ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                     "NODE_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE") + TORCH_RANK_KEYS + tuple(
+    key for keys in LAUNCHER_RANK_KEYS for key in keys)
 
 #: Process names that act as subreapers (children of dead parents are reparented to them).
 KNOWN_SUBREAPERS = frozenset((

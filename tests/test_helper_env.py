@@ -21,11 +21,18 @@ import pytest
 from conftest import require_tool
 from proc_helpers import alive, wait_until
 
+from chaosgpu.node import census_module
 from chaosgpu.process import environment
 from chaosgpu.process.environment import SCOPE_ENV, helper_env
 
 RUNNER = {"CHAOSGPU_TAG": "the-runners-tag", "CHAOSGPU_JOB": "the-runners-job",
-          "CHAOSGPU_SANDBOX": "the-runners-pod"}
+          "CHAOSGPU_SANDBOX": "the-runners-pod",
+          # a runner that itself runs inside a training job (a rank, a Slurm task)
+          "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "MASTER_ADDR": "10.1.2.3",
+          "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "runners-job", "GROUP_RANK": "0",
+          "SLURM_PROCID": "3", "SLURM_NTASKS": "8", "OMPI_COMM_WORLD_RANK": "3"}
+#: what puts a process in a scope or in a job: the runner's must never reach a helper
+CARRIED = frozenset(SCOPE_ENV) | frozenset(census_module().JOB_IDENTITY_KEYS)
 
 
 def _environ(data: bytes) -> dict[str, str]:
@@ -35,7 +42,7 @@ def _environ(data: bytes) -> dict[str, str]:
 
 
 def _scope(environ: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in environ.items() if key in SCOPE_ENV}
+    return {key: value for key, value in environ.items() if key in CARRIED}
 
 
 @pytest.fixture
@@ -77,7 +84,7 @@ def spies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Spies:
 
 def _assert_clean(seen: dict[str, dict[str, str]], tools: set[str]) -> None:
     """Every spied process ran (each of `tools` at least once), with none of the runner's
-    scope variables and with the rest of the runner's environment (its test id)."""
+    scope or job variables and with the rest of the runner's environment (its test id)."""
     assert {name.partition(".")[0] for name in seen} >= tools, sorted(seen)
     for name, environ in seen.items():
         assert _scope(environ) == {}, (name, _scope(environ))
@@ -90,6 +97,20 @@ def test_helper_env_drops_the_scope_variables_and_adds_the_declared_ones(
     assert _scope(env) == {} and env["CHAOSGPU_TEST_ID"] == os.environ["CHAOSGPU_TEST_ID"]
     assert _scope(helper_env(CHAOSGPU_TAG="own", PYTHONPATH="/x")) == {"CHAOSGPU_TAG": "own"}
     assert os.environ["CHAOSGPU_TAG"] == RUNNER["CHAOSGPU_TAG"]  # the runner's own is kept
+
+
+def test_helper_env_drops_the_runners_job_identity(runner_scope: dict[str, str]) -> None:
+    """A runner inside a training job: its helpers carry none of the keys by which the census
+    makes a process that job's rank (checked by the census itself on the helper's env)."""
+    census = census_module()
+    assert set(RUNNER) - set(SCOPE_ENV) <= set(census.JOB_IDENTITY_KEYS)
+    env = helper_env()
+    record = {"pid": 4321, "comm": "py-spy", "cmdline": ["py-spy"], "env": env, "zombie": False}
+    assert census._job_id(env) is None and census._numbering(env) is None
+    assert census._job_candidates({4321: record}, {}, {}) == {}
+    # declared variables are the helper's own (a ring rank's RANK)
+    assert _scope(helper_env(RANK="0")) == {"RANK": "0"}
+    assert census._job_candidates({4321: dict(record, env=os.environ.copy())}, {}, {})
 
 
 def test_the_sandbox_runtime_uses_the_one_helper_env() -> None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from chaosgpu import state
+from chaosgpu.process.environment import helper_env
 
 __all__ = ["SOURCE", "include_dirs", "cupti_library", "build", "environment"]
 
@@ -80,7 +81,7 @@ def build(force: bool = False) -> Path:
     tmp = target.with_suffix(f".tmp{os.getpid()}.so")
     done = subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-Wall", *includes, "-o", str(tmp),
                            str(SOURCE), "-ldl", "-lpthread"], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+                          timeout=120, stdin=subprocess.DEVNULL, env=helper_env())
     if done.returncode != 0:
         raise RuntimeError(f"gcc failed to build the CUDA injection library: "
                            f"{done.stderr.strip()[-2000:]}")
