@@ -240,6 +240,30 @@ def test_an_elastic_restart_keeps_the_job_and_counts_restarts(workdir: Path,
     assert track.verdict in ("running", "hung", "failed"), track.reason
 
 
+def test_an_elastic_agent_waiting_for_its_first_rendezvous_is_not_restarting(
+        workdir: Path, jobs: list[Job]) -> None:
+    """torchrun --nnodes=1:2 waits (last_call_timeout) for a second node before it starts any
+    rank: nothing has restarted, and the verdict says what is seen (before round 22 every
+    torchrun job's first verdict was "restarting")."""
+    job = start_torchrun(workdir, [], launcher_args=[
+        "--nnodes=1:2", "--rdzv-conf=last_call_timeout=30,join_timeout=60"])
+    jobs.append(job)
+    observer = Observer(job=job.run_id)
+    try:
+        deadline = time.monotonic() + 20
+        while not observer.tracks and time.monotonic() < deadline:
+            observer.tick()
+            observer.pause(observer.tick_s)
+        seen = watch(observer, 3.0)
+        track = only_track(observer)
+    finally:
+        observer.close()
+    assert job.progress() == {}, job.progress()  # no rank has started (ground truth)
+    assert track.launcher_alive and not track.ranks
+    assert seen == ["unknown"], (seen, track.history)
+    assert "seen no rank of it yet" in track.reason, track.reason
+
+
 def test_ranks_stuck_in_the_rendezvous_are_hung_with_the_missing_rank_as_culprit(
         workdir: Path, jobs: list[Job]) -> None:
     job = start_torchrun(workdir, ["--delay-rank", "1"])
@@ -304,6 +328,42 @@ def test_node_loss_partition_then_kill_hangs_a_gloo_job(workdir: Path, jobs: lis
     finally:
         network.heal_all_partitions()
     assert partitions.active() == []
+
+
+def test_under_torchrun_the_rank_killed_from_outside_failed_first(workdir: Path,
+                                                                   jobs: list[Job]) -> None:
+    """Rank 1 is SIGKILLed from outside (not by chaosgpu) while the observer waits between two
+    readings; torchrun then stops rank 0 with SIGTERM (its teardown, 0.1 s later at the
+    soonest). The next reading finds both gone, but the pidfds told the observer when each
+    ended: rank 1 alone failed first (before round 22 both were culprits, "failed first")."""
+    import signal
+    import threading
+
+    job = start_torchrun(workdir, [])
+    jobs.append(job)
+    job.wait_steps(3)
+    observer = Observer(job=job.run_id)
+    try:
+        observer.tick()
+        victim = job.progress()[1]["pid"]
+        killer = threading.Timer(0.05, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        observer.pause(3.0)  # rank 1 is killed and torchrun tears rank 0 down meanwhile
+        killer.join()
+        observer.run(lambda o: only_track(o).verdict == "failed", 30.0)
+        track = only_track(observer)
+        found = track.to_json()
+    finally:
+        observer.close()
+    assert found["verdict"] == "failed", (found["reason"], track.history)
+    ranks = {r["rank"]: r for r in found["ranks"]}
+    assert ranks[1]["pid"] == victim and ranks[1]["exit"]["signal"] == "SIGKILL", ranks[1]
+    assert ranks[0]["exit"]["source"] == "pidfd", ranks[0]
+    assert 0.01 < ranks[0]["exited_at"] - ranks[1]["exited_at"] < 3.0, ranks
+    assert [c["rank"] for c in found["culprit_ranks"]] == [1], found["culprit_ranks"]
+    assert "s after rank 1" in found["reason"], found["reason"]
+    assert any(e["source"] == "pidfd" and "ended at" in e["what"]
+               for e in found["evidence"]), found["evidence"]
 
 
 def test_a_bare_job_whose_rank_is_killed_fails_with_exit_codes(workdir: Path,

@@ -439,14 +439,23 @@ def test_the_freeze_recovery_game_day_on_a_job_whose_ranks_show_no_number(
 
 def test_resume_rank_any_resumes_only_what_this_run_froze(tmp_path: Path,
                                                           jobs: list[Job]) -> None:
-    """rank="any" for resume_rank is the rank this run froze: with none frozen by this run it
-    fails and names what to do, and a rank stopped by someone else stays stopped."""
+    """rank="any" for resume_rank is the rank this run froze: a rank stopped by someone else
+    stays stopped. With no rank frozen by this run at all (a run interrupted before its
+    method) there is nothing to undo and the result says so; with ranks frozen by this run
+    that are none of this job's live ones it fails and names what to do."""
+    from chaosgpu import faultlog
+
     job = start_spawn(tmp_path, rendezvous="file")
     jobs.append(job)
     wait_spawn_steps(job, 3)
     other = census_job(tag=job.tag)["ranks"][0]["pid"]
     os.kill(other, signal.SIGSTOP)  # stopped by someone else (a debugger, say)
+    faultlog.clear()  # this run has frozen nothing yet
     try:
+        nothing = actions.resume_rank(rank="any", tag=job.tag)
+        assert nothing["result"] == "none frozen by this run" and nothing["pid"] is None
+        assert _state(other) == "T"
+        faultlog.record("SIGSTOP", pid=other + 10**6, starttime=1)  # another job's rank
         with pytest.raises(actions.JobError, match="was frozen by this run"):
             actions.resume_rank(rank="any", tag=job.tag)
         assert _state(other) == "T"

@@ -46,12 +46,16 @@ SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIG
 ANY_RANK = "any"
 
 
+#: the fault kinds that freeze a process (faultlog): what resume_rank("any") may undo
+FREEZE_KINDS = ("SIGSTOP", "freezer")
+
+
 def _frozen_by_this_run(live: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Of a job's `live` rank entries, the one this runner froze last (SIGSTOP or the
     freezer), by PID and start time; None when none."""
     by_key = {(r.get("pid"), r.get("starttime")): r for r in live}
     for fault in reversed(faultlog.recent()):
-        if fault.get("kind") in ("SIGSTOP", "freezer"):
+        if fault.get("kind") in FREEZE_KINDS:
             entry = by_key.get((fault.get("pid"), fault.get("starttime")))
             if entry is not None:
                 return entry
@@ -238,8 +242,14 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). `rank` is a
     number, or "any": the rank of this job that this run froze last (by PID and start time),
-    never one frozen by someone else. Fails when the SIGCONT could not be sent, or, for "any",
-    when this run froze no rank of the job that still lives."""
+    never one frozen by someone else; where this run froze no rank at all (a run interrupted
+    before its method) there is nothing to undo: the result says so (`"result": "none frozen
+    by this run"`) and nothing is sent. Fails when the SIGCONT could not be sent, or, for
+    "any", when the ranks this run froze are none of the job's live ones."""
+    if rank == ANY_RANK and not any(f.get("kind") in FREEZE_KINDS for f in faultlog.recent()):
+        check_selector(job, tag)
+        return {"job": job, "tag": tag, "rank": None, "pid": None,
+                "result": "none frozen by this run", "thawed_cgroups": []}
     _, found, proc, number = rank_process(job, tag, rank, 5.0, frozen=True)
     thawed = _thaw_freezer_groups({proc["pid"]})
     report = send([proc], "SIGCONT", {"job": found["id"]})

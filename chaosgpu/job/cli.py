@@ -129,6 +129,6 @@ def _watch(observer: Observer, as_json: bool) -> int:
                     stamp = time.strftime("%H:%M:%S")
                     print(f"{stamp}  {job['id']}  {job['verdict'].upper()}  {job['reason']}",
                           flush=True)
-            time.sleep(observer.tick_s)
+            observer.pause(observer.tick_s)
     except KeyboardInterrupt:
         return 0

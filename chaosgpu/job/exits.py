@@ -15,8 +15,10 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import signal
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,11 +83,17 @@ _POOL_LIMIT = 512
 
 
 class ExitWatch:
-    """Pidfds on the watched processes, keyed by (pid, starttime), in the process-wide pool."""
+    """Pidfds on the watched processes, keyed by (pid, starttime), in the process-wide pool.
+    While the watcher waits (``wait``), the pidfds tell when each process ended: a pidfd turns
+    readable at its process's exit, so two ranks that ended 0.1 s apart (a rank killed, then
+    the others stopped by torchrun's teardown) are told apart even when one census reading
+    finds both gone."""
 
     def __init__(self) -> None:
         self._fds = _POOL
         self._mine: set[tuple[int, int]] = set()
+        self._watched: set[tuple[int, int]] = set()
+        self._ended_at: dict[tuple[int, int], float] = {}
         self._zombie_status: dict[tuple[int, int], int] = {}
         self.supported: bool | None = None
 
@@ -94,6 +102,7 @@ class ExitWatch:
         False when it is gone or is another process now."""
         key = (pid, starttime)
         if key in self._fds:
+            self._watched.add(key)
             return True
         if process_starttime(pid) != starttime:
             return False
@@ -106,10 +115,43 @@ class ExitWatch:
             return False
         self._fds[key] = fd
         self._mine.add(key)
+        self._watched.add(key)
         while len(self._fds) > _POOL_LIMIT:  # the oldest first
             with contextlib.suppress(OSError):
                 os.close(self._fds.pop(next(iter(self._fds))))
         return True
+
+    def wait(self, seconds: float) -> None:
+        """Sleep `seconds` (the watcher's pause between two readings) while noting the moment
+        (time.time()) each watched process ends: its pidfd turns readable then. A process that
+        had ended before the wait began is noted at its start (an upper bound, as a reading
+        gives it)."""
+        deadline = time.monotonic() + max(0.0, seconds)
+        dropped: set[tuple[int, int]] = set()  # a pidfd the pool closed meanwhile
+        while True:
+            fds = {self._fds[key]: key for key in self._watched
+                   if key not in self._ended_at and key not in dropped and key in self._fds}
+            left = deadline - time.monotonic()
+            if not fds:
+                if left > 0:
+                    time.sleep(left)
+                return
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            ready = poller.poll(max(0, int(left * 1000) + (left > 0)))
+            seen = time.time()
+            for fd, events in ready:
+                if events & select.POLLIN:  # the process ended
+                    self._ended_at[fds[fd]] = seen
+                else:  # POLLNVAL, POLLERR: no live pidfd there any more
+                    dropped.add(fds[fd])
+            if not ready and time.monotonic() >= deadline:
+                return
+
+    def ended_at(self, pid: int, starttime: int) -> float | None:
+        """When a wait saw the process end (time.time()), or None when no wait saw it."""
+        return self._ended_at.get((pid, starttime))
 
     def note_zombie(self, pid: int, starttime: int, exit_code: int | None) -> None:
         """Remember the wait status a sample read from a zombie's stat (older kernels)."""
@@ -153,6 +195,8 @@ class ExitWatch:
         """Close the pidfd of a process no longer watched."""
         fd = self._fds.pop((pid, starttime), None)
         self._mine.discard((pid, starttime))
+        self._watched.discard((pid, starttime))
+        self._ended_at.pop((pid, starttime), None)
         if fd is not None:
             os.close(fd)
 
@@ -164,6 +208,7 @@ class ExitWatch:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._mine.clear()
+        self._watched.clear()
 
 
 def keep_watch(pid: int, starttime: int) -> bool:

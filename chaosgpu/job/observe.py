@@ -389,7 +389,8 @@ class Observer:
         if env and exit_info.clean is not True:
             roots = ((f"/proc/{track.launcher['pid']}/root",) if track.launcher else ()) + ("",)
             error = read_error(who["pid"], env, None, roots)
-        track.update_exit(rank, exit_info, error, now)
+        track.update_exit(rank, exit_info, error, now,
+                          ended_at=self._exits.ended_at(rank.pid, rank.starttime))
         how = (f"{fault['kind']} by chaosgpu at {fault['t']:.3f}" if target else
                f"a peer of {rank_name(fault.get('rank'), fault.get('pid'))} at chaosgpu's "
                f"{fault['kind']}; ended before "
@@ -410,7 +411,8 @@ class Observer:
             stderr = None  # a signalled process's last lines were not its own account
         error = read_error(rank.pid, rank.env, stderr, roots) if exit_info.clean is not True \
             else None
-        track.update_exit(rank, exit_info, error, now)
+        track.update_exit(rank, exit_info, error, now,
+                          ended_at=self._exits.ended_at(rank.pid, rank.starttime))
         track.note(now, exit_info.source or "proc", f"{rank.label} {exit_info.describe()}"
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
         self._exits.forget(rank.pid, rank.starttime)
@@ -461,7 +463,12 @@ class Observer:
             if (elapsed >= min_s and until(self)) or elapsed >= timeout_s:
                 return
             waiting.update(self._seen_now)
-            time.sleep(max(0.0, self.tick_s - (time.monotonic() - began)))
+            self.pause(self.tick_s - (time.monotonic() - began))
+
+    def pause(self, seconds: float) -> None:
+        """Wait between two ticks, noting meanwhile the moment each watched rank ends (its
+        pidfd: ``ExitWatch.wait``)."""
+        self._exits.wait(seconds)
 
     def _seen_now(self) -> str:
         """What the observed jobs are now, for a progress line."""
@@ -499,7 +506,7 @@ def observe(job: str | None = None, tag: str | None = None,
                 if missing_ok:
                     return observer
                 raise JobError(not_found_message(job, tag, observer))
-            time.sleep(observer.tick_s)
+            observer.pause(observer.tick_s)
         observer.run(until or (lambda o: False), timeout_s, min_s, waiting_for)
         return observer
     finally:

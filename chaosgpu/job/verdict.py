@@ -501,8 +501,15 @@ class JobTrack:
             track.last_peer_progress = now
 
     def update_exit(self, track: RankTrack, exit_info: Exit, error: dict[str, Any] | None,
-                    now: float) -> None:
-        """How an ended rank ended (exit status, error text)."""
+                    now: float, ended_at: float | None = None) -> None:
+        """How an ended rank ended (exit status, error text); `ended_at`: when its pidfd said
+        it ended (the observer's pause between two readings), earlier than the reading that
+        found it gone: the rank's end is then that moment."""
+        if ended_at is not None and track.exited_at is not None and ended_at < track.exited_at:
+            self.note(now, "pidfd", f"{track.label} ended at {ended_at:.3f} "
+                      f"({track.exited_at - ended_at:.3f} s before the reading that found it "
+                      "gone)", track.rank)
+            track.exited_at = ended_at
         track.exit = exit_info
         if error is not None:
             track.error = error
@@ -590,8 +597,14 @@ class JobTrack:
                         "be inspected by this observer (another user's): their ranks are "
                         "invisible", None, {})
             if self.launcher_alive and (self.launcher or {}).get("kind") == "torchrun":
-                return ("restarting", "the elastic agent lives with no rank: it is starting or "
-                        "restarting them", None, {})
+                if not self.ranks:  # no attempt seen: nothing seen to restart (before
+                    # round 22 "restarting", the first verdict of every torchrun job)
+                    return ("unknown", "the elastic agent lives and this watch has seen no "
+                            "rank of it yet: it is starting (its rendezvous waits for "
+                            "--nnodes MIN nodes) or between two attempts", None, {})
+                return ("restarting", "the elastic agent lives with no rank: the ranks of "
+                        "the last attempt ended and the next ones are not started yet", None,
+                        {})
             return "unknown", "no rank of this job has been seen", None, {}
         if not live:
             return self._ended_verdict(ranks, restarts, now)

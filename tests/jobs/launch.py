@@ -113,9 +113,10 @@ def _env(tag: str) -> dict[str, str]:
 
 
 def start_torchrun(workdir: Path, args: list[str], nproc: int = 2, max_restarts: int = 0,
-                   standalone: bool = False, extra_env: dict[str, str] | None = None) -> Job:
-    """torchrun --nproc-per-node `nproc` train.py `args` (c10d rendezvous on loopback, a known
-    run id unless `standalone`)."""
+                   standalone: bool = False, extra_env: dict[str, str] | None = None,
+                   launcher_args: list[str] | None = None) -> Job:
+    """torchrun --nproc-per-node `nproc` [`launcher_args`] train.py `args` (c10d rendezvous on
+    loopback, a known run id unless `standalone`)."""
     tag = f"verdict-{uuid.uuid4().hex[:8]}"
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     job = Job(run_id, tag, workdir, world_size=nproc)
@@ -127,7 +128,7 @@ def start_torchrun(workdir: Path, args: list[str], nproc: int = 2, max_restarts:
     else:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                  f"--rdzv-id={run_id}"]
-    argv += [str(TRAIN), "--progress-dir", str(job.progress_dir), *args]
+    argv += [*(launcher_args or []), str(TRAIN), "--progress-dir", str(job.progress_dir), *args]
     env = _env(tag)
     env.update(extra_env or {})
     with open(workdir / "torchrun.log", "wb") as log:
