@@ -76,6 +76,26 @@ def test_frozen_rank_hangs_the_ring_and_is_cleaned_up(ring: tuple[str, RingLaunc
     assert again["found"] == 0 and "nothing to clean up" in again["note"]
 
 
+def test_resume_rank_by_number_leaves_a_rank_stopped_by_someone_else(
+        ring: tuple[str, RingLaunch]) -> None:
+    """A rollback resume_rank(rank=1) in a run that froze nothing (an operator stopped rank 1,
+    the run failed its steady state before the method): nothing is sent and rank 1 stays
+    stopped (before round 22 it was SIGCONTed)."""
+    tag, _ = ring
+    pid = next(r["pid"] for r in probes.job_state(tag=tag)["ranks"] if r["rank"] == 1)
+    os.kill(pid, signal.SIGSTOP)  # stopped by someone else (a debugger, say)
+    try:
+        left = actions.resume_rank(tag=tag, rank=1)
+        assert left["result"] == "not frozen by this run" and left["pid"] == pid, left
+        time.sleep(0.3)
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            assert handle.read().rsplit(b")", 1)[1].split()[0] == b"T"
+        frozen = actions.freeze_rank(tag=tag, rank=2)
+        assert actions.resume_rank(tag=tag, rank=2)["result"] == "sent", frozen
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_freeze_then_resume_runs_again_and_a_killed_rank_fails_the_ring(
         ring: tuple[str, RingLaunch]) -> None:
     tag, launch = ring

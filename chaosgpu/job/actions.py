@@ -110,7 +110,9 @@ def rank_process(job: str | None, tag: str | None, rank: Union[int, str], deadli
             if rank == ANY_RANK:
                 raise JobError(f"{what} has no live rank (ranks: {ranks})" if not frozen else
                                f"no live rank of {what} was frozen by this run (ranks: {ranks}):"
-                               " name the rank to resume")
+                               " this run resumes only what it froze (a process stopped "
+                               "elsewhere is resumed by signal_processes with SIGCONT and "
+                               "its own scope)")
             hidden = [r.get("pid") for r in found["ranks"] if r.get("rank") is None
                       and r.get("pid") is not None]
             raise JobError(f"{what} has no live process for rank {rank} (ranks: {ranks})"
@@ -240,17 +242,24 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
 def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Resume a frozen rank (thaw its freezer cgroup, SIGCONT through a pidfd). `rank` is a
-    number, or "any": the rank of this job that this run froze last (by PID and start time),
-    never one frozen by someone else; where this run froze no rank at all (a run interrupted
-    before its method) there is nothing to undo: the result says so (`"result": "none frozen
-    by this run"`) and nothing is sent. Fails when the SIGCONT could not be sent, or, for
-    "any", when the ranks this run froze are none of the job's live ones."""
+    """Resume a rank this run froze (thaw its freezer cgroup, SIGCONT through a pidfd), never
+    one stopped by someone else. `rank` is a number, or "any": the rank of this job that this
+    run froze last (by PID and start time). Where this run froze no rank at all (a run
+    interrupted before its method) there is nothing to undo: `"result": "none frozen by this
+    run"`; a numbered rank this run did not freeze is left as it is: `"result": "not frozen
+    by this run"` (its state in `state`). Nothing is sent then. Fails when the SIGCONT could
+    not be sent, or, for "any", when the ranks this run froze are none of the job's live
+    ones."""
     if rank == ANY_RANK and not any(f.get("kind") in FREEZE_KINDS for f in faultlog.recent()):
         check_selector(job, tag)
         return {"job": job, "tag": tag, "rank": None, "pid": None,
                 "result": "none frozen by this run", "thawed_cgroups": []}
     _, found, proc, number = rank_process(job, tag, rank, 5.0, frozen=True)
+    if not any(f.get("kind") in FREEZE_KINDS for f in faultlog.for_pid(proc["pid"],
+                                                                      proc["starttime"])):
+        return {"job": found["id"], "rank": number, "pid": proc["pid"],
+                "result": "not frozen by this run", "state": proc.get("state"),
+                "thawed_cgroups": []}
     thawed = _thaw_freezer_groups({proc["pid"]})
     report = send([proc], "SIGCONT", {"job": found["id"]})
     result = report["results"][0]
