@@ -1,5 +1,14 @@
 """`chaosgpu cleanup`: remove everything chaosgpu left behind on this node, after any run,
-including one whose runner crashed or was killed.
+including one whose runner crashed or was killed, and nothing of a run still in progress.
+
+What is left behind: a record (partition, workload, sandbox) whose runner is gone. A record
+whose runner still lives (same PID and start time, not this process) belongs to a run in
+progress, maybe another team's game-day sharing the state dir: it is kept and listed under
+"kept" (`--include-running` removes it too). chaosgpu's freezer groups are host-wide (another
+state dir's run may own one): only the processes this cleanup removes (those of the workloads
+and sandboxes it removes, and those of `--tag`) are thawed out of them; other frozen members are
+listed under "left_frozen" (`--thaw-all` thaws every chaosgpu freezer group, as before round
+22).
 
 Order: heal chaosgpu's network partitions (their nftables tables, by record), thaw chaosgpu's
 freezer cgroups (a frozen process ignores SIGKILL until thawed), stop
@@ -20,6 +29,7 @@ and job modules do, through pidfds) and must not remove anything it has no recor
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -36,107 +46,206 @@ def _safe(step: str, func: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | N
         return None, f"{step}: {type(error).__name__}: {error}"
 
 
-def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
-                tags: list[str] | None = None) -> dict[str, Any]:
-    """Heal every recorded partition, remove every recorded workload and sandbox (and processes
-    of `tags`) and stale injector files; return the report {"removed": [...], "not_removed":
-    [...], "zombies": [...], "thawed_cgroups": [...], "injector_files_removed", "took_s"}."""
+def _run_in_progress(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The runner of `record` (a workload's or partition's "runner", a sandbox's "owner") when
+    it still lives and is not this process: the record belongs to a run in progress. None when
+    the runner is gone, is this process, or is not recorded."""
+    from chaosgpu.node import process_starttime
+
+    runner = record.get("runner") or record.get("owner")
+    if not isinstance(runner, dict) or not isinstance(runner.get("pid"), int):
+        return None
+    pid = runner["pid"]
+    if pid == os.getpid() or runner.get("starttime") is None:
+        return None
+    return runner if process_starttime(pid) == runner["starttime"] else None
+
+
+def _record_pids(record: dict[str, Any]) -> set[int]:
+    """The host PIDs a workload or sandbox record names (its processes, its PID 1 and
+    supervisor): those a cleanup that removes it may thaw out of a freezer group."""
+    pids = {p.get("pid") for p in record.get("processes") or [] if isinstance(p, dict)}
+    for key in ("pid", "init_pid", "host_pid", "supervisor_pid"):
+        pids.add(record.get(key))
+    for key in ("init", "supervisor"):
+        if isinstance(record.get(key), dict):
+            pids.add(record[key].get("pid"))
+    return {pid for pid in pids if isinstance(pid, int)}
+
+
+def _kept(kind: str, name: str, runner: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": kind, "name": name, "runner": runner,
+            "reason": f"its run is in progress (runner PID {runner['pid']} lives): "
+                      "--include-running removes it too"}
+
+
+class _Report:
+    """What a cleanup removed, could not remove, kept (runs in progress) and found dead."""
+
+    def __init__(self) -> None:
+        self.removed: list[dict[str, Any]] = []
+        self.not_removed: list[dict[str, Any]] = []
+        self.kept: list[dict[str, Any]] = []
+        self.zombies: list[dict[str, Any]] = []
+
+    def outcome(self, kind: str, name: str, step: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one removal step; note it removed (its result as detail) or not (its error)."""
+        result, error = _safe(f"{kind} {name}", step, *args, **kwargs)
+        if error:
+            self.not_removed.append({"kind": kind, "name": name, "reason": error})
+        return result if error is None else None
+
+
+def _ended_runs(kind: str, include_running: bool, report: _Report) -> dict[str, dict[str, Any]]:
+    """The records of `kind` whose run has ended (all with `include_running`); the others go
+    to the report's "kept"."""
     from chaosgpu import state
+
+    chosen: dict[str, dict[str, Any]] = {}
+    for name, record in sorted(state.list_records(kind).items()):
+        runner = None if include_running else _run_in_progress(record)
+        if runner is not None:
+            report.kept.append(_kept(kind.rstrip("s"), name, runner))
+        else:
+            chosen[name] = record
+    return chosen
+
+
+def _thaw(records: list[dict[str, Any]], tags: list[str], thaw_all: bool,
+          report: _Report) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Thaw out of chaosgpu's freezer groups the processes of `records` and of `tags` (every
+    member of every group with `thaw_all`): (thawed groups, members left frozen)."""
     from chaosgpu.process.actions import _thaw_freezer_groups
 
-    started = time.monotonic()
-    removed: list[dict[str, Any]] = []
-    not_removed: list[dict[str, Any]] = []
-    zombies: list[dict[str, Any]] = []
-    from chaosgpu.network import partitions
+    thawing: set[int] | None = None
+    if not thaw_all:
+        from chaosgpu.scope import resolve_scope
 
-    for ident in sorted(state.list_records(partitions.KIND)):
-        healed, error = _safe(f"partition {ident}", partitions.remove, ident)
-        if error:
-            not_removed.append({"kind": "partition", "name": ident, "reason": error})
-        else:
-            removed.append({"kind": "partition", "name": ident, "detail": healed})
-    thawed, error = _safe("thaw freezer cgroups", _thaw_freezer_groups, None)
-    if error:
-        not_removed.append({"kind": "freezer", "reason": error})
+        thawing = set()
+        for record in records:
+            thawing |= _record_pids(record)
+        for tag in tags:
+            found = report.outcome("tag", tag, resolve_scope, {"tag": tag}, observe=True)
+            thawing |= {p["pid"] for p in found or []}
+    thawed = report.outcome("freezer", "groups", _thaw_freezer_groups, thawing) or []
+    left = [{"cgroup": g["cgroup"], "pids": g["left_frozen"]} for g in thawed
+            if g.get("left_frozen")]
+    return [g for g in thawed if g.get("pids")], left
 
+
+def _stop_workload(tag: str, grace_s: float, deadline_s: float, report: _Report) -> None:
     from chaosgpu.workloads.actions import stop_workload
 
-    for tag in sorted(state.list_records("workloads")):
-        result, error = _safe(f"workload {tag}", stop_workload, tag, grace_s=grace_s,
-                              deadline_s=deadline_s, missing_ok=True)
-        if error:
-            not_removed.append({"kind": "workload", "name": tag, "reason": error})
-            continue
-        outcomes = (result or {}).get("processes") or {}
-        stuck = [pid for pid, what in outcomes.items() if str(what).startswith("still alive")]
-        if stuck:
-            not_removed.append({"kind": "workload", "name": tag,
-                                "reason": f"still alive after SIGKILL: {stuck}"})
-        else:
-            removed.append({"kind": "workload", "name": tag, "detail": result})
+    result = report.outcome("workload", tag, stop_workload, tag, grace_s=grace_s,
+                            deadline_s=deadline_s, missing_ok=True)
+    if result is None:
+        return
+    outcomes = result.get("processes") or {}
+    stuck = [pid for pid, what in outcomes.items() if str(what).startswith("still alive")]
+    if stuck:
+        report.not_removed.append({"kind": "workload", "name": tag,
+                                   "reason": f"still alive after SIGKILL: {stuck}"})
+    else:
+        report.removed.append({"kind": "workload", "name": tag, "detail": result})
 
-    from chaosgpu.sandbox.actions import remove_sandbox
 
-    for name in sorted(state.list_records("sandboxes")):
-        result, error = _safe(f"sandbox {name}", remove_sandbox, name, missing_ok=True)
-        if error:
-            not_removed.append({"kind": "sandbox", "name": name, "reason": error})
-        else:
-            removed.append({"kind": "sandbox", "name": name, "detail": result})
-
+def _clean_tag(tag: str, grace_s: float, deadline_s: float, report: _Report) -> None:
     from chaosgpu.job.hang import cleanup as cleanup_tagged
 
-    for tag in tags or []:
-        result, error = _safe(f"tag {tag}", cleanup_tagged, tag=tag, grace_s=grace_s,
-                              deadline_s=deadline_s)
-        if error:
-            not_removed.append({"kind": "tag", "name": tag, "reason": error})
-            continue
-        for item in result.get("not_removed") or []:
-            not_removed.append({"kind": "process", "name": tag, **item})
-        for item in result.get("zombies") or []:
-            zombies.append({"kind": "process", "name": tag, **item})
-        if result.get("removed"):
-            removed.append({"kind": "tag", "name": tag, "pids": result["removed"]})
-    from chaosgpu.gpu import injector
+    result = report.outcome("tag", tag, cleanup_tagged, tag=tag, grace_s=grace_s,
+                            deadline_s=deadline_s)
+    if result is None:
+        return
+    for item in result.get("not_removed") or []:
+        report.not_removed.append({"kind": "process", "name": tag, **item})
+    for item in result.get("zombies") or []:
+        report.zombies.append({"kind": "process", "name": tag, **item})
+    if result.get("removed"):
+        report.removed.append({"kind": "tag", "name": tag, "pids": result["removed"]})
 
-    swept, error = _safe("injector files", injector.sweep, injector.inject_dir())
-    if error:
-        not_removed.append({"kind": "injector-files", "reason": error})
-    return {"removed": removed, "not_removed": not_removed, "zombies": zombies,
-            "thawed_cgroups": thawed or [], "injector_files_removed": swept or 0,
-            "state_dir": str(state.state_dir()), "took_s": round(time.monotonic() - started, 3)}
+
+def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
+                tags: list[str] | None = None, include_running: bool = False,
+                thaw_all: bool = False) -> dict[str, Any]:
+    """Heal every recorded partition, remove every recorded workload and sandbox (and processes
+    of `tags`) and stale injector files, leaving alone records whose runner still lives (a run
+    in progress: "kept") unless `include_running`; thaw out of chaosgpu's freezer groups only
+    the processes this cleanup removes, unless `thaw_all`. Return the report {"removed": [...],
+    "not_removed": [...], "kept": [...], "zombies": [...], "thawed_cgroups": [...],
+    "left_frozen": [...], "injector_files_removed", "took_s"}."""
+    from chaosgpu import state
+    from chaosgpu.gpu import injector
+    from chaosgpu.network import partitions
+    from chaosgpu.sandbox.actions import remove_sandbox
+
+    started = time.monotonic()
+    report = _Report()
+    for ident in _ended_runs(partitions.KIND, include_running, report):
+        healed = report.outcome("partition", ident, partitions.remove, ident)
+        if healed is not None:
+            report.removed.append({"kind": "partition", "name": ident, "detail": healed})
+    workloads = _ended_runs("workloads", include_running, report)
+    sandboxes = _ended_runs("sandboxes", include_running, report)
+    thawed, left_frozen = _thaw([*workloads.values(), *sandboxes.values()], tags or [],
+                                thaw_all, report)
+    for tag in workloads:
+        _stop_workload(tag, grace_s, deadline_s, report)
+    for name in sandboxes:
+        result = report.outcome("sandbox", name, remove_sandbox, name, missing_ok=True)
+        if result is not None:
+            report.removed.append({"kind": "sandbox", "name": name, "detail": result})
+    for tag in tags or []:
+        _clean_tag(tag, grace_s, deadline_s, report)
+    swept = report.outcome("injector-files", "stale", injector.sweep, injector.inject_dir())
+    return {"removed": report.removed, "not_removed": report.not_removed, "kept": report.kept,
+            "zombies": report.zombies, "thawed_cgroups": thawed, "left_frozen": left_frozen,
+            "injector_files_removed": swept or 0, "state_dir": str(state.state_dir()),
+            "took_s": round(time.monotonic() - started, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: `chaosgpu cleanup [--grace-s S] [--deadline-s S] [--tag T]... [--json]`."""
+    """Command line: `chaosgpu cleanup [--grace-s S] [--deadline-s S] [--tag T]...
+    [--include-running] [--thaw-all] [--json]`."""
     parser = argparse.ArgumentParser(
         prog="chaosgpu cleanup",
-        description="Remove every sandbox and workload chaosgpu recorded (safe after a crashed "
-                    "run, safe to run twice), and optionally every process carrying a tag.")
+        description="Remove every partition, sandbox and workload chaosgpu recorded whose run "
+                    "has ended (its runner is gone: safe after a crashed run, safe to run "
+                    "twice, never a run in progress), and optionally every process carrying a "
+                    "tag.")
     parser.add_argument("--grace-s", type=option(SECONDS), default=2.0,
                         help="SIGTERM grace before SIGKILL (default 2)")
     parser.add_argument("--deadline-s", type=option(POSITIVE_SECONDS), default=30.0,
                         help="how long to wait for processes to die after SIGKILL (default 30)")
     parser.add_argument("--tag", action="append", default=[], type=option(TAG, str),
                         help="also remove live processes carrying CHAOSGPU_TAG=TAG (repeatable)")
+    parser.add_argument("--include-running", action="store_true",
+                        help="also remove the records of runs still in progress (their runner "
+                             "lives: maybe another team's game-day)")
+    parser.add_argument("--thaw-all", action="store_true",
+                        help="thaw every chaosgpu freezer group on the host, not only the "
+                             "processes this cleanup removes (other state dirs' runs too)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    report = cleanup_all(args.grace_s, args.deadline_s, args.tag)
+    report = cleanup_all(args.grace_s, args.deadline_s, args.tag,
+                         include_running=args.include_running, thaw_all=args.thaw_all)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(f"state dir: {report['state_dir']}")
-        if not report["removed"] and not report["not_removed"]:
+        if not report["removed"] and not report["not_removed"] and not report["kept"]:
             print("nothing to clean up")
         for item in report["removed"]:
             print(f"removed {item['kind']} {item.get('name')}")
         for group in report["thawed_cgroups"]:
-            print(f"thawed freezer cgroup {group['cgroup']}")
+            print(f"thawed freezer cgroup {group['cgroup']}: PIDs {group['pids']}")
+        for group in report["left_frozen"]:
+            print(f"left frozen (not this cleanup's: --thaw-all thaws them): PIDs "
+                  f"{group['pids']} in {group['cgroup']}")
+        for item in report["kept"]:
+            print(f"kept {item['kind']} {item['name']}: {item['reason']}")
         for item in report["zombies"]:
             print(f"dead, not yet reaped by its parent: PID {item['pid']} ({item['name']})")
         for item in report["not_removed"]:

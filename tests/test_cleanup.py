@@ -67,6 +67,66 @@ def test_cleanup_after_a_crashed_runner_leaves_nothing(method: str) -> None:
     assert code == 0 and "nothing to clean up" in output
 
 
+LIVE_RUNNER = """
+import sys, time
+from chaosgpu.workloads.actions import start_holders
+from chaosgpu.process.actions import freeze_processes
+tag, method = sys.argv[1], sys.argv[2]
+start_holders(count=1, mib=4, via="host", tag=tag, timeout_s=60)
+freeze_processes({"tag": tag}, method=method)
+print("ready", flush=True)
+time.sleep(120)  # a game-day in progress: its runner lives
+"""
+
+
+def _state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+@pytest.mark.parametrize("method", ["sigstop", "freezer"])
+def test_cleanup_keeps_a_run_in_progress_until_its_runner_is_gone(method: str) -> None:
+    """Another team's game-day shares the state dir: its runner lives, its workload is frozen.
+    `chaosgpu cleanup --tag <another tag>` keeps that workload and leaves it frozen (before
+    round 22 it stopped the workload and thawed every chaosgpu freezer group on the host);
+    once the runner is gone, the workload is left behind and the next cleanup removes it."""
+    if method == "freezer" and (os.geteuid() != 0 or
+                                not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs")):
+        pytest.skip("needs root and the cgroup v1 freezer")
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.Popen([sys.executable, "-c", LIVE_RUNNER, tag, method],
+                              env=dict(os.environ), stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    try:
+        assert runner.stdout is not None and runner.stdout.readline().strip() == "ready"
+        (pid,) = _alive(tag)
+        frozen = _state_of(pid)
+        assert frozen in ("T", "D"), frozen
+        code, output = _cleanup("--json", "--tag", f"cl-other-{uuid.uuid4().hex[:6]}")
+        report = json.loads(output[output.index("{"):])
+        assert code == 0, output
+        assert [(k["kind"], k["name"], k["runner"]["pid"]) for k in report["kept"]
+                if k["name"] == tag] == [("workload", tag, runner.pid)], report["kept"]
+        assert not any(item.get("name") == tag for item in report["removed"]), report
+        assert all(pid not in group["pids"] for group in report["thawed_cgroups"]), report
+        time.sleep(0.3)
+        assert _alive(tag) == [pid] and _state_of(pid) == frozen  # still frozen, untouched
+        assert tag in state.list_records("workloads")
+    finally:
+        runner.kill()
+        runner.wait(timeout=10)
+    code, output = _cleanup("--json", "--grace-s", "0.5")
+    report = json.loads(output[output.index("{"):])
+    assert code == 0, output
+    assert ("workload", tag) in {(item["kind"], item["name"]) for item in report["removed"]}
+    deadline = time.monotonic() + 10
+    while _alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(tag) and tag not in state.list_records("workloads")
+    if method == "freezer":
+        assert any(pid in group["pids"] for group in report["thawed_cgroups"]), report
+
+
 def test_cleanup_by_tag_removes_unrecorded_processes() -> None:
     tag = f"cl-{uuid.uuid4().hex[:8]}"
     procs = [subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=tag),
