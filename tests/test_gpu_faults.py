@@ -87,6 +87,32 @@ def test_no_nvml_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_gpu_faults_left()
 
 
+def test_the_host_backend_runs_on_a_machine_without_a_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend="host" (host memory, a CPU core) runs where NVML sees no GPU, as the docs say:
+    the same start, readiness and rollback paths (before round 22 both refused: "no GPU
+    visible through NVML here"). Nothing is left running."""
+    monkeypatch.delenv(devices.REPLAY_ENV, raising=False)
+    if _nvml_here():
+        pytest.skip("this machine has a GPU")
+    pressure = actions.start_memory_pressure(mib=16, backend="host", tag="host-nogpu-p")
+    contention = actions.start_compute_contention(backend="host", duration_s=30,
+                                                  duty_cycle=0.2, tag="host-nogpu-c")
+    try:
+        assert pressure["held_mib"] == 16 and pressure["device"] == 0
+        assert pressure["uuid"] is None and contention["uuid"] is None
+        assert {w["tag"] for w in probes.gpu_faults()} >= {"host-nogpu-p", "host-nogpu-c"}
+    finally:
+        stopped = [actions.stop_gpu_fault(tag, grace_s=5) for tag in ("host-nogpu-p",
+                                                                        "host-nogpu-c")]
+    assert all(s["stopped"] for s in stopped), stopped
+    for pid in (pressure["pid"], contention["pid"]):
+        assert process_state(pid) in (None, "Z")
+    with pytest.raises(ValueError, match="device must be a GPU index or UUID"):
+        actions.start_memory_pressure(device="first", mib=16, backend="host")
+    _no_gpu_faults_left()
+
+
 def _nvml_here() -> bool:
     from chaosgpu.node import nvml_snapshot
 

@@ -66,10 +66,17 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
     instead (machines without a GPU)."""
     backend = _check_backend(backend)
     devices.check_number("chunk_mib", chunk_mib, minimum=2, integer=True)
-    entry = devices.resolve_device(device)
-    request = devices.check_mib(entry, mib, leave_mib)
-    if backend == "host" and mib is None:
-        raise ValueError("backend 'host' needs mib (there is no device to leave memory on)")
+    if backend == "host":  # host memory: no GPU is asked (a machine without one runs it too)
+        if mib is None or leave_mib is not None:
+            raise ValueError("backend 'host' needs mib, not leave_mib (there is no device to "
+                             "leave memory on)")
+        devices.check_number("mib", mib, minimum=1, integer=True)
+        entry = devices.host_backend_device(device)
+        request = {"mib": mib, "leave_mib": None, "total_mib": entry.get("memory_total_mib"),
+                   "free_mib": None}
+    else:
+        entry = devices.resolve_device(device)
+        request = devices.check_mib(entry, mib, leave_mib)
     tag = launch.check_tag(tag, "pressure")
     args = ["--backend", backend, "--chunk-mib", str(chunk_mib),
             "--duration-s", str(duration_s or 0)]
@@ -83,8 +90,8 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
     pid = started["record"]["processes"][0]["pid"]
     _mark("memory-pressure", tag=tag, pid=pid, held_mib=ready.get("held_mib"),
           device=entry.get("index"))
-    logger.info("chaosgpu: holding %s MiB of GPU %s (tag %s)", ready.get("held_mib"),
-                entry.get("index"), tag)
+    logger.info("chaosgpu: holding %s MiB of %s (tag %s)", ready.get("held_mib"),
+                "host memory" if backend == "host" else f"GPU {entry.get('index')}", tag)
     return {"tag": tag, "kind": "memory-pressure", "pid": pid, "device": entry.get("index"),
             "uuid": entry.get("uuid"), "backend": backend, "held_mib": ready.get("held_mib"),
             "free_mib_after": ready.get("free_mib_after"),
@@ -113,7 +120,8 @@ def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30
         raise ValueError(f"period_s ({period_s:g}) must not exceed duration_s ({duration_s:g})")
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
-    entry = devices.resolve_device(device)
+    entry = (devices.host_backend_device(device) if backend == "host"
+             else devices.resolve_device(device))
     tag = launch.check_tag(tag, "contention")
     args = ["--backend", backend, "--target", target, "--duty-cycle", str(duty_cycle),
             "--period-s", str(period_s), "--duration-s", str(duration_s)]

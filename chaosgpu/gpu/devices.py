@@ -67,6 +67,29 @@ def resolve_device(device: Any, section: dict[str, Any] | None = None) -> dict[s
     raise ValueError(f"device must be a GPU index or UUID, got {device!r}; GPUs: {listing}")
 
 
+def host_backend_device(device: Any) -> dict[str, Any]:
+    """The device entry of a `backend="host"` fault, which uses no GPU: the GPU `device` names
+    where NVML sees GPUs (resolve_device: its journal names it), else, on a machine without a
+    GPU, `host_stand_in(device)` (so the same start, readiness and rollback paths run there)."""
+    try:
+        section = gpu_section()
+    except RuntimeError:  # no GPU visible: nothing to name
+        return host_stand_in(device)
+    return resolve_device(device, section)
+
+
+def host_stand_in(device: Any) -> dict[str, Any]:
+    """The device entry of a `backend="host"` fault where no GPU is visible: `device` is checked
+    for its form only (an index >= 0 or a "GPU-..." UUID); no UUID, no memory figures."""
+    if isinstance(device, bool) or not isinstance(device, (int, str)) or (
+            isinstance(device, int) and device < 0) or (
+            isinstance(device, str) and not (device.strip().isdigit()
+                                            or device.strip().upper().startswith("GPU-"))):
+        raise ValueError(f"device must be a GPU index or UUID, got {device!r}")
+    index = int(device) if isinstance(device, int) or device.strip().isdigit() else None
+    return {"index": index, "uuid": None, "memory_total_mib": None, "memory_used_mib": None}
+
+
 def check_number(name: str, value: Any, minimum: float | None = None,
                  maximum: float | None = None, integer: bool = False,
                  allow_none: bool = False, strict_minimum: bool = False) -> Any:
