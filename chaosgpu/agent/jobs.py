@@ -23,6 +23,10 @@ logger = logging.getLogger("chaostoolkit")
 _ENDED = ("finished", "failed")
 
 
+#: the longest the job thread waits at a time before it looks at its stop flag (seconds)
+PAUSE_SLICE_S = 0.2
+
+
 class JobWatch:
     """Observes every job on the node on a thread, every `every_s` seconds."""
 
@@ -68,7 +72,16 @@ class JobWatch:
                 self.errors += 1
                 self.last_error = f"{type(error).__name__}: {error}"
                 logger.error("chaosgpu agent: job observation failed: %s", self.last_error)
-            self._stop.wait(max(0.05, self.every_s - (time.monotonic() - began)))
+            self._pause_until(max(began + self.every_s, time.monotonic() + 0.05))
+
+    def _pause_until(self, deadline: float) -> None:
+        """Wait until `deadline` (monotonic) or stop, in the observer's pause (which notes the
+        moment each watched rank ends: its pidfd), a short slice at a time so stop is quick."""
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.observer.pause(min(left, PAUSE_SLICE_S))
 
     def tick(self) -> None:
         """One observation round: update every job's verdict, drop long-ended jobs."""
