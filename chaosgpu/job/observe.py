@@ -277,6 +277,9 @@ class Observer:
                            now: float) -> None:
         from chaosgpu.node import process_activity, process_starttime
 
+        # every live rank is read first: whose socket is at the other end of a connection,
+        # and whether that rank can read, is known for this reading before any byte counts
+        readings: dict[tuple[int, int], dict[str, Any] | None] = {}
         for rank in list(track.ranks.values()):
             if not rank.live:
                 if rank.helpers:
@@ -286,10 +289,15 @@ class Observer:
             activity = process_activity(rank.pid)
             if activity is not None and activity.get("state") in ("Z", "X"):
                 self._exits.note_zombie(rank.pid, rank.starttime, activity.get("exit_code"))
-            frozen = self._frozen.get((rank.pid, rank.starttime), False)
+            readings[(rank.pid, rank.starttime)] = activity
+        frozen = {key for key in readings if self._is_frozen(track, key)}
+        ends = track.peer_ends(readings, sockets, frozen)
+        for key, activity in readings.items():
+            rank = track.ranks[key]
             if rank.helpers:
                 track.update_helper_activity(rank, self._helper_ticks(rank.helpers), now)
-            track.update_activity(rank, activity, sockets, now, frozen=frozen)
+            track.update_activity(rank, activity, sockets, now, frozen=key in frozen,
+                                  peers=ends)
             if not rank.live:
                 self._record_exit(track, rank, now)
         if track.launcher is not None and track.launcher.get("starttime") is not None:
@@ -302,6 +310,15 @@ class Observer:
                 alive = False
             exit_info = None if alive else self._exits.exit_of(pid, start)
             track.update_launcher(alive, exit_info, now)
+
+    def _is_frozen(self, track: JobTrack, key: tuple[int, int]) -> bool:
+        """Whether a rank is frozen by a cgroup freezer: as the last census saw it, or frozen
+        by this runner (its fault log) since that census began (a frozen process's /proc
+        state does not show it, and the census that will is still to come)."""
+        if self._frozen.get(key, False):
+            return True
+        return any(f.get("kind") == "freezer" and (f.get("pid"), f.get("starttime")) == key
+                   and float(f.get("t") or 0) >= self._last_census for f in track.faults)
 
     @staticmethod
     def _helper_ticks(helpers: dict[int, int]) -> dict[int, int | None]:

@@ -21,10 +21,17 @@ Verdicts (docs/faults.md, "Job verdicts"):
   the GPU with no Flight Recorder, exit statuses hidden): the reason says which.
 
 Progress is something seen between two observations, never inferred from one instant: bytes
-crossing a rank's connections to its peers (the kernel's TCP counters; the store's connection
-does not count), a Python stack that moved (frames or simple local values outside the innermost
-line), CPU time or written bytes while the rank is not waiting in a known place, or a Flight
-Recorder collective that completed.
+crossing a rank's connections to its peers (the kernel's TCP counters), a Python stack that
+moved (frames or simple local values outside the innermost line), CPU time or written bytes
+while the rank is not waiting in a known place, or a Flight Recorder collective that completed.
+
+A peer connection is one whose other end is a socket of another live rank of the same job, as
+the observer saw them in one reading (`PeerEnds`), or, for a job with ranks whose sockets this
+node's table does not show (another host or network namespace), one whose other end is not in
+the table at all. A connection to any other process (a metrics collector, a logging or data
+service, the rendezvous store) moves no training and never counts, and neither does a
+connection to a rank that cannot read (stopped or frozen): the bytes the kernel accepts into its
+receive buffer are not a collective's progress.
 """
 
 import os
@@ -45,7 +52,7 @@ from chaosgpu.job.stacks import (
     signature,
 )
 
-__all__ = ["VERDICTS", "RankTrack", "JobTrack", "DEFAULT_WINDOW_S", "rank_key",
+__all__ = ["VERDICTS", "RankTrack", "JobTrack", "PeerEnds", "DEFAULT_WINDOW_S", "rank_key",
            "rank_name", "rank_with_pid"]
 
 VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
@@ -88,6 +95,23 @@ def rank_with_pid(rank: int | None, pid: int | None) -> str:
 
 def _culprit_text(culprit: dict[str, Any]) -> str:
     return f"{rank_name(culprit['rank'], culprit['pid'])} {culprit['why']}"
+
+
+@dataclass
+class PeerEnds:
+    """Who holds the other end of a job's connections, from one reading of its ranks' sockets
+    (`JobTrack.peer_ends`): the connections whose bytes may count as progress toward peers."""
+
+    #: local end ("addr:port") of each established socket a live rank holds -> that rank's
+    #: (pid, start time)
+    owners: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: every local end in the node's table: a remote end among them is a process here
+    local_ends: set[str] = field(default_factory=set)
+    #: the ranks that cannot read in this reading (stopped or frozen), (pid, start time)
+    cannot_read: set[tuple[int, int]] = field(default_factory=set)
+    #: the job has ranks whose sockets the table does not show (another host or namespace):
+    #: a remote end outside the table may be one of them
+    elsewhere: bool = False
 
 
 @dataclass
@@ -307,10 +331,41 @@ class JobTrack:
                           "connections", track.rank)
         track.holders = holders
 
+    def peer_ends(self, readings: dict[tuple[int, int], dict[str, Any] | None],
+                  sockets: dict[int, dict[str, Any]] | None,
+                  frozen: set[tuple[int, int]] | None = None) -> PeerEnds:
+        """Who is on the other end of this job's connections, from one reading of its live
+        ranks (`readings`: (pid, start time) -> their /proc sample with socket inodes, None
+        where gone) and the node's TCP table; `frozen`: the ranks known frozen (the census's
+        freezer state, or a freeze this runner recorded since the last census)."""
+        ends = PeerEnds()
+        if sockets is None:
+            return ends
+        ends.local_ends = {s["local"] for s in sockets.values() if "local" in s}
+        here = 0
+        for key, activity in readings.items():
+            if activity is None or activity.get("starttime") != key[1] \
+                    or activity.get("state") in ("Z", "X"):
+                continue
+            if activity.get("state") in ("T", "t") or key in (frozen or set()):
+                ends.cannot_read.add(key)
+            shown = [sockets[i] for i in activity.get("socket_inodes") or [] if i in sockets]
+            if shown:
+                here += 1
+            for sock in shown:
+                if sock.get("state") == "ESTABLISHED" and "local" in sock:
+                    ends.owners[sock["local"]] = key
+        live = sum(1 for t in self.current_ranks() if t.live)
+        ends.elsewhere = (self.world_size is not None and self.world_size > here) \
+            or live > here
+        return ends
+
     def update_activity(self, track: RankTrack, activity: dict[str, Any] | None,
                         sockets: dict[int, dict[str, Any]] | None, now: float,
-                        frozen: bool = False) -> None:
-        """One /proc sample of a rank (None: it is gone) with the node's TCP table."""
+                        frozen: bool = False, peers: PeerEnds | None = None) -> None:
+        """One /proc sample of a rank (None: it is gone) with the node's TCP table and who
+        holds the other ends of its connections (`peers`, from `peer_ends`; without it no
+        connection is known to reach a peer, so no byte counts as progress)."""
         if not track.live:
             return
         if activity is None or activity.get("starttime") != track.starttime:
@@ -331,7 +386,8 @@ class JobTrack:
             track.wchar_prev = wchar
         if sockets is not None and activity.get("socket_inodes") is not None:
             self.sources.add("tcp")
-            net_bytes = self._network(track, activity["socket_inodes"], sockets, now)
+            net_bytes = self._network(track, activity["socket_inodes"], sockets, now,
+                                      peers or PeerEnds())
             if net_bytes:
                 moved.append(f"{net_bytes} bytes crossed its peer connections")
                 hard = True
@@ -399,40 +455,63 @@ class JobTrack:
                       "threads)", track.rank)
         return True
 
+    def _peer_of(self, track: RankTrack, sock: dict[str, Any],
+                 ends: PeerEnds) -> tuple[int, int] | None | bool:
+        """The rank at the other end of `sock` ((pid, start time)); True for a rank not in the
+        node's table (another host or namespace, where the job has ranks); None: no peer."""
+        if self.store_port is not None and self.store_port in (sock["local_port"],
+                                                                sock["remote_port"]):
+            return None  # the rendezvous store's connection is not training traffic
+        owner = ends.owners.get(sock["remote"])
+        if owner is not None:
+            return owner if owner != (track.pid, track.starttime) else None
+        if sock["remote"] in ends.local_ends or not ends.elsewhere:
+            return None  # a process here that is no rank of the job (metrics, logging, data)
+        return True
+
     def _network(self, track: RankTrack, inodes: list[int],
-                 sockets: dict[int, dict[str, Any]], now: float) -> int:
+                 sockets: dict[int, dict[str, Any]], now: float, ends: PeerEnds) -> int:
         total = 0
         stalled = []
         peers = 0
+        others = 0
+        unread = 0
+        peer_inodes = []
         for inode in inodes:
             sock = sockets.get(inode)
             if sock is None or sock.get("state") != "ESTABLISHED" or "bytes_acked" not in sock:
                 continue
-            if self.store_port is not None and self.store_port in (sock["local_port"],
-                                                                    sock["remote_port"]):
-                continue  # the rendezvous store's connection is not training traffic
+            owner = self._peer_of(track, sock, ends)
+            if owner is None:
+                if self.store_port is None or self.store_port not in (sock["local_port"],
+                                                                      sock["remote_port"]):
+                    others += 1
+                continue
             if not track.up:
                 track.up = True
                 self.note(now, "tcp", f"{track.label} is connected to its peers "
                           f"({sock['local']} -> {sock['remote']})", track.rank)
             peers += 1
+            peer_inodes.append(inode)
             count = sock["bytes_acked"] + sock["bytes_received"]
             before = track.net_prev.get(inode)
-            if before is not None and count > before:
-                total += count - before
             track.net_prev[inode] = count
+            if owner is not True and owner in ends.cannot_read:
+                # bytes into a peer that cannot read land in its kernel buffer: no collective
+                # moved (its resume starts counting afresh from here)
+                unread += 1
+            elif before is not None and count > before:
+                total += count - before
             if sock.get("unacked") or sock.get("retransmits"):
                 stalled.append({"local": sock["local"], "remote": sock["remote"],
                                 "unacked_segments": sock.get("unacked"),
                                 "retransmits": sock.get("retransmits"),
                                 "ms_since_data_received": sock.get("ms_since_data_received")})
         track.net = {"peer_connections": peers,
+                     "other_connections": others,
+                     "to_peers_that_cannot_read": unread,
                      "ms_since_data_received": min(
-                         (sockets[i].get("ms_since_data_received", 0) for i in inodes
-                          if i in sockets and sockets[i].get("state") == "ESTABLISHED"
-                          and "bytes_acked" in sockets[i]
-                          and self.store_port not in (sockets[i]["local_port"],
-                                                      sockets[i]["remote_port"])),
+                         (sockets[i].get("ms_since_data_received", 0) for i in peer_inodes),
                          default=None),
                      "stalled_connections": stalled[:8]}
         return total
