@@ -1,8 +1,10 @@
 """Chaos Toolkit actions: partition a training rank (or any declared processes) from the
 network, and heal the partition (a rollback).
 
-A partition silently drops every TCP packet of the target's connections in both directions
-(nftables, in the target's network namespace): its peers see no connection reset, only silence,
+A partition silently drops every TCP packet of the target's connections in both directions, and
+new connections to its listening sockets (address and port, never a port number alone; those
+rules end with the target), with nftables in the target's network namespace: its peers see no
+connection reset, only silence,
 which is how a lost host looks to them, and a gloo or NCCL peer then hangs instead of failing
 fast. `partition_rank(..., then_kill=True)` is a node loss: the rank is partitioned, then
 SIGKILLed, and its death stays invisible to its peers. This module owns these actions' public
@@ -32,13 +34,13 @@ def partition_rank(rank: Union[int, str], job: Optional[str] = None, tag: Option
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Partition one rank of a training job (by job id or the ranks' tag) from the network:
-    drop every TCP connection it holds and new connections to its listening ports, in its
-    network namespace, so its peers see silence and no reset. With `then_kill` the rank is
-    then SIGKILLed (a node loss: its death stays invisible to its peers). Returns the
-    partition's id (for heal_partition), the connections dropped and, with then_kill, the
-    kill. `rank` is a number or "any" (the last live rank, as kill_rank picks it; the result
-    names the rank and PID hit). Raises when the rank is not found or nothing could be
-    dropped."""
+    drop every TCP connection it holds and new connections to its listening sockets (their
+    address and port), in its network namespace, so its peers see silence and no reset. With
+    `then_kill` the rank is then SIGKILLed (a node loss: its death stays invisible to its
+    peers). Returns the partition's id (for heal_partition), the connections dropped and, with
+    then_kill, the kill. `rank` is a number or "any" (the last live rank, as kill_rank picks
+    it; the result names the rank and PID hit). Raises when the rank is not found or nothing
+    could be dropped."""
     from chaosgpu.job.actions import rank_process
 
     census, found, proc, number = rank_process(job, tag, rank, 5.0)
@@ -75,8 +77,9 @@ def partition_processes(scope: Dict[str, Any],
                         secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Partition every process of a declared scope (`{"tag": ...}`, `{"sandbox": ...}`,
     `{"pids": [...]}` ...; the scope rules refuse the host's init, the runner and other users'
-    processes) from the network: their TCP connections and listening ports are dropped
-    silently. Returns the partition's id and what was dropped. Raises when the scope matches
+    processes) from the network: their TCP connections and new connections to their listening
+    sockets (address and port: never another process's socket on the same port number) are
+    dropped silently. Returns the partition's id and what was dropped. Raises when the scope matches
     nothing or nothing could be dropped."""
     from chaosgpu.scope import ScopeError, describe_scope, resolve_scope, validate_scope
 
@@ -94,20 +97,45 @@ def partition_processes(scope: Dict[str, Any],
             "table": record["table"], "at": record["created_at"]}
 
 
-def heal_partition(partition: str, configuration: Optional[Dict[str, Any]] = None,
+def heal_partition(partition: str, missing_ok: Union[bool, str] = False,
+                   configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Remove one partition (its nftables table and record) by the id partition_rank or
-    partition_processes returned. Idempotent: healing a partition already gone says so."""
+    partition_processes returned: for Python callers (an experiment cannot pass an earlier
+    result's id: its rollback is heal_all_partitions). A partition this run made and healed
+    already is a success (`removed` false). An id no partition has and this run never made is
+    an error naming the partitions recorded now, unless `missing_ok` allows it (true, or
+    "before-method" before the method starts: chaosgpu.arguments.missing_allowed)."""
+    from chaosgpu.arguments import missing_allowed
+
     if not isinstance(partition, str) or not partition.strip() or "${" in partition:
         raise ValueError(f"partition must be the id a partition action returned, got "
                          f"{partition!r}")
-    return partitions.remove(partition.strip())
+    missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
+    ident = partition.strip()
+    out = partitions.remove(ident)
+    if out["removed"] or out.get("table") is not None:
+        return out
+    if partitions.created_here(ident):
+        return dict(out, note="this run's partition, healed already")
+    if missing_allowed(missing_ok, False):
+        return dict(out, note="no such partition, and this run made none by that id "
+                              "(missing_ok)")
+    recorded = sorted(p["id"] for p in partitions.active())
+    raise partitions.PartitionError(
+        f"no partition {ident!r}: this run made none by that id, and none is recorded; "
+        f"partitions recorded now: {recorded or 'none'} (an experiment heals its own with "
+        "heal_all_partitions)")
 
 
-def heal_all_partitions(configuration: Optional[Dict[str, Any]] = None,
+def heal_all_partitions(every: bool = False, configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Remove every partition chaosgpu recorded on this node (a rollback that needs no id; safe
-    to run twice or after a crashed runner). Tables chaosgpu did not create are never touched.
-    Returns what was removed."""
-    removed = partitions.remove_all()
-    return {"removed": removed, "count": len(removed)}
+    """Remove every partition this run made (a rollback that needs no id; safe to run twice).
+    Partitions other runners made are left in place and listed under `left` (a concurrent
+    game-day's fault is not lifted under it); `every=True` heals every partition recorded on
+    this node whoever made it (after a crashed runner: what `chaosgpu cleanup` does). Tables
+    chaosgpu did not create are never touched. Returns what was removed and what was left."""
+    if not isinstance(every, bool):
+        raise ValueError(f"every must be true or false, got {every!r}")
+    done = partitions.remove_all(every=every)
+    return {"removed": done["removed"], "count": len(done["removed"]), "left": done["left"]}

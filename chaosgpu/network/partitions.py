@@ -1,13 +1,26 @@
 """Network partitions of processes with nftables: drop their TCP traffic, no reset, no trace.
 
 A partition drops, in both directions, every packet of the TCP connections a set of processes
-holds at the moment of the fault, and every new connection to the ports they listen on: their
-peers see no reset and no close, only silence, the way a lost host looks to them. (A connection
-the process opens after the fault is not dropped.) Rules live in a table of their own,
+holds at the moment of the fault (exact address and port pairs), and every new connection to the
+sockets they listen on (the listening address and port: a specific address, or any address of
+the namespace for a wildcard listener; never a port number alone, so another process using the
+same port number on another address, or connecting out to another host, is not touched; a port
+that a process outside the targets also listens on is left out and reported): their peers see
+no reset and no close, only silence, the way a lost host looks to them. (A connection the
+process opens after the fault is not dropped.) Rules live in a table of their own,
 `inet chaosgpu_<id>`, in the network namespace of the targets (through nsenter when it is not
-the runner's), and a record in the state directory (`partitions/<id>.json`) remembers them, so
-a rollback, a second rollback, or `chaosgpu cleanup` after a crashed runner can remove them.
-Tables of other names are never touched.
+the runner's), and a record in the state directory (`partitions/<id>.json`) remembers them and
+the namespace (its inode), so a rollback, a second rollback, or `chaosgpu cleanup` after a
+crashed runner can remove them, reaching the namespace through any process, open file or mount
+that still holds it (the target itself may be dead: a node loss). Tables of other names are never
+touched.
+
+The listening-socket rules last as long as their targets: once every target has ended, the
+partition's liveness check (`active()`, used by the probes, the job observer, and every heal)
+withdraws them, since the port may be reused by anyone; the connection rules stay until healed
+(a dead rank's peers must keep seeing silence, not a reset), and a partition left with no rule
+is healed. Each record names its runner; `remove_all` heals this runner's partitions unless told
+to heal every one.
 
 This module owns writing, listing and removing those rules. Which processes it may target is
 decided by the callers (chaosgpu.network.actions, through the experiment's scope); it signals no
@@ -22,14 +35,15 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from chaosgpu.errors import ActivityError
 from chaosgpu.process.environment import helper_env
 from chaosgpu.state import list_records, read_record, remove_record, write_record
 
-__all__ = ["PartitionError", "nft_path", "connections_of", "create", "remove", "remove_all",
-           "active", "table_exists"]
+__all__ = ["PartitionError", "NamespaceGone", "nft_path", "connections_of", "create", "remove",
+           "remove_all", "active", "table_exists", "created_here", "runner_identity"]
 
 KIND = "partitions"
 TABLE_PREFIX = "chaosgpu_"
@@ -49,6 +63,136 @@ def nft_path() -> str:
     return path
 
 
+def _netns_inode(netns: str | None) -> int | None:
+    """The inode of a recorded `net:[inode]`, or None."""
+    if not isinstance(netns, str) or not netns.startswith("net:[") or not netns.endswith("]"):
+        return None
+    try:
+        return int(netns[5:-1])
+    except ValueError:
+        return None
+
+
+def _netns_candidates(pid_hint: int | None, denied: list[str]) -> Iterator[str]:
+    """Paths that may hold a network namespace, cheapest first: the recorded PID, the named
+    namespaces (`ip netns`), every process's namespace, every open namespace file, and every
+    nsfs mount of every mount namespace. What could not be read for lack of permission is
+    appended to `denied`."""
+    if pid_hint is not None:
+        yield f"/proc/{pid_hint}/ns/net"
+    for name in sorted(_listdir("/run/netns", denied)):
+        yield f"/run/netns/{name}"
+    pids = [name for name in _listdir("/proc", denied) if name.isdigit()]
+    for pid in pids:
+        yield f"/proc/{pid}/ns/net"
+    for pid in pids:
+        for fd in _listdir(f"/proc/{pid}/fd", denied):
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                if os.readlink(path).startswith("net:["):
+                    yield path
+            except PermissionError:
+                denied.append(path)
+            except OSError:
+                continue
+    seen_mnt: set[str] = set()
+    for pid in pids:
+        try:
+            mnt = os.readlink(f"/proc/{pid}/ns/mnt")
+            if mnt in seen_mnt:
+                continue
+            seen_mnt.add(mnt)
+            with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+        except PermissionError:
+            denied.append(f"/proc/{pid}/mountinfo")
+            continue
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 4 and fields[3].startswith("net:["):
+                yield f"/proc/{pid}/root{fields[4]}"
+
+
+def _listdir(path: str, denied: list[str]) -> list[str]:
+    try:
+        return os.listdir(path)
+    except PermissionError:
+        denied.append(path)
+        return []
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def _netns_fd(record: dict[str, Any]) -> Iterator[int | None]:
+    """An open file of the record's network namespace (None: it is the runner's own), found
+    through any process, open file or mount that holds it and checked by inode; PartitionError
+    when nothing on this node holds it any more (`gone`) or the record names none."""
+    if record.get("netns") is None or _netns_of(os.getpid()) == record["netns"]:
+        yield None  # a record naming no namespace: the runner's own (a bare table check)
+        return
+    inode = _netns_inode(record.get("netns"))
+    if inode is None:
+        raise PartitionError(f"partition {record.get('id')}: its record names network namespace "
+                             f"{record.get('netns')!r}: cannot tell where its table is")
+    held = _HELD.get(str(record.get("id")))
+    if held is not None and os.fstat(held).st_ino == inode:
+        yield held  # the namespace as this runner opened it at partition time
+        return
+    denied: list[str] = []
+    for path in _netns_candidates(record.get("netns_pid"), denied):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:
+            denied.append(path)
+            continue
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_ino != inode:
+                continue
+            yield fd
+            return
+        finally:
+            os.close(fd)
+    if denied:  # not everything could be looked at: the namespace may live on, unreachable
+        raise PartitionError(f"network namespace {record['netns']} of partition "
+                             f"{record.get('id')} cannot be reached: {len(denied)} place(s) that "
+                             f"may hold it are not readable (e.g. {denied[0]}; needs root); "
+                             "the partition is kept")
+    raise NamespaceGone(f"no process, open file or mount of this node holds network namespace "
+                        f"{record['netns']} any more: it is gone, and table {record.get('table')} "
+                        "with it")
+
+
+_HELD: dict[str, int] = {}  # partition id -> this runner's open file of its namespace
+
+
+def _hold_netns(ident: str, pid: int, netns: str) -> None:
+    """Keep the target's network namespace open for this runner's heals (the target may die
+    first: a node loss); checked by inode. Nothing is held when it cannot be opened."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    if f"net:[{os.fstat(fd).st_ino}]" != netns:
+        os.close(fd)
+        return
+    _HELD[ident] = fd
+
+
+def _release_netns(ident: str) -> None:
+    fd = _HELD.pop(ident, None)
+    if fd is not None:
+        os.close(fd)
+
+
+class NamespaceGone(PartitionError):
+    """The partition's network namespace is held by nothing on this node: gone with its rules."""
+
+
 def _netns_of(pid: int) -> str | None:
     """The network namespace of `pid` as `net:[inode]` (the census's reader), or None."""
     from chaosgpu.node import ProcError, net_ns_inode
@@ -59,18 +203,21 @@ def _netns_of(pid: int) -> str | None:
         return None
 
 
-def _run_nft(args: list[str], netns_pid: int | None, stdin: str | None = None
+def _run_nft(args: list[str], netns_fd: int | None, stdin: str | None = None
              ) -> subprocess.CompletedProcess[str]:
+    """nft with `args`, in the network namespace open as `netns_fd` (None: the runner's)."""
     argv = [nft_path(), *args]
-    if netns_pid is not None:
+    pass_fds: tuple[int, ...] = ()
+    if netns_fd is not None:
         nsenter = shutil.which("nsenter")
         if nsenter is None:
             raise PartitionError("nsenter (util-linux) is needed to reach another network "
                                  "namespace")
-        argv = [nsenter, f"--net=/proc/{netns_pid}/ns/net", "--", *argv]
+        argv = [nsenter, f"--net=/proc/self/fd/{netns_fd}", "--", *argv]
+        pass_fds = (netns_fd,)
     return subprocess.run(argv, input=stdin, capture_output=True, text=True,
-                          timeout=NFT_TIMEOUT_S, env=helper_env(), stdin=None if stdin is not None
-                          else subprocess.DEVNULL)
+                          timeout=NFT_TIMEOUT_S, env=helper_env(), pass_fds=pass_fds,
+                          stdin=None if stdin is not None else subprocess.DEVNULL)
 
 
 def _sockets_in(netns_pid: int | None) -> dict[int, dict[str, Any]]:
@@ -100,7 +247,8 @@ def _python() -> str:
 
 
 def connections_of(pid: int, sockets: dict[int, dict[str, Any]]) -> dict[str, list[Any]]:
-    """The TCP connections (local/remote address and port) and listening ports of `pid`."""
+    """The TCP connections (local/remote address and port), listening ports, listening sockets
+    (`address:port`) and socket inodes of `pid`."""
     from chaosgpu.node import process_activity
 
     activity = process_activity(pid, threads=False, sockets=True)
@@ -109,28 +257,70 @@ def connections_of(pid: int, sockets: dict[int, dict[str, Any]]) -> dict[str, li
     if activity.get("socket_inodes") is None:
         raise PartitionError(f"cannot list the sockets of PID {pid}: "
                              f"{activity['errors'].get('socket_inodes', 'unreadable')}")
-    connections, listening = [], []
+    connections, listening, bound, inodes = [], [], [], []
     for inode in activity["socket_inodes"]:
         sock = sockets.get(inode)
         if sock is None:
             continue
+        inodes.append(inode)
         if sock["state"] == "LISTEN":
             listening.append(sock["local_port"])
+            bound.append(sock["local"])
         elif sock["state"] not in ("TIME_WAIT", "CLOSE"):
             connections.append((sock["local"], sock["remote"]))
-    return {"connections": sorted(set(connections)), "listening": sorted(set(listening))}
+    return {"connections": sorted(set(connections)), "listening": sorted(set(listening)),
+            "listening_sockets": sorted(set(bound)), "inodes": sorted(set(inodes))}
 
 
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
+    host = host.strip("[]")
+    if host.lower().startswith("::ffff:") and "." in host:  # an IPv4 peer of an IPv6 socket
+        host = host[7:]
+    return host, int(port)
 
 
 def _family(host: str) -> str:
     return "ip6" if ":" in host else "ip"
 
 
-def _rules(connections: list[tuple[str, str]], listening: list[int]) -> list[str]:
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether two listening addresses (host parts) may receive the same packets."""
+    return a == b or a in WILDCARDS or b in WILDCARDS
+
+
+def _listen_rules(listening: list[str], others: list[str]
+                  ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Rules dropping new connections to the targets' listening sockets (`address:port`): a
+    specific address is matched with its port; a wildcard with its port and any local address of
+    the namespace (`fib daddr type local`: never a connection out to another host). A socket a
+    process outside the targets also listens on (`others`) at an address that may overlap is
+    left out and returned, with why."""
+    rules: list[str] = []
+    left_out: list[dict[str, Any]] = []
+    for address in listening:
+        host, port = _split(address)
+        shared = sorted(o for o in others
+                        if _split(o)[1] == port and _overlaps(_split(o)[0], host))
+        if shared:
+            left_out.append({"listening": address, "reason": f"a process outside the partition "
+                             f"also listens on {', '.join(shared)}: a rule would drop its "
+                             "connections too"})
+            continue
+        if host == "0.0.0.0":
+            rules.append(f"meta nfproto ipv4 fib daddr type local tcp dport {port} drop")
+        elif host == "::":
+            rules.append(f"fib daddr type local tcp dport {port} drop")
+        else:
+            family = _family(host)
+            rules.append(f"{family} daddr {host} tcp dport {port} drop")
+    return rules, left_out
+
+
+def _connection_rules(connections: list[tuple[str, str]]) -> list[str]:
     rules = []
     for local, remote in connections:
         (lhost, lport), (rhost, rport) = _split(local), _split(remote)
@@ -139,25 +329,45 @@ def _rules(connections: list[tuple[str, str]], listening: list[int]) -> list[str
                      f"tcp dport {rport} drop")
         rules.append(f"{family} saddr {rhost} {family} daddr {lhost} tcp sport {rport} "
                      f"tcp dport {lport} drop")
-    for port in listening:
-        rules.append(f"tcp dport {port} drop")
     return rules
 
 
-def _script(table: str, rules: list[str]) -> str:
+def _script(table: str, rules: list[str], replace: bool = False) -> str:
     body = "\n".join(f"    {rule}" for rule in rules)
-    return (f"table inet {table} {{\n"
+    flush = f"flush table inet {table}\n" if replace else ""
+    return (f"{flush}table inet {table} {{\n"
             f"  chain input {{\n    type filter hook input priority -150; policy accept;\n"
             f"{body}\n  }}\n"
             f"  chain output {{\n    type filter hook output priority -150; policy accept;\n"
             f"{body}\n  }}\n}}\n")
 
 
+_CREATED: set[str] = set()
+
+
+def runner_identity() -> dict[str, Any]:
+    """This runner ({pid, starttime}), as partition records name the runner that made them."""
+    from chaosgpu.node import process_starttime
+
+    return {"pid": os.getpid(), "starttime": process_starttime(os.getpid())}
+
+
+def created_here(ident: str) -> bool:
+    """Whether this runner (this process) made partition `ident` (healed since or not)."""
+    return ident in _CREATED
+
+
+def _mine(record: dict[str, Any]) -> bool:
+    return record.get("id") in _CREATED or record.get("runner") == runner_identity()
+
+
 def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
     """Partition `targets` (`[{"pid", "starttime", ...}]`, all in one network namespace): drop
-    every TCP connection they hold and new connections to their listening ports. Returns the
-    record (id, table, rules, connections). Raises PartitionError when nothing can be dropped
-    (no TCP connection, no permission, no nft)."""
+    every TCP connection they hold and new connections to their listening sockets (their
+    address and port, never the port number alone). Returns the record (id, table, rules,
+    connections, listening ports and sockets, `left_out`: listening sockets shared with a
+    process outside the targets, not dropped). Raises PartitionError when nothing can be
+    dropped (no TCP connection, no permission, no nft)."""
     from chaosgpu.node import process_starttime
 
     if not targets:
@@ -171,6 +381,8 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
     sockets = _sockets_in(netns_pid)
     connections: list[tuple[str, str]] = []
     listening: list[int] = []
+    bound: list[str] = []
+    inodes: set[int] = set()
     for target in targets:
         if target.get("starttime") is None or \
                 process_starttime(target["pid"]) != target["starttime"]:
@@ -179,21 +391,35 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
         found = connections_of(target["pid"], sockets)
         connections.extend(tuple(c) for c in found["connections"])
         listening.extend(found["listening"])
-    rules = _rules(sorted(set(connections)), sorted(set(listening)))
+        bound.extend(found["listening_sockets"])
+        inodes.update(found["inodes"])
+    others = sorted({s["local"] for inode, s in sockets.items()
+                     if s.get("state") == "LISTEN" and inode not in inodes})
+    connection_rules = _connection_rules(sorted(set(connections)))
+    listen_rules, left_out = _listen_rules(sorted(set(bound)), others)
+    rules = connection_rules + listen_rules
     if not rules:
-        raise PartitionError("the targets hold no TCP connection and listen on no TCP port: "
-                             "a partition would drop nothing")
+        raise PartitionError("the targets hold no TCP connection and listen on no TCP port "
+                             "of their own: a partition would drop nothing"
+                             + (f" ({'; '.join(x['reason'] for x in left_out)})"
+                                if left_out else ""))
     ident = uuid.uuid4().hex[:10]
     table = TABLE_PREFIX + ident
     record = {"id": ident, "table": table, "netns": netns, "netns_pid": netns_pid,
               "targets": targets, "connections": sorted(set(connections)),
-              "listening": sorted(set(listening)), "rules": rules,
-              "created_at": time.time(), "reason": reason,
-              "runner": {"pid": os.getpid(), "starttime": process_starttime(os.getpid())}}
+              "listening": sorted(set(listening)), "listening_sockets": sorted(set(bound)),
+              "left_out": left_out, "rules": rules, "connection_rules": connection_rules,
+              "listen_rules": listen_rules, "created_at": time.time(), "reason": reason,
+              "runner": runner_identity()}
+    _CREATED.add(ident)
+    if netns_pid is not None and netns is not None:
+        _hold_netns(ident, netns_pid, netns)
     write_record(KIND, ident, record)  # first: a crash after nft still leaves a record
-    out = _run_nft(["-f", "-"], netns_pid, _script(table, rules))
+    with _netns_fd(record) as fd:
+        out = _run_nft(["-f", "-"], fd, _script(table, rules))
     if out.returncode != 0:
         remove_record(KIND, ident)
+        _release_netns(ident)
         raise PartitionError(f"nft refused the partition rules: {out.stderr.strip()[-400:]}"
                              + (" (needs root: CAP_NET_ADMIN)" if os.geteuid() != 0 else ""))
     return record
@@ -201,61 +427,142 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
 
 def table_exists(record: dict[str, Any]) -> bool | None:
     """Whether the record's table is in place (None: its namespace is gone or unreachable)."""
-    netns_pid = record.get("netns_pid")
-    if netns_pid is not None and _netns_of(netns_pid) != record.get("netns"):
-        return None
     try:
-        out = _run_nft(["list", "table", "inet", record["table"]], netns_pid)
+        with _netns_fd(record) as fd:
+            out = _run_nft(["list", "table", "inet", record["table"]], fd)
     except (PartitionError, OSError, subprocess.TimeoutExpired):
         return None
     return out.returncode == 0
 
 
+def _targets_alive(record: dict[str, Any]) -> bool:
+    """Whether any of the record's targets is still the process it was."""
+    from chaosgpu.node import process_starttime
+
+    return any(t.get("starttime") is not None and t.get("pid") is not None
+               and process_starttime(t["pid"]) == t["starttime"]
+               for t in record.get("targets", []))
+
+
+def _withdraw_listen_rules(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The liveness check: once every target has ended, drop the listening-socket rules (the
+    port is anyone's now); keep the connection rules (the dead target's peers must keep seeing
+    silence); heal a partition left with no rule. Returns the record as it is now (None: healed,
+    record removed). Raises PartitionError when nft refuses."""
+    if record.get("listen_withdrawn_at") is not None or _targets_alive(record):
+        return record
+    if "connection_rules" not in record:  # an older record: its rules mix both kinds
+        keep = [r for r in record.get("rules", []) if " saddr " in r]
+    else:
+        keep = list(record["connection_rules"])
+    if not keep:
+        remove(record["id"])
+        return None
+    if sorted(keep) == sorted(record.get("rules", [])):  # nothing listened: nothing to withdraw
+        record = dict(record, listen_withdrawn_at=time.time())
+        write_record(KIND, record["id"], record)
+        return record
+    if not str(record.get("table", "")).startswith(TABLE_PREFIX):
+        raise PartitionError(f"record {record.get('id')} names table {record.get('table')!r}, "
+                             "not one of chaosgpu's: refused")
+    try:
+        with _netns_fd(record) as fd:
+            out = _run_nft(["-f", "-"], fd, _script(record["table"], keep, replace=True))
+    except NamespaceGone:  # nothing holds the namespace any more: gone with its rules
+        remove(record["id"])
+        return None
+    if out.returncode != 0:
+        raise PartitionError(f"nft could not withdraw the listening rules of partition "
+                             f"{record['id']} (its targets are gone): {out.stderr.strip()[-300:]}")
+    record = dict(record, rules=keep, listen_rules=[], listen_withdrawn_at=time.time())
+    write_record(KIND, record["id"], record)
+    return record
+
+
 def remove(ident: str) -> dict[str, Any]:
-    """Remove partition `ident` (its table, then its record). Idempotent: an unknown id or a
-    table already gone is reported, not raised. Raises PartitionError when nft refuses."""
+    """Remove partition `ident` (its table, then its record), whichever runner made it (callers
+    decide: heal_partition, heal_all_partitions, cleanup). The table is reached in the
+    partition's own network namespace through anything that still holds it; the record goes only
+    once the table is verified gone, or once nothing on the node holds the namespace any more.
+    An unknown id is reported, not raised (the callers decide whether that is an error). Raises
+    PartitionError when nft refuses or the table may still be in place."""
     record = read_record(KIND, ident)
     if record is None:
-        return {"id": ident, "removed": False, "note": "no such partition (already healed?)"}
-    netns_pid = record.get("netns_pid")
-    if netns_pid is not None and _netns_of(netns_pid) != record.get("netns"):
-        remove_record(KIND, ident)
-        return {"id": ident, "removed": False,
-                "note": "its network namespace is gone, and its rules with it"}
+        _release_netns(ident)  # healed by another process (cleanup) meanwhile
+        return {"id": ident, "removed": False, "note": "no such partition"}
     if not str(record.get("table", "")).startswith(TABLE_PREFIX):
         raise PartitionError(f"record {ident} names table {record.get('table')!r}, not one of "
                              "chaosgpu's: refused")
-    out = _run_nft(["delete", "table", "inet", record["table"]], netns_pid)
-    if out.returncode != 0 and table_exists(record):
-        raise PartitionError(f"nft could not delete table {record['table']}: "
-                             f"{out.stderr.strip()[-300:]}")
+    try:
+        with _netns_fd(record) as fd:
+            out = _run_nft(["delete", "table", "inet", record["table"]], fd)
+            if out.returncode != 0:
+                still = _run_nft(["list", "table", "inet", record["table"]], fd)
+                if still.returncode == 0:
+                    raise PartitionError(f"nft could not delete table {record['table']}: "
+                                         f"{out.stderr.strip()[-300:]}")
+    except NamespaceGone as gone:
+        remove_record(KIND, ident)
+        _release_netns(ident)
+        return {"id": ident, "removed": False, "table": record["table"],
+                "healed_at": time.time(), "note": str(gone)}
     remove_record(KIND, ident)
+    _release_netns(ident)
     return {"id": ident, "removed": out.returncode == 0, "table": record["table"],
             "healed_at": time.time(),
             "note": None if out.returncode == 0 else "its table was already gone"}
 
 
-def remove_all() -> list[dict[str, Any]]:
-    """Remove every recorded partition; tries all, then raises with every failure."""
-    results, failures = [], []
-    for ident in list_records(KIND):
+def remove_all(every: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Remove the recorded partitions this runner made (`every`: every recorded partition,
+    whoever made it: `chaosgpu cleanup`); tries all, then raises with every failure. Returns
+    {"removed": [...], "left": [partitions of other runners, with their runner and whether it
+    is alive]}."""
+    from chaosgpu.node import process_starttime
+
+    results, left, failures = [], [], []
+    for ident, record in sorted(list_records(KIND).items()):
+        if not every and not _mine(record):
+            runner = record.get("runner") or {}
+            alive = runner.get("pid") is not None and \
+                process_starttime(runner["pid"]) == runner.get("starttime")
+            left.append({"id": ident, "table": record.get("table"), "runner": runner,
+                         "runner_alive": alive,
+                         "note": "made by another runner " + ("still running" if alive else
+                                                              "no longer running (chaosgpu "
+                                                              "cleanup heals it)")})
+            continue
         try:
             results.append(remove(ident))
         except (PartitionError, OSError, subprocess.TimeoutExpired) as error:
             failures.append(f"{ident}: {error}")
     if failures:
         raise PartitionError("could not remove every partition: " + "; ".join(failures))
-    return results
+    return {"removed": results, "left": left}
 
 
 def active() -> list[dict[str, Any]]:
     """The recorded partitions (their tables are assumed in place: checking costs an nft run;
-    use table_exists for that)."""
+    use table_exists for that), after the liveness check: a partition whose targets have all
+    ended has its listening-socket rules withdrawn, or is healed when nothing else is left (a
+    failure to do so is kept in the entry's `liveness_error`)."""
     records = []
     for record in list_records(KIND).values():
+        error = None
+        try:
+            checked = _withdraw_listen_rules(record)
+        except (PartitionError, OSError, subprocess.TimeoutExpired) as failure:
+            checked, error = record, str(failure)
+        if checked is None:
+            continue
         with contextlib.suppress(KeyError):
-            records.append({"id": record["id"], "table": record["table"],
-                            "netns": record.get("netns"), "netns_pid": record.get("netns_pid"),
-                            "targets": record.get("targets", []),
-                            "created_at": record.get("created_at")})
+            entry = {"id": checked["id"], "table": checked["table"],
+                     "netns": checked.get("netns"), "netns_pid": checked.get("netns_pid"),
+                     "targets": checked.get("targets", []),
+                     "created_at": checked.get("created_at"),
+                     "runner": checked.get("runner"),
+                     "listening_withdrawn_at": checked.get("listen_withdrawn_at")}
+            if error:
+                entry["liveness_error"] = error
+            records.append(entry)
     return records
