@@ -10,6 +10,7 @@ proves its processes, tables and namespaces are gone afterwards."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -195,6 +196,36 @@ def test_the_listening_rules_end_with_their_targets(servers: Servers) -> None:
     assert [r["id"] for r in healed["removed"]] == [cut_talker["partition"]]
     _gone(cut_talker["table"])
     assert partitions.active() == []
+
+
+def test_a_target_that_exited_unreaped_has_ended(servers: Servers) -> None:
+    """A zombie target (exited, its parent has not reaped it yet) holds no socket: its
+    listening rules go at the next look, not once it is reaped."""
+    from chaosgpu.network import actions as network
+    from chaosgpu.network import probes as net_probes
+
+    target, port = servers.start("127.0.0.1")
+    cut = network.partition_processes({"pids": [target.pid]})
+    try:
+        target.send_signal(signal.SIGKILL)  # not waited for: a zombie of this process
+        deadline = time.monotonic() + 10
+        while _state(target.pid) != "Z":
+            assert time.monotonic() < deadline, "the target did not exit"
+            time.sleep(0.02)
+        assert [p["id"] for p in net_probes.partitions_in_place()] == []
+        assert cut["table"] not in _tables()
+        _, again = servers.start("127.0.0.1", port)
+        assert _connect("127.0.0.1", again) == "connected"
+    finally:
+        target.wait(timeout=10)
+        network.heal_all_partitions()
+    _gone(cut["table"])
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        stat = handle.read()
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
 
 
 def _netns_held_by_mount(name: str) -> tuple[tuple[str, ...], Any]:

@@ -435,12 +435,23 @@ def table_exists(record: dict[str, Any]) -> bool | None:
     return out.returncode == 0
 
 
+def _zombie(pid: int) -> bool:
+    """Whether `pid` has exited and waits to be reaped (its sockets are closed already)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"Z"
+
+
 def _targets_alive(record: dict[str, Any]) -> bool:
-    """Whether any of the record's targets is still the process it was."""
+    """Whether any of the record's targets is still the process it was, and running (a zombie
+    has ended: its sockets are closed)."""
     from chaosgpu.node import process_starttime
 
     return any(t.get("starttime") is not None and t.get("pid") is not None
-               and process_starttime(t["pid"]) == t["starttime"]
+               and process_starttime(t["pid"]) == t["starttime"] and not _zombie(t["pid"])
                for t in record.get("targets", []))
 
 
