@@ -16,6 +16,7 @@ import pytest
 from chaoslib.exceptions import InvalidActivity
 from chaoslib.experiment import ensure_experiment_is_valid
 
+from chaosgpu.arguments import argument_problem
 from chaosgpu.errors import UnknownVariable
 from chaosgpu.validation import (
     argument_problems,
@@ -226,6 +227,30 @@ def test_a_var_s_value_is_checked_as_the_run_will_pass_it() -> None:
     experiment = _freeze_experiment("${rank}")
     assert argument_problems(experiment, {"rank": 1}) == []
     assert argument_problems(experiment, {"rank": "1"})[0].endswith("got '1'")
+
+
+def test_the_headline_experiment_with_an_unknown_fault_is_refused_before_it_runs(
+        tmp_path: Path) -> None:
+    """`--var fault:str=nodeloss` (fail_rank's how is node-loss): `chaosgpu validate` refuses
+    it naming the choices, so the run would not start the ring and fail only at the fault
+    (before round 22 it validated). The same for kill_rank's signal and freeze_rank's method."""
+    headline = ROOT / "experiments" / "nccl-rank-kill.json"
+    done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
+                           "fault:str=nodeloss", str(headline)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "fail_rank: how must be one of 'auto', 'kill', 'freeze', 'partition', " \
+           "'node-loss', got 'nodeloss'" in done.stderr, done.stderr
+    done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
+                           "fault:str=node-loss", str(headline)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    from chaosgpu.job import actions
+
+    for function, name, value in ((actions.kill_rank, "signal", "SIGKIL"),
+                                  (actions.freeze_rank, "method", "cgroup")):
+        problem = argument_problem(function, name, value)
+        assert problem is not None and problem.endswith(f"got {value!r}"), problem
 
 
 def test_chaosgpu_validate_and_chaos_run_refuse_a_bad_argument_value(tmp_path: Path) -> None:

@@ -18,7 +18,14 @@ import time
 from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import POSITIVE_SECONDS, RANK, SECONDS, checked, missing_allowed
+from chaosgpu.arguments import (
+    POSITIVE_SECONDS,
+    RANK,
+    SECONDS,
+    Rule,
+    checked,
+    missing_allowed,
+)
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
@@ -38,6 +45,21 @@ logger = logging.getLogger("chaostoolkit")
 
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIGSTOP",
            "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+#: fail_rank's ways to fail a rank
+FAIL_HOWS = ("auto", "kill", "freeze", "partition", "node-loss")
+
+
+def _choice(values: tuple[str, ...]) -> Rule:
+    """The rule "one of `values`" (checked by the activity, and by `chaosgpu validate` and the
+    timeline control before a run: a `--var fault:str=nodeloss` is refused before the method
+    starts the job)."""
+    return Rule("one of " + ", ".join(repr(v) for v in values),
+                lambda value: isinstance(value, str) and value in values)
+
+
+SIGNAL_NAME = _choice(SIGNALS)
+FAIL_HOW = _choice(FAIL_HOWS)
+FREEZE_METHOD = _choice(FREEZE_METHODS)
 
 
 #: rank="any": the last live rank in the census's order (ranks by number, then those whose
@@ -184,7 +206,7 @@ def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-@checked(rank=RANK, wait_s=SECONDS)
+@checked(rank=RANK, wait_s=SECONDS, signal=SIGNAL_NAME)
 def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
               signal: str = "SIGKILL", wait_s: float = 2.0,
               configuration: Optional[Dict[str, Any]] = None,
@@ -197,13 +219,11 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     torch.multiprocessing.spawn or file:// job, the newest such rank); the result names the
     rank and PID hit. Fails when the signal could not be sent (gone, refused by the scope
     rules, or by the kernel: the reason is given)."""
-    if signal not in SIGNALS:
-        raise ValueError(f"signal must be one of {list(SIGNALS)}, got {signal!r}")
     census, found, proc, number = rank_process(job, tag, rank, 2.0)
     return _signal_process(census, found, number, proc, signal, float(wait_s))
 
 
-@checked(rank=RANK)
+@checked(rank=RANK, method=FREEZE_METHOD)
 def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                 method: str = "sigstop", configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -211,9 +231,6 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     method="freezer"): a peer that stops answering while its connections stay open, so its
     peers wait in their next collective. `rank` is a number or "any" (as kill_rank takes it).
     Resume it with resume_rank, or clean the job up with cleanup_hung_job."""
-    if method not in FREEZE_METHODS:
-        raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
-                         f"to choose the cgroup version), got {method!r}")
     census, found, proc, number = rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
         out = _signal_process(census, found, number, proc, "SIGSTOP", 0)
@@ -283,7 +300,7 @@ def _partition_unavailable() -> Optional[str]:
     return None
 
 
-@checked(rank=RANK)
+@checked(rank=RANK, how=FAIL_HOW)
 def fail_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
               how: str = "auto", configuration: Optional[Dict[str, Any]] = None,
               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -295,9 +312,6 @@ def fail_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     silent loss), or freeze under gloo where a partition cannot be made (not root, or no
     nftables; the result's `note` says so). `rank` is a number or "any" (as kill_rank picks
     it). The result says which backend was seen, what was done, and the rank and PID hit."""
-    if how not in ("auto", "kill", "freeze", "partition", "node-loss"):
-        raise ValueError("how must be 'auto', 'kill', 'freeze', 'partition' or 'node-loss', "
-                         f"got {how!r}")
     census, found, proc, number = rank_process(job, tag, rank, 5.0)
     backend = hang.job_backend(census, found)
     chosen = how if how != "auto" else ("kill" if backend == "nccl" else "node-loss")
