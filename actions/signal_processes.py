@@ -16,6 +16,13 @@ the pidfds, send the next signal (e.g. SIGKILL) to those left, and after the las
 the deadline. Optionally wait, within the same deadline, until the dead are reaped. `signal_targets`
 is the same primitive with one signal and no wait; the null signal "0" checks permission only.
 
+A signal that ends a process (FATAL_SIGNALS: SIGKILL, SIGTERM, SIGINT, ...) stays pending, with no
+effect, while its target sits in a frozen cgroup. The caller may pass `release`, a function that
+is given the identified targets before the first such signal and lets them out of the freezes it
+owns (chaosgpu passes its freezer's; this program does not touch cgroups itself): a target let out
+carries `released_from` in its outcome; one it could not let out is refused (`reason_code`
+"frozen") and gets no signal, rather than one that would stay pending until a later thaw.
+
 Refused, always: PID 1 of the observer's namespace (the host's init when run on the host), this
 program's own process and every ancestor (the runner that called it), kernel threads, and a
 target without a start time. Refused unless allowed: PID 1 of any other PID namespace
@@ -45,7 +52,7 @@ import signal
 import sys
 import time
 
-__all__ = ["SIGNALS", "terminate", "signal_targets", "wait_exits", "parse_signal",
+__all__ = ["SIGNALS", "FATAL_SIGNALS", "terminate", "signal_targets", "wait_exits", "parse_signal",
            "protected_pids", "main"]
 
 SCHEMA = "chaosgpu.signal/1"
@@ -55,6 +62,8 @@ PF_KTHREAD = 0x00200000
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT", "SIGINT", "SIGQUIT", "SIGHUP",
            "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP")
 NULL_SIGNAL = "0"
+# The signals sent to end a process: a target in a frozen cgroup must be let out first (`release`).
+FATAL_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGABRT")
 UNTIL = ("sent", "exit", "reaped")
 # The longest one poll(2) call waits (a day): its timeout is an int of milliseconds, at most
 # 2**31 - 1 (about 24.8 days); a longer grace or deadline is waited for a day at a time.
@@ -291,6 +300,27 @@ def _rules(allow_other_users, allow_ns_init, runner_pid):
             "allow_ns_init": bool(allow_ns_init), "uid": os.getuid()}
 
 
+def _release(held, release):
+    """Let the held targets out of frozen cgroups through the caller's `release` before a fatal
+    signal; refuse (and let go of) those it could not let out."""
+    answers = release([{"pid": entry["pid"], "starttime": entry["starttime"]}
+                       for _fd, entry in held.values()]) or {}
+    for key in list(held):
+        fd, entry = held[key]
+        answer = answers.get(entry["pid"])
+        if answer is None:
+            continue  # not frozen
+        if answer.get("released"):
+            entry["released_from"] = answer
+            continue
+        entry.update(result="refused", reason_code="frozen", frozen_in=answer.get("cgroup"),
+                     reason="PID {} is in the frozen cgroup {} and could not be let out ({}): a "
+                     "signal would stay pending until it is thawed, so none was sent".format(
+                         entry["pid"], answer.get("cgroup"), answer.get("reason")))
+        os.close(fd)
+        del held[key]
+
+
 def _escalate(held, signums, grace_s, end, until):
     """Send each signal in turn to the held targets not yet exited; wait between and after."""
     pending = dict(held)
@@ -315,7 +345,7 @@ def _escalate(held, signums, grace_s, end, until):
 
 def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=10.0,
               cont_first=False, until="exit", allow_other_users=False, allow_ns_init=False,
-              runner_pid=None):
+              runner_pid=None, release=None):
     """The one terminate primitive: signal each target through an identity-checked pidfd,
     escalating through `signals` with `grace_s` between them, all within `deadline_s`.
 
@@ -323,7 +353,11 @@ def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=1
     mandatory). `cont_first`: SIGCONT first (a stopped process cannot act on SIGTERM). `until`:
     "sent" (send the signals in turn without waiting), "exit" (wait for exits, escalating)
     or "reaped" (then also wait, within the deadline, until the dead are gone from /proc:
-    `reaped` and `reaped_at` say when).
+    `reaped` and `reaped_at` say when). `release`: called once, before the first signal of
+    FATAL_SIGNALS, with the identified targets ([{"pid", "starttime"}]); it returns {pid:
+    {"released": true, ...}} for each target it let out of a frozen cgroup (kept in the outcome
+    as `released_from`) and {pid: {"released": false, "cgroup", "reason"}} for one it could not
+    (refused, `reason_code` "frozen"); targets not frozen are left out of its answer.
     Returns one outcome per distinct target (see the module docstring); every outcome has
     `signals`, the list of {"signal", "at"} sent. Raises SignalInputError on bad input, before
     anything is sent.
@@ -353,6 +387,9 @@ def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=1
             entry = _result(target, "sent", state=found, signals=[])
             outcomes.append(entry)
             held[key] = (pidfd, entry)
+        fatal = {int(getattr(signal, name)) for name in FATAL_SIGNALS}
+        if release is not None and held and fatal & set(signums):
+            _release(held, release)
         if cont_first:
             for fd, _entry in held.values():
                 try:
@@ -395,19 +432,20 @@ def wait_exits(targets, deadline_s):
 
 
 def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=False,
-                   runner_pid=None):
+                   runner_pid=None, release=None):
     """Signal each target once through a pidfd after the identity and refusal checks (the
     terminate primitive with one signal and no wait); return a report.
 
     `targets` is a list of {"pid", "starttime"} (PIDs as this process sees them). The report is
     {"schema", "signal", "results": [...], "sent", "refused", "gone"} (counts); a sent result
     has `sent_at`. `runner_pid` adds another process whose ancestors are protected (this
-    process's always are). Raises SignalInputError on bad input, before anything is sent.
+    process's always are). `release`: as for `terminate` (a target let out of a frozen cgroup
+    has `released_from`). Raises SignalInputError on bad input, before anything is sent.
     """
     signum = parse_signal(signal_name)
     results = terminate(targets, [signal_name], deadline_s=0, until="sent",
                         allow_other_users=allow_other_users, allow_ns_init=allow_ns_init,
-                        runner_pid=runner_pid)
+                        runner_pid=runner_pid, release=release)
     for result in results:
         sent = result.pop("signals")
         if result["result"] == "sent":

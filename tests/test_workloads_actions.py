@@ -14,7 +14,7 @@ from proc_helpers import alive as _alive
 
 from chaosgpu import state
 from chaosgpu.arguments import TAG
-from chaosgpu.errors import InvalidArgument
+from chaosgpu.errors import ActivityError, InvalidArgument
 from chaosgpu.sandbox import runtime
 from chaosgpu.workloads import actions
 
@@ -226,19 +226,25 @@ def test_stop_never_signals_a_recorded_pid_without_a_start_time() -> None:
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"),
                     reason="needs root and the cgroup v1 freezer")
 def test_stop_keeps_the_record_of_a_worker_still_alive_after_sigkill() -> None:
-    # A worker frozen by the v1 freezer ignores SIGKILL until thawed: stop_workload must not
-    # forget it (drop its record) while it still lives, so a later stop or cleanup finds it.
-    from chaosgpu.process import actions as process_actions
-
+    # A worker frozen in a v1 freezer group chaosgpu did not make cannot be stopped (a signal
+    # would stay pending until its owner thaws it): stop_workload must fail and not forget it
+    # (drop its record) while it still lives, so a later stop or cleanup finds it. (One frozen
+    # by chaosgpu's own freezer is let out and stopped: tests/test_frozen_targets.py.)
+    freezer_root = Path("/sys/fs/cgroup/freezer")
+    group = freezer_root / f"h-foreign-{os.getpid()}-{time.monotonic_ns() % 10**9}"
     started = actions.start_holders(count=1, mib=4, via="host", tag="h-frozen")
+    group.mkdir()
     try:
-        process_actions.freeze_processes({"tag": "h-frozen"}, method="freezer")
-        result = actions.stop_workload("h-frozen", grace_s=0, deadline_s=0.5)
-        assert set(result["processes"].values()) == {"still alive after SIGKILL"}
+        (group / "cgroup.procs").write_text(str(started["pids"][0]))
+        (group / "freezer.state").write_text("FROZEN")
+        with pytest.raises(ActivityError, match="not stopped.*frozen cgroup"):
+            actions.stop_workload("h-frozen", grace_s=0, deadline_s=0.5)
         assert state.read_record("workloads", "h-frozen") is not None
     finally:
-        process_actions.resume_processes({"tag": "h-frozen"})
-        process_actions._thaw_freezer_groups(None)
+        (group / "freezer.state").write_text("THAWED")
+        for pid in (group / "cgroup.procs").read_text().split():
+            (freezer_root / "cgroup.procs").write_text(pid)
+        group.rmdir()
         final = actions.stop_workload("h-frozen", grace_s=0)
     assert not any(_alive(p) for p in started["pids"]), final
     assert state.read_record("workloads", "h-frozen") is None

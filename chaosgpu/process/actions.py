@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Union
 from chaosgpu import faultlog
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
 from chaosgpu.process import freezer
-from chaosgpu.process.terminate import NULL_SIGNAL, Target, wait_exits
+from chaosgpu.process.terminate import NULL_SIGNAL, Target, release_frozen, wait_exits
 from chaosgpu.scope import (
     ScopeError,
     describe_scope,
@@ -72,13 +72,16 @@ def wait_gone(targets: list[dict[str, Any]], deadline_s: float) -> dict[str, Any
 
 def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | None = None,
          ) -> dict[str, Any]:
-    """Send `signal` to census processes through the in-target program; return its report."""
+    """Send `signal` to census processes through the in-target program; return its report. A
+    process in one of chaosgpu's frozen cgroups is let out of it first when the signal ends
+    processes (its result has `released_from`; chaosgpu.process.terminate.release_frozen), and
+    one in a frozen cgroup chaosgpu did not make is refused ("frozen")."""
     scope = scope or {}
     targets = [{"pid": p["pid"], "starttime": p.get("starttime")} for p in processes]
     return _signaller().signal_targets(  # type: ignore[no-any-return]
         targets, signal,
         allow_other_users=bool(scope.get("include_other_users")),
-        allow_ns_init=bool(scope.get("include_ns_init")))
+        allow_ns_init=bool(scope.get("include_ns_init")), release=release_frozen)
 
 
 @checked(wait_gone_s=SECONDS)
@@ -93,7 +96,11 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     `wait_gone_s` > 0 it waits up to that long for the signalled processes to die. Raises when
     the scope matches nothing, or when the signal reached none of the processes it matched
     (every one refused, or already dead), and `require_match` is true: nothing sent is never a
-    success. Returns the per-process results."""
+    success. A SIGSTOP sent is recorded in the fault log as this run's freeze (resume_processes
+    resumes it; a SIGCONT sent here ends it); a fatal signal to a process in one of chaosgpu's
+    frozen cgroups lets it out of the freeze first (its result has `released_from`: a frozen
+    process keeps the signal pending until thawed), and one in a frozen cgroup chaosgpu did not
+    make is refused. Returns the per-process results."""
     checked = validate_scope(scope)
     _signaller().parse_signal(signal)  # bad signal name: fail before looking at anything
     if wait_gone_s < 0:
@@ -103,6 +110,12 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
         raise ScopeError(f"scope {describe_scope(checked)} matched no process that may be "
                          f"signalled (excluded: {detail['excluded']}, missing: "
                          f"{detail['missing']})")
+    # Who was stopped before this SIGSTOP: never recorded as this run's freeze.
+    before = {}
+    if _is_sigstop(signal):
+        for proc in detail["processes"]:
+            if (stopped := _stopped_how(proc)) is not None:
+                before[proc["pid"]] = stopped
     report = send(detail["processes"], signal, checked)
     report.update(scope=checked, excluded=detail["excluded"], missing=detail["missing"])
     if require_match and not report["sent"]:
@@ -110,8 +123,15 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                         for r in report["results"])
         raise ScopeError(f"{report['signal']} reached no process of scope "
                          f"{describe_scope(checked)}: nothing was sent ({why})")
+    sent = [r for r in report["results"] if r["result"] == "sent"]
+    if report["signal"] == "SIGSTOP":
+        _record_stops(sent, before, describe_scope(checked), report)
+    elif report["signal"] == "SIGCONT":  # this run's SIGSTOPs of them are over (a resume)
+        resumed_at = time.time()
+        for key, kinds in _frozen_by_this_run(sent).items():
+            if kinds == {"SIGSTOP"}:  # a freezer freeze is not undone by SIGCONT
+                _RESUMED_AT[key] = resumed_at
     if wait_gone_s > 0:
-        sent = [r for r in report["results"] if r["result"] == "sent"]
         report["wait"] = wait_gone(sent, wait_gone_s)
     logger.info("chaosgpu: %s to %s: %d sent, %d refused, %d gone", report["signal"],
                 describe_scope(checked), report["sent"], report["refused"], report["gone"])
@@ -120,6 +140,28 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
             logger.warning("chaosgpu: refused to signal PID %s: %s", result["pid"],
                            result["reason"])
     return report  # type: ignore[no-any-return]
+
+
+def _is_sigstop(signal: str) -> bool:
+    """Whether `signal` names SIGSTOP (as the terminate primitive spells signals)."""
+    return bool(_signaller().parse_signal(signal) == _signaller().parse_signal("SIGSTOP"))
+
+
+def _record_stops(sent: list[dict[str, Any]], before: dict[int, str], scope: str,
+                  report: dict[str, Any]) -> None:
+    """Record each SIGSTOP `sent` as this run's freeze (the fault log, as freeze_processes
+    does), except where the process was already stopped or frozen before it (`before`): that
+    stop is someone else's, and resume_processes must leave it."""
+    report["already_stopped"] = []
+    for result in sent:
+        if result["pid"] in before:
+            report["already_stopped"].append(
+                {"pid": result["pid"], "starttime": result["starttime"],
+                 "reason": f"{before[result['pid']]} before this SIGSTOP: not recorded as this "
+                           "run's freeze (resume_processes leaves it as found)"})
+            continue
+        faultlog.record("SIGSTOP", pid=result["pid"], starttime=result["starttime"],
+                        scope=scope)
 
 
 def _stopped_how(proc: dict[str, Any]) -> str | None:
@@ -135,7 +177,8 @@ def _stopped_how(proc: dict[str, Any]) -> str | None:
 def _frozen_by_this_run(processes: list[dict[str, Any]]) -> dict[tuple[int, int], set[str]]:
     """For each of `processes` this run froze and has not resumed since, how ("SIGSTOP",
     "freezer" or both): the fault log's freeze entries (freeze_processes, freeze_rank,
-    fail_rank) by PID and start time, newer than its last resume_processes."""
+    fail_rank, signal_processes' SIGSTOP) by PID and start time, newer than its last resume
+    (resume_processes, or a SIGCONT through signal_processes)."""
     keys = {(p["pid"], p.get("starttime")) for p in processes}
     how: dict[tuple[int, int], set[str]] = {}
     for fault in faultlog.recent():
@@ -217,13 +260,14 @@ def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "befo
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume the processes of a declared scope that this run froze (the fault log:
-    freeze_processes, freeze_rank, fail_rank) and has not resumed since: move them out of
-    chaosgpu's freezer cgroups (which thaws them) or send SIGCONT through pidfds, as they were
-    frozen. A process stopped or frozen by someone else, before the freeze or after a resume,
-    is left as found (`left_stopped` says why). Safe to run twice and when nothing is frozen
-    (a rollback), also once the processes are gone; but a scope this run never met (a typo'd
-    tag: it would leave the frozen processes frozen) fails, unless `missing_ok` is true (or
-    "before-method", the default, before the method starts; chaosgpu.scope.resolve_observed).
+    freeze_processes, freeze_rank, fail_rank, signal_processes' SIGSTOP) and has not resumed
+    since: move them out of chaosgpu's freezer cgroups (which thaws them) or send SIGCONT
+    through pidfds, as they were frozen. A process stopped or frozen by someone else, before the
+    freeze or after a resume, is left as found (`left_stopped` says why). Safe to run twice and
+    when nothing is frozen (a rollback), also once the processes are gone; but a scope this run
+    never met (a typo'd tag: it would leave the frozen processes frozen) fails, unless
+    `missing_ok` is true (or "before-method", the default, before the method starts;
+    chaosgpu.scope.resolve_observed).
     Returns what was resumed."""
     detail = resolve_observed(scope, missing_ok, observe=False)
     checked = detail["scope"]

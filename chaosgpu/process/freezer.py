@@ -22,8 +22,8 @@ from typing import Any
 
 from chaosgpu.arguments import SECONDS
 
-__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "v2_root", "available", "check_seconds",
-           "frozen_now"]
+__all__ = ["V1_ROOT", "VERSIONS", "freeze", "thaw", "release", "v2_root", "available",
+           "check_seconds", "frozen_now", "SETTLE_S"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -32,6 +32,9 @@ V1_ROOT = CGROUP_ROOT / "freezer"
 V1_PREFIX = "chaosgpu-"
 V2_PREFIX = "chaosgpu-freeze-"
 VERSIONS = ("auto", "v1", "v2")
+#: How long a thaw waits for a group's last members to be gone (a process killed while frozen
+#: dies when thawed, and occupies its group until it has exited) before removing the group.
+SETTLE_S = 5.0
 
 
 def _census_program() -> Any:
@@ -198,45 +201,188 @@ def _v2_groups() -> list[Path]:
     return sorted(found)
 
 
-def _thaw_one(group: Path, home: Path, control: str, value: str,
-              pids: set[int] | None) -> dict[str, Any] | None:
-    """Move the members of `group` that are in `pids` (all with None) back `home`, which thaws
-    them; thaw and remove the group once no other member is left in it."""
+def _members(group: Path) -> set[int] | None:
     try:
-        members = {int(x) for x in (group / "cgroup.procs").read_text().split()}
+        return {int(x) for x in (group / "cgroup.procs").read_text().split()}
     except OSError:
+        return None
+
+
+def _thaw_one(group: Path, home: Path, control: str, value: str,
+              pids: set[int] | None, settle_s: float = SETTLE_S) -> dict[str, Any] | None:
+    """Move the members of `group` that are in `pids` (all with None) back `home`, which thaws
+    them; thaw and remove the group once no other member is left in it, waiting up to `settle_s`
+    for members that are exiting (killed while frozen) to be gone. The answer says whether the
+    group was removed and, when not, why."""
+    members = _members(group)
+    if members is None:
         return None
     chosen = members if pids is None else members & pids
     if members and not chosen:
         return None
     others = members - chosen
+    done: dict[str, Any] = {"cgroup": str(group), "pids": sorted(chosen),
+                            "left_frozen": sorted(others), "removed": False}
     try:
         if not others:
             _write(group / control, value)
-        for pid in chosen:
-            try:
-                _write(home / "cgroup.procs", str(pid))
-            except OSError:
-                pass
-        if not others:
-            group.rmdir()
     except OSError as error:
-        logger.warning("chaosgpu: could not thaw/remove freezer cgroup %s: %s", group, error)
-    return {"cgroup": str(group), "pids": sorted(chosen), "left_frozen": sorted(others)}
+        done["error"] = f"could not thaw it: {error}"
+    for pid in chosen:
+        try:
+            _write(home / "cgroup.procs", str(pid))
+        except OSError:
+            pass  # exiting (killed while frozen): it leaves the group as it dies
+    if others:
+        done["error"] = "other members are still frozen in it"
+        return done
+    end = time.monotonic() + settle_s
+    while True:
+        try:
+            group.rmdir()
+            done["removed"] = True
+            done.pop("error", None)
+            return done
+        except FileNotFoundError:
+            done["removed"] = True
+            return done
+        except OSError as error:
+            left = _members(group) or set()
+            done["error"] = (f"could not remove it: {error}"
+                             + (f" (still in it: {sorted(left)})" if left else ""))
+            if time.monotonic() >= end:
+                break
+            for pid in left & chosen:  # a move that failed while it was frozen may work now
+                try:
+                    _write(home / "cgroup.procs", str(pid))
+                except OSError:
+                    pass
+            time.sleep(0.01)
+    logger.warning("chaosgpu: freezer cgroup %s thawed but not removed: %s", group, done["error"])
+    return done
 
 
-def thaw(pids: set[int] | None) -> list[dict[str, Any]]:
+def thaw(pids: set[int] | None, settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
     """Thaw the processes `pids` (all with None) in chaosgpu's freezer groups (v1 and v2) by
     moving them back where they were; a group is thawed and removed once empty (so are empty
-    ones), and its other members stay frozen ("left_frozen"). Return what was thawed."""
+    ones; members exiting are waited for up to `settle_s`), and its other members stay frozen
+    ("left_frozen"). Return what was thawed: per group {"cgroup", "pids", "left_frozen",
+    "removed"} and, for a group not removed, "error" (why)."""
+    check_seconds("settle_s", settle_s)
     thawed: list[dict[str, Any]] = []
     if V1_ROOT.is_dir():
         for group in sorted(V1_ROOT.glob(f"{V1_PREFIX}*")):
-            done = _thaw_one(group, V1_ROOT, "freezer.state", "THAWED", pids)
+            done = _thaw_one(group, V1_ROOT, "freezer.state", "THAWED", pids, settle_s)
             if done is not None:
                 thawed.append(done)
     for group in _v2_groups():
-        done = _thaw_one(group, group.parent, "cgroup.freeze", "0", pids)
+        done = _thaw_one(group, group.parent, "cgroup.freeze", "0", pids, settle_s)
         if done is not None:
             thawed.append(done)
     return thawed
+
+
+def _frozen_group(pid: int) -> tuple[Path | None, bool]:
+    """(the frozen cgroup `pid` sits in, or None when it is in none; whether chaosgpu made that
+    group), read through the census program."""
+    census = _census_program()
+    try:
+        _main, v1_path, v2_path = census._pick_cgroup(census._read_bytes(f"/proc/{pid}/cgroup"))
+    except OSError:
+        return None, False
+    if v1_path is not None and V1_ROOT.is_dir():
+        group = V1_ROOT / str(v1_path).lstrip("/")
+        try:
+            state = (group / "freezer.state").read_text().strip()
+        except OSError:
+            state = ""
+        if state in ("FROZEN", "FREEZING"):
+            return group, group.parent == V1_ROOT and group.name.startswith(V1_PREFIX)
+    root = v2_root()
+    if v2_path is not None and root is not None:
+        group = root / str(v2_path).lstrip("/")
+        try:
+            frozen = "frozen 1" in (group / "cgroup.events").read_text().splitlines()
+        except OSError:
+            frozen = False
+        if frozen:
+            return group, group.name.startswith(V2_PREFIX)
+    return None, False
+
+
+def _namespace_members(pid: int) -> dict[int, Path]:
+    """The members of chaosgpu's freezer groups that live in the PID namespace `pid` is PID 1
+    of (empty when it is PID 1 of none but the host's): a fatal signal to that init ends them
+    all, and the init cannot finish exiting while one of them stays frozen. {member: its group}."""
+    census = _census_program()
+    try:
+        nspid = census.read_status(pid).get("nspid") or []
+        inode = census.pid_ns_inode(pid)
+    except Exception:  # gone or unreadable: nothing to add
+        return {}
+    if len(nspid) < 2 or nspid[-1] != 1 or inode is None:
+        return {}
+    groups = sorted(V1_ROOT.glob(f"{V1_PREFIX}*")) if V1_ROOT.is_dir() else []
+    found: dict[int, Path] = {}
+    for group in groups + _v2_groups():
+        for member in _members(group) or set():
+            try:
+                if member != pid and census.pid_ns_inode(member) == inode:
+                    found[member] = group
+            except Exception:
+                continue
+    return found
+
+
+def release(targets: list[dict[str, Any]], settle_s: float = SETTLE_S) -> dict[int, dict[str, Any]]:
+    """Let `targets` ([{"pid", "starttime"}], identified by the caller) out of the frozen cgroups
+    they sit in, before a signal that must reach them (the terminate primitive's `release`): a
+    frozen process keeps a SIGKILL pending until thawed. Only chaosgpu's groups are touched, and
+    only the targets are moved out of them (`thaw` with their PIDs: the other members stay
+    frozen); a target that is PID 1 of a PID namespace takes the members of its namespace along
+    (they end with it). Returns {pid: {"released": true, "cgroup", "left_frozen", "removed",
+    "with_members"}} for a target let out, {pid: {"released": false, "cgroup", "reason"}} for one
+    in a frozen cgroup chaosgpu did not make or that stayed frozen; a target in no frozen cgroup
+    is left out."""
+    census = _census_program()
+    answers: dict[int, dict[str, Any]] = {}
+    ours: dict[int, Path] = {}
+    for target in targets:
+        pid = int(target["pid"])
+        group, owned = _frozen_group(pid)
+        if group is None or census.process_starttime(pid) != target.get("starttime"):
+            continue  # not frozen (or no longer this process: the caller's check decides)
+        if not owned:
+            answers[pid] = {"released": False, "cgroup": str(group),
+                            "reason": "a frozen cgroup chaosgpu did not make: left as it is"}
+            continue
+        ours[pid] = group
+    if not ours:
+        return answers
+    members = {pid: _namespace_members(pid) for pid in ours}
+    # Only the groups that hold what is moved are touched (never another run's empty group).
+    moving: dict[Path, set[int]] = {}
+    for pid, group in ours.items():
+        moving.setdefault(group, set()).add(pid)
+        for member, its_group in members[pid].items():
+            moving.setdefault(its_group, set()).add(member)
+    by_group: dict[str, dict[str, Any]] = {}
+    for group, pids in moving.items():
+        v1 = group.parent == V1_ROOT
+        done = _thaw_one(group, V1_ROOT if v1 else group.parent,
+                         "freezer.state" if v1 else "cgroup.freeze", "THAWED" if v1 else "0",
+                         pids, settle_s)
+        if done is not None:
+            by_group[str(group)] = done
+    for pid, group in ours.items():
+        entry = by_group.get(str(group), {})
+        still, _owned = _frozen_group(pid)
+        if still is not None:
+            answers[pid] = {"released": False, "cgroup": str(still),
+                            "reason": "still in a frozen cgroup after it was moved out"}
+            continue
+        answers[pid] = {"released": True, "cgroup": str(group),
+                        "left_frozen": entry.get("left_frozen", []),
+                        "removed": entry.get("removed", False),
+                        "with_members": sorted(members[pid])}
+    return answers

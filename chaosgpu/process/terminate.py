@@ -5,8 +5,12 @@ the in-target program `actions/signal_processes.py` (loaded in place; the same f
 into pods): targets named by (PID, start time), a pidfd opened and its start time re-checked
 (fail closed), `pidfd_send_signal`, one deadline, grace then escalation, exits waited for by
 polling the pidfds, the refusal rules as parameters. This module only gives it types: `Target`
-in, one `Outcome` per target out. It must not send or wait any other way, nor decide which
-processes are in scope (chaosgpu.scope does).
+in, one `Outcome` per target out, and hands it chaosgpu's freezer (`freezer.release`) as the
+`release` step: a target sitting in one of chaosgpu's frozen cgroups is let out of it before a
+signal that ends it (a frozen process keeps that signal pending until thawed), and its outcome
+says so (`released_from`); one in a frozen cgroup chaosgpu did not make is refused ("frozen").
+It must not send or wait any other way, nor decide which processes are in scope
+(chaosgpu.scope does).
 """
 
 from collections.abc import Sequence
@@ -16,7 +20,7 @@ from typing import Any
 from chaosgpu.arguments import SECONDS
 
 __all__ = ["Target", "Rules", "SignalSent", "Outcome", "terminate", "signal_once", "wait_exits",
-           "NULL_SIGNAL"]
+           "release_frozen", "NULL_SIGNAL"]
 
 NULL_SIGNAL = "0"  # checks that a signal could be sent, sends nothing
 
@@ -59,7 +63,8 @@ class SignalSent:
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one target: `result` is "sent", "exited", "alive", "refused" or "gone"
-    (see actions/signal_processes.py); `exited_on` names the last signal before the exit."""
+    (see actions/signal_processes.py); `exited_on` names the last signal before the exit;
+    `released_from` the frozen cgroup it was let out of before a fatal signal (None if none)."""
 
     pid: int
     starttime: int | None
@@ -71,6 +76,7 @@ class Outcome:
     exited_on: str | None = None
     reaped: bool | None = None
     reaped_at: float | None = None
+    released_from: dict[str, Any] | None = None
 
     @property
     def first_sent_at(self) -> float | None:
@@ -80,6 +86,14 @@ class Outcome:
     def sent_at(self, signal: str) -> float | None:
         """The unix time `signal` was sent, or None when it was not."""
         return next((s.at for s in self.signals if s.signal == signal), None)
+
+
+def release_frozen(targets: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The primitive's `release` step for local targets: chaosgpu's freezer lets the targets
+    (only them, and the members of a PID namespace whose init is one) out of its frozen groups."""
+    from chaosgpu.process import freezer
+
+    return freezer.release(targets)
 
 
 def _program() -> Any:
@@ -95,7 +109,7 @@ def _outcome(raw: dict[str, Any]) -> Outcome:
         signals=tuple(SignalSent(str(s["signal"]), float(s["at"]))
                       for s in raw.get("signals") or []),
         exited_at=raw.get("exited_at"), exited_on=raw.get("exited_on"), reaped=raw.get("reaped"),
-        reaped_at=raw.get("reaped_at"),
+        reaped_at=raw.get("reaped_at"), released_from=raw.get("released_from"),
     )  # fmt: skip
 
 
@@ -113,11 +127,13 @@ def terminate(targets: Sequence[Target], signals: Sequence[str], grace_s: float,
     SIGTERM then SIGKILL) with `grace_s` between them, everything within `deadline_s`; wait
     `until` "exit" (pidfds readable) or "reaped" (gone from /proc too), or only "sent".
     Returns one Outcome per distinct target; raises ValueError on bad input, before anything
-    is sent."""
+    is sent. A target in one of chaosgpu's frozen cgroups is let out of it before the first
+    signal that ends it (`Outcome.released_from`); one in another frozen cgroup is refused
+    (reason_code "frozen")."""
     raw = _program().terminate(
         _plain(targets), list(signals), grace_s=grace_s, deadline_s=deadline_s,
         cont_first=cont_first, until=until, allow_other_users=rules.allow_other_users,
-        allow_ns_init=rules.allow_ns_init, runner_pid=rules.runner_pid,
+        allow_ns_init=rules.allow_ns_init, runner_pid=rules.runner_pid, release=release_frozen,
     )  # fmt: skip
     return [_outcome(entry) for entry in raw]
 

@@ -688,7 +688,10 @@ def terminate(
     SIGTERM to PID 1; wait up to `grace_s` (default: the sandbox's) for it to exit (which empties
     the namespace); then SIGKILL PID 1 (the kernel kills the whole namespace); wait up to
     `deadline_s` until it is gone (reaped). Times are unix times; `*_s` fields are seconds after
-    SIGTERM. A sandbox already gone returns {"already_gone": true}.
+    SIGTERM. A sandbox already gone returns {"already_gone": true}. A pod frozen in chaosgpu's
+    freezer (a frozen process keeps SIGTERM and SIGKILL pending) is let out of it first, PID 1
+    and every process of its namespace ("released_from_freezer" says from where); a PID 1 in a
+    frozen cgroup chaosgpu did not make is refused (SandboxError), never signalled in vain.
     """
     POSITIVE_SECONDS.require("deadline_s", deadline_s)
     if grace_s is not None:
@@ -722,6 +725,8 @@ def terminate(
     _finish_supervisor(record, deadline_s)
     _mark(name, record, "terminated")
     result.update(already_gone=False, **_timings(outcome, total))
+    if outcome.released_from is not None:  # frozen in chaosgpu's freezer: let out first
+        result["released_from_freezer"] = outcome.released_from
     return result
 
 

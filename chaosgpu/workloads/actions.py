@@ -520,12 +520,16 @@ def stop_workload(
 ) -> Dict[str, Any]:
     """Stop the workload `tag`: SIGCONT+SIGTERM, up to `grace_s` to exit, then SIGKILL; idempotent.
 
-    Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds.
-    Waits up to `deadline_s` after SIGKILL. Removes the record and the workload's files (kept,
-    with "record_kept", while a process survives SIGKILL). A tag with no record returns
-    {"stopped": false} where `missing_ok` allows it (chaosgpu.arguments.missing_allowed): true
-    always; "before-method", the default, for a tag this run met (it started the workload,
-    stopped since) and, for any tag, before the method starts; false never. Otherwise it fails,
+    Only processes recorded under the tag (same PID and starttime) are signalled, through pidfds;
+    one in chaosgpu's frozen freezer cgroup is let out of it first (it would keep the signals
+    pending: "released_from_freezer" names the group). Waits up to `deadline_s` after SIGKILL.
+    Removes the record and the workload's files, and says "stopped": true, only once every
+    process has ended; while one survives (or is refused: in a frozen cgroup chaosgpu did not
+    make, for one) it fails naming them and keeps the record for a later stop or cleanup. A tag
+    with no record returns {"stopped": false} where `missing_ok` allows it
+    (chaosgpu.arguments.missing_allowed): true always; "before-method", the default, for a tag
+    this run met (it started the workload, stopped since) and, for any tag, before the method
+    starts; false never. Otherwise it fails,
     naming the recorded workloads (a typo would leave the real one running). `tag` is matched
     exactly, never stripped: one that is not a tag (chaosgpu.arguments.TAG: empty, whitespace,
     control characters) is InvalidArgument.
@@ -548,19 +552,29 @@ def stop_workload(
     rules = terminate.Rules(allow_other_users=True, allow_ns_init=True)
     results = terminate.terminate(targets, ["SIGTERM", "SIGKILL"], grace_s, grace_s + deadline_s,
                                   rules, cont_first=True)
-    stuck = False
+    stuck = []
+    released = {}
     for result in results:
         said = _STOPPED.get(result.exited_on or result.result)
         if result.result == "refused" and result.reason_code != "reused":
             said = f"refused: {result.reason}"
         outcome[str(result.pid)] = said or "already gone"
-        stuck = stuck or (result.result in ("alive", "refused") and result.reason_code != "reused")
-    if stuck:  # e.g. frozen by the v1 freezer: keep the record so a later stop/cleanup finds it
-        return {"tag": tag, "stopped": True, "processes": outcome, "record_kept": True}
+        if result.released_from is not None:
+            released[str(result.pid)] = result.released_from["cgroup"]
+        if result.result in ("alive", "refused") and result.reason_code != "reused":
+            stuck.append(f"PID {result.pid}: {outcome[str(result.pid)]}")
+    if stuck:  # keep the record so that a later stop or cleanup finds what is still alive
+        raise ActivityError(
+            f"workload {tag!r} was not stopped: {len(stuck)} of its process(es) still alive "
+            f"({'; '.join(stuck)}); its record is kept for a later stop_workload or "
+            "`chaosgpu cleanup`")
     if record.get("workdir"):
         shutil.rmtree(record["workdir"], ignore_errors=True)
     state.remove_record(KIND, tag)
-    return {"tag": tag, "stopped": True, "processes": outcome}
+    done: dict[str, Any] = {"tag": tag, "stopped": True, "processes": outcome}
+    if released:  # frozen in chaosgpu's freezer: let out before the signals (they were pending)
+        done["released_from_freezer"] = released
+    return done
 
 
 def no_workload(tag: str, missing_ok: Any) -> dict[str, Any]:
