@@ -366,6 +366,33 @@ def test_under_torchrun_the_rank_killed_from_outside_failed_first(workdir: Path,
                for e in found["evidence"]), found["evidence"]
 
 
+def test_cleanup_hung_job_heals_the_partition_of_the_ranks_it_removes(
+        workdir: Path, jobs: list[Job]) -> None:
+    """A node loss (partition, then SIGKILL) hangs a gloo job; cleanup_hung_job removes the
+    job and heals the partition this run made against it: its connection rules would outlive
+    the job (before round 22 only heal_partition or chaosgpu cleanup removed them)."""
+    require_tool("nft", install="apt-get install nftables")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add nftables rules")
+    from chaosgpu.network import actions as network
+    from chaosgpu.network import partitions
+
+    job = start_bare(workdir, [])
+    jobs.append(job)
+    job.wait_steps(3)
+    try:
+        failed = actions.fail_rank(tag=job.tag, rank="any", how="node-loss")
+        ident = failed["partition"]
+        assert ident in {p["id"] for p in partitions.active()}, failed
+        report = actions.cleanup_hung_job(tag=job.tag, grace_s=1, deadline_s=20)
+        assert report["not_removed"] == [], report
+        assert [(h["id"], h["removed"]) for h in report["healed_partitions"]] == [(ident, True)]
+        assert ident not in {p["id"] for p in partitions.active()}
+    finally:
+        network.heal_all_partitions()
+    assert partitions.active() == []
+
+
 def test_a_bare_job_whose_rank_is_killed_fails_with_exit_codes(workdir: Path,
                                                               jobs: list[Job]) -> None:
     job = start_bare(workdir, [])

@@ -350,11 +350,13 @@ def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
     call, or one for a job this run met that ended, finds nothing and says so; but a job id or
     tag this run never met that matches nothing (a typo: the real job would be left running)
     fails, naming the jobs and tags on the node, unless `missing_ok` is true (or
-    "before-method", the default, before the method starts). Reports what it removed and,
-    honestly, what it could not."""
+    "before-method", the default, before the method starts). The network partitions this run
+    made against the job are healed once their targets have ended (`healed_partitions`).
+    Reports what it removed and, honestly, what it could not."""
     check_selector(job, tag)
     missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
     report = hang.cleanup(job=job, tag=tag, grace_s=grace_s, deadline_s=deadline_s)
+    report["healed_partitions"] = _heal_partitions_of(report.get("job") or job, tag)
     # The tag decides when given (a job given with it must agree); else the job id.
     kind, value = ("tag", tag) if tag is not None else ("job", str(job))
     if report["found"]:
@@ -362,6 +364,27 @@ def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
     elif not missing_allowed(missing_ok, seen_in_this_run(validate_scope({kind: value}))):
         raise JobError(_never_met(kind, value))
     return report
+
+
+def _heal_partitions_of(job_id: Optional[str], tag: Optional[str]) -> list[dict[str, Any]]:
+    """Heal the network partitions this run made against the job (`job_id` or `tag`: the fault
+    log's partition records) whose targets have all ended: their connection rules would outlive
+    the job (the partitions' liveness check withdraws only the listening rules). A partition
+    with a live target stays. Returns what was healed."""
+    from chaosgpu.network import partitions
+
+    made = {f.get("partition") for f in faultlog.recent() if f.get("kind") == "partition"
+            and f.get("partition") and ((job_id is not None and f.get("job") == job_id)
+                                        or (tag is not None and f.get("tag") == tag))}
+    healed = []
+    for record in partitions.active():
+        if record["id"] not in made or partitions.targets_alive(record):
+            continue
+        try:
+            healed.append(partitions.remove(record["id"]))
+        except partitions.PartitionError as error:
+            healed.append({"id": record["id"], "removed": False, "error": str(error)})
+    return healed
 
 
 def _never_met(kind: str, value: str) -> str:

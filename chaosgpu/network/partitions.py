@@ -43,7 +43,8 @@ from chaosgpu.process.environment import helper_env
 from chaosgpu.state import list_records, read_record, remove_record, write_record
 
 __all__ = ["PartitionError", "NamespaceGone", "nft_path", "connections_of", "create", "remove",
-           "remove_all", "active", "table_exists", "created_here", "runner_identity"]
+           "remove_all", "active", "table_exists", "created_here", "runner_identity",
+           "targets_alive"]
 
 KIND = "partitions"
 TABLE_PREFIX = "chaosgpu_"
@@ -445,7 +446,7 @@ def _zombie(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"Z"
 
 
-def _targets_alive(record: dict[str, Any]) -> bool:
+def targets_alive(record: dict[str, Any]) -> bool:
     """Whether any of the record's targets is still the process it was, and running (a zombie
     has ended: its sockets are closed)."""
     from chaosgpu.node import process_starttime
@@ -460,7 +461,7 @@ def _withdraw_listen_rules(record: dict[str, Any]) -> dict[str, Any] | None:
     port is anyone's now); keep the connection rules (the dead target's peers must keep seeing
     silence); heal a partition left with no rule. Returns the record as it is now (None: healed,
     record removed). Raises PartitionError when nft refuses."""
-    if record.get("listen_withdrawn_at") is not None or _targets_alive(record):
+    if record.get("listen_withdrawn_at") is not None or targets_alive(record):
         return record
     if "connection_rules" not in record:  # an older record: its rules mix both kinds
         keep = [r for r in record.get("rules", []) if " saddr " in r]
