@@ -266,6 +266,7 @@ def test_kill_rank_kills_a_freezer_frozen_rank() -> None:
         assert frozen["freezer_state"] == "FROZEN"
         killed = job_actions.kill_rank(tag=tag, rank=1, wait_s=5)
         assert killed["result"] == "sent" and killed["wait"]["all_gone"] is True, killed
+        assert killed["released_from"], killed  # the result says it was let out of the freeze
         assert not alive(rank1)
         assert not Path(frozen["cgroup"]).exists()
         assert [f["kind"] for f in faultlog.recent()] == ["freezer", "SIGKILL"]

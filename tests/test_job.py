@@ -174,6 +174,8 @@ def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
         actions.kill_rank(tag="x", rank=0, wait_s=-1)
     with pytest.raises(ValueError, match="signal must be"):
         actions.kill_rank(tag="x", rank=0, signal="SIGNOPE")
+    with pytest.raises(ValueError, match="signal must be"):  # the signal program's own set
+        actions.kill_rank(tag="x", rank=0, signal="SIGSEGV")
     with pytest.raises(JobError, match="not running"):
         actions.kill_rank(job=nope, rank=0)
     with pytest.raises(ValueError, match="how must be"):

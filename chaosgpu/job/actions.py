@@ -26,6 +26,7 @@ from chaosgpu.arguments import (
     checked,
     missing_allowed,
 )
+from chaosgpu.errors import ActivityError
 from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
@@ -43,8 +44,17 @@ __all__ = ["kill_rank", "freeze_rank", "resume_rank", "fail_rank", "cleanup_hung
 
 logger = logging.getLogger("chaostoolkit")
 
-SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGABRT", "SIGSEGV", "SIGSTOP",
-           "SIGCONT", "SIGUSR1", "SIGUSR2", "SIGHUP")
+
+
+def _sendable_signals() -> tuple[str, ...]:
+    """The signals the one signalling program sends (actions/signal_processes.py's SIGNALS):
+    kill_rank takes no other (it took SIGSEGV, which that program then refused)."""
+    from chaosgpu.intarget import load
+
+    return tuple(load("actions", "signal_processes").SIGNALS)
+
+
+SIGNALS = _sendable_signals()
 #: fail_rank's ways to fail a rank
 FAIL_HOWS = ("auto", "kill", "freeze", "partition", "node-loss")
 
@@ -187,7 +197,7 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
     result = report["results"][0]
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
            "result": result["result"], "reason": result.get("reason"),
-           "sent_at": result.get("sent_at")}
+           "sent_at": result.get("sent_at"), "released_from": result.get("released_from")}
     if result["result"] != "sent":
         raise PermissionError(f"{signal} was not sent to {rank_with_pid(rank, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
@@ -196,6 +206,10 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
                     peers=peers, helpers=job_helpers(census, found))
     if wait_s > 0 and signal in ("SIGKILL", "SIGTERM"):
         out["wait"] = wait_gone([{"pid": proc["pid"], "starttime": proc["starttime"]}], wait_s)
+        if signal == "SIGKILL" and not out["wait"].get("all_gone"):  # lives on: no kill
+            raise ActivityError(f"{signal} was sent to {rank_with_pid(rank, proc['pid'])}, but "
+                                f"it was still alive after {wait_s:g} s (wait_s): "
+                                f"{out['wait']}")
     return out
 
 
