@@ -232,7 +232,8 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     live rank (the highest number; where no process shows its number, as in a
     torch.multiprocessing.spawn or file:// job, the newest such rank); the result names the
     rank and PID hit. Fails when the signal could not be sent (gone, refused by the scope
-    rules, or by the kernel: the reason is given)."""
+    rules, or by the kernel: the reason is given), or when a SIGKILL waited for (`wait_s` > 0)
+    left the rank alive."""
     census, found, proc, number = rank_process(job, tag, rank, 2.0)
     return _signal_process(census, found, number, proc, signal, float(wait_s))
 
