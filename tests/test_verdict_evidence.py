@@ -1,7 +1,9 @@
 """What counts as a job's progress, on real gloo jobs (tests/jobs/train.py) and real signals:
 only bytes on connections to the job's own ranks count, never a metrics heartbeat to a local
-collector; bytes written into a stopped peer's socket buffer are no progress either."""
+collector; bytes written into a stopped peer's socket buffer are no progress either. And a ring
+started with `chaosgpu workload ring --detach` is found and judged by job_stalled."""
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +19,7 @@ pytest.importorskip("torch")
 
 from jobs.launch import TRAIN, Job, free_port, start_torchrun  # noqa: E402
 
+from chaosgpu.gpu import probes as gpu_probes  # noqa: E402
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.job.observe import Observer  # noqa: E402
 
@@ -192,3 +195,43 @@ def test_bytes_into_a_stopped_peer_are_no_progress_right_after_the_freeze(
         stop_and_prove_gone(job)
     left = [str(p) for p in Path("/sys/fs/cgroup").rglob(f"*{job.run_id}*")]
     assert left == [], f"freezer cgroups left behind: {left}"
+
+
+def test_job_stalled_finds_and_judges_a_detached_ring(tmp_path: Path) -> None:
+    tag = f"ring-{uuid.uuid4().hex[:8]}"
+    # the documented way (docs/workloads.md), from another working directory, relative ready dir
+    done = subprocess.run(
+        [sys.executable, "-m", "chaosgpu.workloads", "ring", "--backend", "gloo",
+         "--world-size", "2", "--tag", tag, "--job-id", tag, "--timeout-s", "60", "--detach",
+         "--wait-ready-s", "60", "--ready-dir", "ready", "--iters-per-s", "20"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    pids = json.loads(done.stdout)["pids"] if done.stdout.strip() else []
+    stranger = subprocess.Popen(["sleep", "60"], env=dict(os.environ, CHAOSGPU_TAG=f"{tag}-x"))
+    try:
+        assert done.returncode == 0, done.stderr
+        assert len(pids) == 2
+        assert gpu_probes.job_stalled(tag, window_s=1.5) is False  # every rank advanced
+        os.kill(pids[1], signal.SIGSTOP)
+        assert gpu_probes.job_stalled(tag, window_s=1.5) is True  # found and judged
+        assert gpu_probes.job_stalled(tag, window_s=1.5, missing_ok=True) is True
+        os.kill(pids[1], signal.SIGCONT)
+        # a live process carrying a tag that is no readable ring: never "no such ring"
+        with pytest.raises(gpu_probes.NotAReadableRing, match="no ring step counter"):
+            gpu_probes.job_stalled(f"{tag}-x", window_s=0.5, missing_ok=True)
+        # nothing carries the tag: missing_ok decides, as before
+        assert gpu_probes.job_stalled(f"{tag}-gone", window_s=0.5, missing_ok=True) is False
+        with pytest.raises(ValueError, match="this run never met that tag"):
+            gpu_probes.job_stalled(f"{tag}-gone", window_s=0.5, missing_ok=False)
+    finally:
+        stranger.kill()
+        stranger.wait(timeout=10)
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        while (tagged(tag) or tagged(f"{tag}-x")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert tagged(tag) == [] and tagged(f"{tag}-x") == [], "ring processes left behind"

@@ -189,14 +189,48 @@ def xid_events(device: Optional[Union[int, str]] = None, timeout_s: float = 5.0,
             "unsupported": watch.unsupported, "error": watch.error, "window_s": timeout_s}
 
 
+class NotAReadableRing(RuntimeError):
+    """Live processes carry the tag, but no ring step counter of theirs can be read: never
+    "no such ring" (missing_ok does not apply to what is running)."""
+
+
 def _ring_folder(tag: str) -> Path:
+    """The folder of ring `tag`'s step counters: its record's (start_ring), else the
+    `--ready-dir` of its live ranks (a ring started with `chaosgpu workload ring --detach`,
+    found by its tag in the census). ValueError: nothing carries the tag; NotAReadableRing:
+    live processes carry it, but they are no ring whose counters can be read."""
     from chaosgpu import state
 
     record = state.read_record("workloads", tag) if isinstance(tag, str) and tag else None
-    if record is None or record.get("kind") != "ring" or not record.get("workdir"):
+    if record is not None and record.get("kind") == "ring" and record.get("workdir"):
+        return Path(record["workdir"])
+    carriers = [p for p in take_census(env=True, fds=False, gpu=False).get("processes") or []
+                if p.get("tag") == tag and p.get("state") not in ("Z", "X")]
+    if not carriers:
         raise ValueError(f"no chaosgpu ring workload tagged {tag!r}: progress is read from the "
-                         "ring's own step counter (start it with start_ring)")
-    return Path(record["workdir"])
+                         "ring's own step counter (start it with start_ring, or `chaosgpu "
+                         "workload ring --ready-dir DIR --tag TAG`)")
+    folders = {d for d in (_ready_dir(p.get("cmdline") or []) for p in carriers) if d}
+    if len(folders) != 1:
+        pids = sorted(p["pid"] for p in carriers)[:8]
+        why = ("none of them is a ring rank with --ready-dir" if not folders
+               else f"their ranks name several ready dirs {sorted(folders)}")
+        raise NotAReadableRing(f"processes carrying tag {tag!r} live (PIDs {pids}), but no "
+                               f"ring step counter of theirs can be read: {why}")
+    (folder,) = folders
+    return Path(folder)
+
+
+def _ready_dir(argv: List[str]) -> Optional[str]:
+    """The `--ready-dir` of a ring rank's command line (`-m chaosgpu.workloads rank`)."""
+    if "chaosgpu.workloads" not in argv or "rank" not in argv:
+        return None
+    for index, arg in enumerate(argv):
+        if arg == "--ready-dir" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--ready-dir="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 @checked(tag=TAG, window_s=POSITIVE_SECONDS, stall_factor=POSITIVE)
@@ -224,12 +258,15 @@ def job_progress(tag: str, window_s: float = 2.0, stall_factor: float = 0.5,
 def job_stalled(tag: str, window_s: float = 2.0, missing_ok: MissingOk = "before-method",
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> bool:
-    """True when the chaosgpu ring `tag` runs (is recorded) and a rank did not advance during
-    `window_s` (blocked on its GPU, holding the GIL, waiting for a stuck peer, or gone); false
-    when every rank advanced. The steady state "no stalled job" uses tolerance false. No such
-    ring: false where `missing_ok` allows it (before the method starts it, with
-    "before-method", the default; or a ring this run started, since stopped), otherwise the
-    probe fails, so a typo'd tag never passes."""
+    """True when the chaosgpu ring `tag` runs (recorded by start_ring, or its live ranks carry
+    the tag, as `chaosgpu workload ring --detach --ready-dir DIR` starts them) and a rank did
+    not advance during `window_s` (blocked on its GPU, holding the GIL, waiting for a stuck
+    peer, stopped, or gone); false when every rank advanced. The steady state "no stalled job"
+    uses tolerance false. No such ring (nothing recorded, no live process carrying the tag):
+    false where `missing_ok` allows it (before the method starts it, with "before-method", the
+    default; or a ring this run started, since stopped), otherwise the probe fails, so a typo'd
+    tag never passes. Live processes carrying the tag whose step counters cannot be read fail
+    the probe whatever `missing_ok` says: what runs is never "no such ring"."""
     arguments.missing_allowed(missing_ok, True)  # a bad missing_ok is refused either way
     try:
         folder = _ring_folder(tag)

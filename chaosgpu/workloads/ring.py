@@ -223,6 +223,9 @@ def launch_ring(
     if not config.master_port:
         config.master_port = free_port(config.master_addr)
     if config.ready_dir:
+        # absolute in the ranks' command line: a probe finding a detached ring by its tag reads
+        # the step counters from there, whatever its own working directory
+        config.ready_dir = os.path.abspath(config.ready_dir)
         os.makedirs(config.ready_dir, exist_ok=True)
     exe = python or sys.executable
     env = rank_env(config)
