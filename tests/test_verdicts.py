@@ -323,6 +323,8 @@ def test_node_loss_partition_then_kill_hangs_a_gloo_job(workdir: Path, jobs: lis
         assert found["verdict"] == "hung", found["reason"]
         culprit = {c["rank"]: c["why"] for c in found["culprit_ranks"]}[1]
         assert culprit.startswith("partitioned"), culprit
+        # a node loss: cut off, then killed (before round 22 only "partitioned" was said)
+        assert "then ended: killed by SIGKILL (chaosgpu's fault)" in culprit, culprit
         ranks = {r["rank"]: r for r in found["ranks"]}
         assert ranks[1]["state"] == "exited" and ranks[1]["exit"]["signal"] == "SIGKILL"
     finally:

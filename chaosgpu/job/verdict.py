@@ -890,6 +890,35 @@ class JobTrack:
             reason += " (no progress seen since the observation began)"
         return "hung", reason, since, details
 
+    def _culprit_why(self, track: RankTrack, partition: str | None,
+                     blocked: list[RankTrack]) -> str | None:
+        """Why `track` is a culprit of the hang (partition: the id of a partition that cuts it
+        off), or None when it is not one (a blocked rank)."""
+        why = None
+        if partition is not None:
+            why = f"partitioned: its TCP traffic is dropped (nftables, partition {partition})"
+            if not track.live:  # a node loss: cut off, then ended (its peers never knew)
+                why += ", then ended: " + (track.exit.describe() if track.exit
+                                           else "exit not seen")
+                if any(f.get("pid") == track.pid for f in self.faults):
+                    why += " (chaosgpu's fault)"
+        elif not track.live:
+            why = "ended: " + (track.exit.describe() if track.exit else "exit not seen")
+            if any(f.get("pid") == track.pid for f in self.faults):
+                why += " (chaosgpu's fault)"
+            if track.holders:
+                why += (f"; its helper processes {[h['pid'] for h in track.holders]} "
+                        "(forked copies: DataLoader workers) outlive it holding "
+                        f"{sum(h['connections'] for h in track.holders)} of its peer "
+                        "connections, so its peers see no close until they exit")
+        elif track.state == "stopped":
+            why = "stopped (SIGSTOP or a debugger)"
+        elif track.state == "frozen":
+            why = "frozen (cgroup freezer)"
+        elif track not in blocked:
+            why = "alive, not in a collective" + self._where(track)
+        return why
+
     def _hang_details(self, ranks: list[RankTrack], live: list[RankTrack],
                       blocked: list[RankTrack], since: float,
                       retrying: list[RankTrack] | None = None) -> dict[str, Any]:
@@ -916,25 +945,8 @@ class JobTrack:
         partitioned = {(t.get("pid"), t.get("starttime")): p.get("id")
                        for p in self.partitions for t in p.get("targets", [])}
         for track in ranks:
-            why = None
-            if (track.pid, track.starttime) in partitioned:
-                why = (f"partitioned: its TCP traffic is dropped (nftables, partition "
-                       f"{partitioned[(track.pid, track.starttime)]})")
-            elif not track.live:
-                why = "ended: " + (track.exit.describe() if track.exit else "exit not seen")
-                if any(f.get("pid") == track.pid for f in self.faults):
-                    why += " (chaosgpu's fault)"
-                if track.holders:
-                    why += (f"; its helper processes {[h['pid'] for h in track.holders]} "
-                            "(forked copies: DataLoader workers) outlive it holding "
-                            f"{sum(h['connections'] for h in track.holders)} of its peer "
-                            "connections, so its peers see no close until they exit")
-            elif track.state == "stopped":
-                why = "stopped (SIGSTOP or a debugger)"
-            elif track.state == "frozen":
-                why = "frozen (cgroup freezer)"
-            elif track not in blocked:
-                why = "alive, not in a collective" + self._where(track)
+            why = self._culprit_why(track, partitioned.get((track.pid, track.starttime)),
+                                    blocked)
             if why is not None:
                 culprits.append({"rank": track.rank, "pid": track.pid, "why": why,
                                  "stack": render(track.stack) if track.stack else None})
