@@ -220,3 +220,18 @@ def missing_allowed(missing_ok: Any, seen_in_this_run: bool,
     if sampler is not None:
         return sampler.event_time("method", "start") is None
     return method_started is False
+
+
+def missing_advice(missing_ok: Any) -> str:
+    """How a selection that matches nothing could be allowed, to end the error of an activity
+    that missing_allowed refused: "needs missing_ok true (or ...)". With "before-method" and no
+    timeline control running, it says that the control is what tells before the method from
+    after it (without it only what this run met is accepted), rather than advising the
+    "before-method" that was given, before the method."""
+    from chaosgpu.timeline.sampler import current
+
+    if missing_ok == "before-method" and current() is None:
+        return ('needs missing_ok true: "before-method" (the default) tells before the method '
+                'from after it only with the timeline control (chaosgpu.timeline.control) in '
+                "the experiment's controls; without it, it accepts only what this run met")
+    return 'needs missing_ok true (or "before-method", the default, before the method starts)'

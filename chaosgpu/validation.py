@@ -155,6 +155,27 @@ def argument_problems(experiment: Mapping[str, Any],
             problem = argument_problem(function, name, value) if resolved else None
             if problem:
                 problems.append(f"{where}: {provider.get('func')}: {problem}")
+    return problems + _control_problems(experiment, known)
+
+
+def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any]) -> list[str]:
+    """What is wrong with the timeline control's arguments that only the experiment can tell:
+    a `fault_activity` naming no action of the method (it was silently ignored)."""
+    from chaosgpu.timeline.control import fault_activity_problem
+
+    problems = []
+    for control in experiment.get("controls") or []:
+        provider = control.get("provider") if isinstance(control, Mapping) else None
+        if not isinstance(provider, Mapping) or \
+                provider.get("module") != "chaosgpu.timeline.control":
+            continue
+        arguments = provider.get("arguments")
+        if not isinstance(arguments, Mapping) or "fault_activity" not in arguments:
+            continue
+        resolved, value = _value(arguments["fault_activity"], known)
+        problem = fault_activity_problem(dict(experiment), value) if resolved else None
+        if problem:
+            problems.append(f"controls[{control.get('name')!r}]: {problem}")
     return problems
 
 

@@ -77,7 +77,7 @@ def test_a_control_that_cannot_start_interrupts_the_run_with_its_own_error(
     with pytest.raises(InterruptExecution, match="the timeline control cannot start") as stop:
         control.before_experiment_control(context={}, **{"rate_hz": 50, **arguments})
     assert re.search(error, str(stop.value)), str(stop.value)
-    assert current() is None  # no sampler runs: nothing pretends to measure
+    _assert_not_measuring(error)
     assert control._gating["interrupted"] is True
     assert re.search(error, control._gating["start_error"])
 
@@ -89,7 +89,16 @@ def test_a_valid_control_starts_and_a_later_bad_one_leaves_no_sampler(
     assert current() is not None and current().running  # type: ignore[union-attr]
     with pytest.raises(InterruptExecution, match="unknown argument 'rate'"):
         control.before_experiment_control(context={}, rate=50)
-    assert current() is None
+    _assert_not_measuring("unknown argument 'rate'")
+
+
+def _assert_not_measuring(error: str) -> None:
+    """No sampler runs after a control that could not start: only one that never starts stands
+    in, saying why and that the method has not started (for the rollbacks' "before-method")."""
+    sampler = current()
+    assert sampler is not None and not sampler.started and not sampler.running
+    assert re.search(error, sampler.start_error or "")
+    assert sampler.event_time("method", "start") is None
 
 
 def test_a_scope_that_matched_nothing_is_said_loudly_at_the_end_of_the_method(

@@ -13,7 +13,8 @@ from typing import Any
 from chaosgpu.report.model import METRICS, Metric
 from chaosgpu.timeline.integral import RULE, gib_seconds
 
-__all__ = ["PROJECTION_S", "derive", "memory_series", "run_figures", "total_process_series"]
+__all__ = ["PROJECTION_S", "derive", "end_mark", "failed_rollback_names", "memory_series",
+           "run_figures", "total_process_series"]
 
 PROJECTION_S = 600.0  # PyTorch's default NCCL timeout: how long a hang holds memory unaided
 ORPHAN_FUNCS = ("orphans", "orphans_in_scope", "sandbox_orphans")
@@ -81,22 +82,55 @@ def _first_release(times: list[float], values: list[float], after: float) -> flo
                 None)
 
 
+def end_mark(events: list[dict[str, Any]]) -> float | None:
+    """When the run's cleanup was over on the timeline: the end of the last rollbacks, else
+    the end of the experiment (no rollbacks ran), else None (not marked)."""
+    for name in ("rollbacks", "experiment"):
+        ends = [float(e["t"]) for e in events if e.get("name") == name
+                and e.get("phase") == "end" and isinstance(e.get("t"), int | float)]
+        if ends:
+            return max(ends)
+    return None
+
+
+def _residual_from(times: list[float], values: list[float], events: list[dict[str, Any]],
+                   source: str, cleanup_failed: list[str]) -> Metric:
+    """The residual: the series' last value when it was sampled after the rollbacks ended (or
+    the experiment, without rollbacks); otherwise unknown, and said so: a sample taken before
+    the rollbacks killed anything is no residual (90 MiB read for a process killed after it)."""
+    end = end_mark(events)
+    note = f"a rollback failed: {', '.join(cleanup_failed)}" if cleanup_failed else None
+    if end is None:
+        return Metric(None, "unknown: the timeline marks no end of the rollbacks or of the "
+                            "experiment to take the residual after", "MiB", note)
+    if times[-1] <= end:
+        return Metric(None, f"unknown: no sample after the rollbacks ended (the last, at "
+                            f"{times[-1]:.2f} s, came before their end at {end:.2f} s)", "MiB",
+                      note)
+    return Metric(round(max(0.0, values[-1]), 1),
+                  source + f": its last value, sampled after the rollbacks ended ({end:.2f} s)",
+                  "MiB", note)
+
+
 def derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]],
-           cleanup_t: float | None = None) -> dict[str, Metric]:
-    """Figures computed from the timeline: held (peak), residual (last value), release (the
-    'release' event after the fault, else the first sample back near zero) and GiB x s from the
-    fault to the release, or to `cleanup_t` (the rollbacks' start) when memory was held until
-    then, or to the timeline's end."""
+           cleanup_t: float | None = None,
+           cleanup_failed: list[str] | None = None) -> dict[str, Metric]:
+    """Figures computed from the timeline: held (peak), residual (the last value, when it was
+    sampled after the rollbacks ended), release (the 'release' event after the fault, else the
+    first sample back near zero) and GiB x s from the fault to the release, or to `cleanup_t`
+    (the rollbacks' start) when memory was held until then, or to the timeline's end.
+    `cleanup_failed` names the rollbacks that failed: memory held until such a cleanup is not
+    said to be held "until the cleanup" (it may be held still)."""
     if timeline is None:
         return {}
     found = memory_series(timeline)
     if found is None or not found[1]:
         return {}
     times, values, what = found
+    failed = list(cleanup_failed or [])
     source = f"computed from the timeline ({what})"
     out = {"memory_held_mib": Metric(round(max(values), 1), source, "MiB"),
-           "residual_mib": Metric(round(max(0.0, values[-1]), 1), source + ": its last value",
-                                  "MiB")}
+           "residual_mib": _residual_from(times, values, events, source, failed)}
     fault_t = next((e["t"] for e in events if e["kind"] == "fault"), None)
     if fault_t is None:
         return out
@@ -105,6 +139,18 @@ def derive(timeline: dict[str, Any] | None, events: list[dict[str, Any]],
     if release_t is None:
         release_t = _first_release(times, values, fault_t)
     positive = [max(0.0, v) for v in values]
+    if failed and cleanup_t is not None and cleanup_t >= fault_t and (
+            release_t is None or release_t > cleanup_t):
+        # the cleanup failed: no figure counts from it as if it had ended the waste
+        until = release_t if release_t is not None else times[-1]
+        why = f"the cleanup failed ({', '.join(failed)})"
+        out["release_s"] = Metric(None, f"memory not back before the rollbacks, and {why}",
+                                  "s", "cleanup failed")
+        out["gib_seconds"] = Metric(round(gib_seconds(times, positive, fault_t, until), 3),
+                                    source + (", until memory was back" if release_t is not None
+                                              else ", until the timeline's end"),
+                                    "GiB x s", "cleanup failed")
+        return out
     if cleanup_t is not None and cleanup_t >= fault_t and (release_t is None
                                                            or release_t > cleanup_t):
         waste = gib_seconds(times, positive, fault_t, cleanup_t)
@@ -354,13 +400,22 @@ def _residual(result: dict[str, Metric], section: dict[str, Any],
             return
 
 
+def failed_rollback_names(journal: dict[str, Any]) -> list[str]:
+    """The names of the journal's rollbacks that failed (Chaos Toolkit's status "failed")."""
+    return [repr(str((entry.get("activity") or {}).get("name", "rollback")))
+            for entry in journal.get("rollbacks") or []
+            if isinstance(entry, dict) and entry.get("status") == "failed"]
+
+
 def run_figures(journal: dict[str, Any], section: dict[str, Any], facts: dict[str, Any],
                 timeline: dict[str, Any] | None, events: list[dict[str, Any]]
                 ) -> tuple[dict[str, Metric], float | None]:
     """Every figure of METRICS (None with its reason when unknown) and when memory was back
-    (seconds since t0, or None)."""
+    (seconds since t0, or None). A failed rollback leaves no figure counted from the cleanup
+    (cleanup_release_s, gib_seconds_600s are then unknown, saying why)."""
     rollbacks_t = _event_t(events, "rollbacks")
-    derived = derive(timeline, events, rollbacks_t)
+    failed = failed_rollback_names(journal)
+    derived = derive(timeline, events, rollbacks_t, failed)
     result = {name: Metric(None, "not in the journal", unit) for name, (_, unit)
               in METRICS.items()}
     if "memory_held_mib" in derived:
@@ -378,6 +433,12 @@ def run_figures(journal: dict[str, Any], section: dict[str, Any], facts: dict[st
         for name in ("cleanup_release_s", "gib_seconds_600s"):
             result[name] = Metric(None, "not applicable: memory came back before any cleanup",
                                   result[name].unit)
+    if failed:
+        for name in ("cleanup_release_s", "gib_seconds_600s"):
+            if result[name].value is None:
+                result[name] = Metric(None, f"the cleanup failed: rollback(s) "
+                                            f"{', '.join(failed)} failed", result[name].unit,
+                                      "cleanup failed")
     if not facts.get("fault"):
         for name in ("release_s", "gib_seconds"):
             if result[name].value is None:

@@ -10,6 +10,7 @@ control's typed events) still load: their facts are rebuilt and the run says so 
 import json
 import math
 import os
+import re
 from typing import Any
 
 from chaosgpu.report import events as events_mod
@@ -320,6 +321,16 @@ def _status(journal: dict[str, Any], missing: list[str], notes: list[str]
         missing.append("deviated")
     if status in ("interrupted", "aborted", "failed"):
         notes.append(f"the run did not complete (status {status}): figures may be partial")
+    failed = [entry for entry in journal.get("rollbacks") or []
+              if isinstance(entry, dict) and entry.get("status") == "failed"]
+    for entry in failed:
+        name = str((entry.get("activity") or {}).get("name", "rollback"))
+        error = ("".join(entry.get("exception") or []).strip().splitlines() or [""])[-1]
+        # "chaoslib.exceptions.ActivityFailed: chaosgpu.errors.ActivityError: <the message>"
+        error = re.sub(r"^(?:[\w.]+(?:Error|Exception|Failed): )+", "", error)
+        error = error if len(error) <= 300 else error[:297] + "..."
+        notes.append(f"cleanup failed: rollback '{name}' failed ({error}): what it "
+                     f"was to remove may still be there; no figure counts from this cleanup")
     return status, deviated
 
 

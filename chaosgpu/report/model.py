@@ -43,7 +43,8 @@ FIGURE_NOTES: dict[str, str] = {
     "gib_seconds_600s": "a run held until its cleanup, projected to 600 s after the fault "
                         "(PyTorch's default NCCL timeout): wasted until the cleanup plus the "
                         "memory held when the cleanup started, held to 600 s",
-    "residual_mib": "the memory series' last value (after the rollbacks)",
+    "residual_mib": "the memory series' last value, when it was sampled after the rollbacks "
+                    "ended (the timeline control takes one sample then); unknown otherwise",
     "hang_detected": "an observed job verdict 'hung' during the method",
     "detection_after_fault_s": "the verdict's confirmation minus the fault",
     "hang_cleaned": "the cleanup removed every process of the job",

@@ -2,12 +2,14 @@
 
 This module owns only the probe signatures; the readings come from chaosgpu.sandbox.runtime and,
 for orphans, from the census (chaosgpu.node: the one orphan rule).
-`sandbox_exists` answers False for a sandbox that is not recorded. The probes that read a
-sandbox's processes fail (ActivityError naming the sandbox) when no sandbox of that name is
-recorded, so a typo'd name never passes a steady state, unless `missing_ok` allows it: true
+Every probe on a sandbox by name, `sandbox_exists` included, fails (ActivityError naming the
+sandbox) when no sandbox of that name is recorded, so a typo'd name never passes a steady state
+(not even "the pod is gone"), unless `missing_ok` allows it: true
 (always: empty lists, 0) or "before-method" (the default, as the job probes' catalog form):
 before the experiment's method has started (the timeline control marks it), and afterwards
-for a sandbox this run asked to create (removed since, or never started).
+for a sandbox this run asked to create (removed since, or never started). Without the timeline
+control the method's start is unknown: "before-method" then accepts only a sandbox this run
+asked to create, and the error says the control is what tells before from after.
 """
 
 from typing import Any, Dict, List, Optional, Union
@@ -50,8 +52,7 @@ def recorded(name: str, missing_ok: Any) -> bool:
     known = sorted(s["name"] for s in runtime.list_sandboxes())
     raise ActivityError(f"no sandbox named {name!r} is recorded, and this run never created "
                         f"it: a typo? Recorded sandboxes: {known or 'none'}. A sandbox that "
-                        "may be absent needs missing_ok true (or \"before-method\", the "
-                        "default, before the method starts)")
+                        f"may be absent {arguments.missing_advice(missing_ok)}")
 
 
 def _processes(name: str, missing_ok: Any) -> list[dict[str, Any]]:
@@ -61,10 +62,15 @@ def _processes(name: str, missing_ok: Any) -> list[dict[str, Any]]:
 @checked(name=NAME)
 def sandbox_exists(
     name: str,
+    missing_ok: MissingOk = "before-method",
     configuration: Optional[Dict[str, Any]] = None,
     secrets: Optional[Dict[str, Any]] = None,
 ) -> bool:
-    """Tell whether sandbox `name` is running (its recorded PID 1 is alive)."""
+    """Tell whether sandbox `name` is running (its recorded PID 1 is alive). A sandbox not
+    recorded is false only where `missing_ok` allows it (see the module docstring): otherwise
+    it fails, so a steady state "the pod is gone" never passes on a typo'd name."""
+    if not recorded(name, missing_ok):
+        return False
     return any(s["name"] == name and s["alive"] for s in runtime.list_sandboxes())
 
 

@@ -8,7 +8,9 @@ Declare it in an experiment (or in the settings) as:
                       "fail_on_missed_steady_state": true}}}]
 
 Arguments (all optional): `rate_hz` (default 200), `process_every` (list processes every N
-samples, default 20), `scope` (which processes to track; default every chaosgpu-tagged one),
+samples, default 20), `scope` (which processes to track; default this run's own targets: the
+tags, jobs and sandboxes its chaosgpu activities name, `own_targets`; with none, the control
+cannot start: never every chaosgpu-tagged process on the node, other game-days' included),
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
 `fail_on_missed_steady_state` (default false), `fail_on_failed_activity` (default false: stop
 the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
@@ -155,24 +157,106 @@ def _stop_current() -> None:
         sampler_mod.uninstall(previous)
 
 
-def _start(**arguments: Any) -> None:
+def fault_activity_problem(experiment: Any, fault_activity: Any) -> str | None:
+    """Why `fault_activity` names no action of the experiment's method (None when it does, or
+    when nothing was given): a typo'd name was silently ignored, and the report then took
+    another action (a harmless SIGCONT) for the fault. The message names the method's actions."""
+    if fault_activity is None or fault_activity == "":
+        return None
+    method = experiment.get("method") if isinstance(experiment, dict) else None
+    actions = [str(a.get("name")) for a in method or []
+               if isinstance(a, dict) and a.get("type") == "action"]
+    if isinstance(fault_activity, str) and fault_activity in actions:
+        return None
+    probes = [str(a.get("name")) for a in method or []
+              if isinstance(a, dict) and a.get("type") == "probe"]
+    kind = " (a probe: it observes, it is never the fault)" if fault_activity in probes else ""
+    return (f"chaosgpu timeline control: fault_activity {fault_activity!r} names no action of "
+            f"the method{kind}; the method's actions are {actions}")
+
+
+#: the arguments of chaosgpu activities that name what they target or start, and the scope
+#: kind each names (a `name` names a sandbox in chaosgpu.sandbox's activities only)
+TARGET_ARGUMENTS = {"tag": "tag", "job": "job", "sandbox": "sandbox"}
+
+
+def own_targets(experiment: Any, configuration: Any = None,
+                secrets: Any = None) -> list[dict[str, Any]]:
+    """The scopes this run's own chaosgpu activities target or start (steady-state probes,
+    method and rollbacks): each `tag`, `job` and `sandbox` argument, each `scope` argument, and
+    the `name` of a chaosgpu.sandbox activity, once `${name}` is substituted from the
+    configuration; one still unresolved, null or not a valid selection names nothing (the
+    activity itself refuses a bad one). The timeline control's default scope (it was every
+    chaosgpu-tagged process on the node, other game-days' included)."""
+    from chaosgpu.scope import ScopeError, validate_scope
+
+    hypothesis = experiment.get("steady-state-hypothesis") if isinstance(
+        experiment, dict) else None
+    activities = [*((hypothesis or {}).get("probes") or [] if isinstance(hypothesis, dict)
+                    else []),
+                  *(experiment.get("method") or [] if isinstance(experiment, dict) else []),
+                  *(experiment.get("rollbacks") or [] if isinstance(experiment, dict) else [])]
+    found: dict[str, dict[str, Any]] = {}
+    for activity in activities:
+        provider = activity.get("provider") if isinstance(activity, dict) else None
+        if not isinstance(provider, dict) or provider.get("type") != "python":
+            continue
+        module = str(provider.get("module") or "")
+        arguments = provider.get("arguments")
+        if not module.startswith("chaosgpu.") or not isinstance(arguments, dict):
+            continue
+        if configuration or secrets:
+            from chaoslib import substitute
+
+            arguments = substitute(arguments, configuration, secrets)
+        wanted = [{kind: arguments.get(name)} for name, kind in TARGET_ARGUMENTS.items()]
+        if module.startswith("chaosgpu.sandbox.") and "sandbox" not in arguments:
+            wanted.append({"sandbox": arguments.get("name")})
+        if isinstance(arguments.get("scope"), dict):
+            wanted.append(dict(arguments["scope"]))
+        for scope in wanted:
+            if any(value is None or "${" in json.dumps(value, default=str)
+                   for value in scope.values()):
+                continue
+            try:
+                scope = validate_scope(scope)
+            except (ScopeError, ValueError, TypeError):
+                continue
+            found.setdefault(json.dumps(scope, sort_keys=True, default=str), scope)
+    return list(found.values())
+
+
+def _start(experiment: Any, configuration: Any = None, secrets: Any = None, /,
+           **arguments: Any) -> None:
     _stop_current()
     configure_control(**arguments)
+    problem = fault_activity_problem(experiment, _settings.get("fault_activity"))
+    if problem:
+        raise InvalidArgument(problem)
+    own = own_targets(experiment, configuration, secrets) if _settings["scope"] is None else []
     _settings["inline_max_points"] = _number("inline_max_points", _settings["inline_max_points"],
                                              int)
     sampler = sampler_mod.Sampler(rate_hz=_number("rate_hz", _settings["rate_hz"], float),
                                   process_every=_number("process_every",
                                                         _settings["process_every"], int),
-                                  scope=_settings["scope"], source=_settings["source"])
+                                  scope=_settings["scope"], source=_settings["source"],
+                                  own=own)
+    if _settings["scope"] is None and not own:
+        raise InvalidArgument(
+            "chaosgpu timeline control: no scope given, and no activity of the experiment "
+            "names a tag, job or sandbox to track: give the control a scope (such as "
+            "{\"tag\": \"${tag}\"}); it never measures every chaosgpu-tagged process on the "
+            "node (other runs' included)")
     sampler.start()
     sampler_mod.install(sampler)
     sampler.mark("experiment", "start")
     baseline = sampler.take_baseline()
-    logger.info("chaosgpu timeline: sampling at %.0f Hz from %s; baseline %.1f MiB",
-                sampler.rate_hz, sampler.source, baseline["total_mib"])
+    logger.info("chaosgpu timeline: sampling at %.0f Hz from %s, scope %s; baseline %.1f MiB",
+                sampler.rate_hz, sampler.source, sampler.scope_label(), baseline["total_mib"])
 
 
-def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
+def before_experiment_control(context: Any = None, configuration: Any = None,
+                              secrets: Any = None, **kwargs: Any) -> None:
     """Refuse an experiment whose `${name}` resolves to nothing (chaosgpu.validation: the run
     is interrupted before anything starts), then start the sampler and take the memory
     baseline before anything runs. A control that cannot start (an unknown argument, a bad
@@ -181,10 +265,16 @@ def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
 
     from chaosgpu import validation
 
-    validation.before_experiment_control(context, kwargs.pop("configuration", None),
-                                         kwargs.pop("secrets", None))
     try:
-        _start(**kwargs)
+        validation.before_experiment_control(context, configuration, secrets)
+    except InterruptExecution as error:
+        _stop_current()
+        _gating.update(interrupted=True, start_error=str(error))
+        _install_not_started(str(error))
+        raise
+    try:
+        _start(context if isinstance(context, dict) else None, configuration, secrets,
+               **kwargs)
     except Exception as error:
         logger.debug("chaosgpu timeline control: start failed", exc_info=True)
         message = (f"chaosgpu: the timeline control cannot start ({error}); nothing of this "
@@ -192,7 +282,18 @@ def before_experiment_control(context: Any = None, **kwargs: Any) -> None:
         _stop_current()
         _reset()
         _gating.update(interrupted=True, start_error=str(error))
+        _install_not_started(str(error))
         raise InterruptExecution(message) from None
+
+
+def _install_not_started(reason: str) -> None:
+    """Install a sampler that never starts (Sampler.not_started) when the control could not
+    start: the run is stopped before its method, and the `always` rollbacks' "before-method"
+    must read that (without it they failed with "a typo?" for correct names)."""
+    try:
+        sampler_mod.install(sampler_mod.Sampler.not_started(reason))
+    except Exception:
+        _loud("recording that the method has not started")
 
 
 def _hypothesis_when() -> str:
@@ -410,17 +511,23 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
     """Stop the sampler and write the timeline, events, measurements and summary into the
     journal (`journal["chaosgpu"]`), inline or as a file it points to."""
     sampler = sampler_mod.current()
+    if sampler is not None and not sampler.started:
+        sampler = None  # the control could not start: nothing was measured
     try:
         section: dict[str, Any] = {"timeline": None, "timeline_file": None, "events": [],
                                    "measurements": {}, "summary": None,
                                    "backend": _backend(), "gating": dict(_gating)}
         if sampler is not None:
-            sampler.mark("experiment", "end")
+            end = sampler.mark("experiment", "end")
+            # the residual is read after the rollbacks: one sample taken after this mark (at
+            # 20 Hz the last one could predate the kill the rollback made)
+            after = sampler.wait_sample_after(float(end["t"]), 3.0 / sampler.rate_hz + 1.0)
             sampler.stop()
             timeline = sampler.to_dict()
             section["events"] = timeline["events"]
             section["measurements"] = dict(sampler.measurements)
             section["summary"] = sampler.summary()
+            section["summary"]["final_after_end"] = after
             if sampler.points() <= int(_settings.get("inline_max_points", 50_000)):
                 section["timeline"] = timeline
             else:
@@ -438,6 +545,7 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
         if isinstance(state, dict):
             _deviate_on_missed_during(state, section["gating"])
             _fail_on_errored_check(state, section["gating"])
+            _fail_on_failed_rollback(state, section["gating"])
             state.setdefault("chaosgpu", {}).update(section)
     except Exception:
         _loud("after_experiment_control")
@@ -485,6 +593,40 @@ def _fail_on_errored_check(journal: dict[str, Any], gating: dict[str, Any]) -> N
                  gating["failed_by"])
     journal["status"] = "failed"
     journal["deviated"] = False
+
+
+def failed_rollbacks(journal: Any) -> list[dict[str, Any]]:
+    """The rollbacks of a journal that failed (Chaos Toolkit's status "failed"), each as
+    {"name", "error"} (the last line of its exception)."""
+    runs = journal.get("rollbacks") if isinstance(journal, dict) else None
+    return [{"name": (run.get("activity") or {}).get("name"),
+             "error": ("".join(run.get("exception") or []).strip().splitlines() or [""])[-1]}
+            for run in runs or [] if isinstance(run, dict) and run.get("status") == "failed"]
+
+
+def _fail_on_failed_rollback(journal: dict[str, Any], gating: dict[str, Any]) -> None:
+    """A rollback that failed is recorded under `gating.failed_rollbacks` and logged at ERROR
+    (Chaos Toolkit alone ends the run "completed", exit 0, whatever its cleanup did); with
+    `fail_on_failed_activity` a completed run is then failed, not deviated: the cleanup that
+    proves the node came back clean did not work."""
+    failed = failed_rollbacks(journal)
+    if not failed:
+        return
+    gating["failed_rollbacks"] = failed
+    names = ", ".join(f"{entry['name']!r} ({entry['error'][-300:]})" for entry in failed)
+    logger.error("chaosgpu: rollback(s) failed: %s: the cleanup did not work and what it was "
+                 "to remove may still be there", names)
+    if not _settings.get("fail_on_failed_activity"):
+        return
+    reason = (f"the rollback(s) {', '.join(repr(e['name']) for e in failed)} failed: the "
+              f"cleanup did not work")
+    gating["failed_by"] = f"{gating['failed_by']}; {reason}" if gating.get("failed_by") \
+        else reason
+    if journal.get("status") in ("completed", "failed"):
+        logger.error("chaosgpu: %s; the run is failed, not deviated (fail_on_failed_activity)",
+                     reason)
+        journal["status"] = "failed"
+        journal["deviated"] = False
 
 
 def cleanup_control(control: Any = None, **kwargs: Any) -> None:

@@ -41,6 +41,9 @@ def _sampler() -> sampler_mod.Sampler:
     if sampler is None:
         raise RuntimeError("no timeline is being recorded: add the control "
                            "'chaosgpu.timeline.control' to the experiment's controls")
+    if sampler.start_error is not None:
+        raise RuntimeError(f"no timeline is being recorded: the timeline control could not "
+                           f"start ({sampler.start_error})")
     if sampler.baseline is None:
         sampler.take_baseline()
     return sampler

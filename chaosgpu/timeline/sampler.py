@@ -32,7 +32,9 @@ second while they are torn down: bench/results/nvml-calls-*):
   listing (FULL_RESCAN_S at the latest).
 
 Tracked processes: those matching the scope (a tag, a sandbox's PID namespace, a job's ranks,
-PIDs), or every chaosgpu-tagged process when no scope is given. New PIDs are examined once
+PIDs), or any of several such scopes (`own`: the run's own targets, which the timeline control
+finds in its experiment when given no scope), or every chaosgpu-tagged process when given
+neither (the agent's node-wide timeline; the control never uses that). New PIDs are examined once
 (`rescan_s`), so the cost does not grow with the node's process count at the sampling rate;
 a job's ranks are the census's (chaosgpu.scope), taken at a rescan when the kernel allocated
 a PID since the last one (a new process, or a rank starting its process group's threads) and
@@ -147,17 +149,25 @@ class Sampler:
 
     def __init__(self, rate_hz: float = 200.0, process_every: int = 20,
                  scope: dict[str, Any] | None = None, source: str = "auto",
-                 rescan_s: float = 0.5, max_samples: int = 2_000_000) -> None:
+                 rescan_s: float = 0.5, max_samples: int = 2_000_000,
+                 own: list[dict[str, Any]] | None = None) -> None:
+        """`scope`: the processes to track; None tracks every chaosgpu-tagged process, unless
+        `own` is given: then the processes of any of those scopes (the run's own targets, as
+        the timeline control finds them in the experiment)."""
         if not isinstance(rate_hz, (int, float)) or not 1 <= rate_hz <= 5000:
             raise ValueError(f"rate_hz must be a number between 1 and 5000, got {rate_hz!r}")
         if not isinstance(process_every, int) or process_every < 1:
             raise ValueError(f"process_every must be a positive integer, got {process_every!r}")
         if source not in ("auto", "nvml", "host-rss"):
             raise ValueError(f"source must be 'auto', 'nvml' or 'host-rss', got {source!r}")
-        if scope is not None:
-            from chaosgpu.scope import validate_scope
+        from chaosgpu.scope import validate_scope
 
+        if scope is not None:
             scope = validate_scope(scope)
+        if scope is not None and own:
+            raise ValueError("a sampler takes a scope or its run's own targets, not both")
+        self.own = [validate_scope(entry) for entry in own or []]
+        self._scopes = [scope] if scope is not None else list(self.own)
         self.rate_hz = float(rate_hz)
         self.process_every = process_every
         self.scope = scope
@@ -195,7 +205,7 @@ class Sampler:
         self._tracked: dict[int, int | None] = {}  # pid -> starttime of tracked PIDs
         self._job_pids: set[int] = set()  # the scope's job's ranks, as the census finds them
         self._job_found_at = 0.0  # when they were last taken (monotonic)
-        self._sandbox_ns: str | None = None
+        self._sandbox_ns: dict[str, str | None] = {}  # sandbox name -> its PID namespace
         self._stop = threading.Event()
         # rescans asked for (after activities) and done: an activity's caller can wait for the
         # processes it started to be tracked before the next activity runs
@@ -209,6 +219,10 @@ class Sampler:
         self._node = _node()
         self._same_pid_ns = self._node.shows_own_pid_ns()  # /proc counts the sampler's PIDs
         self._switch: float | None = None  # the GIL switch interval before start()
+        # why this sampler never started, when the control could not start one: it is then
+        # installed only to say where the run stands (its method has not started), for
+        # chaosgpu.arguments.missing_allowed, and measures nothing
+        self.start_error: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -258,6 +272,20 @@ class Sampler:
             sys.setswitchinterval(self._switch)
             self._switch = None
 
+    @classmethod
+    def not_started(cls, reason: str) -> "Sampler":
+        """A sampler that never starts, standing in for one the control could not start
+        (`reason`): its timeline says the method has not started (the run was stopped before
+        it), so rollbacks given "before-method" find nothing to undo instead of a typo."""
+        sampler = cls(rate_hz=1.0, source="host-rss")
+        sampler.start_error = reason
+        return sampler
+
+    @property
+    def started(self) -> bool:
+        """Whether start() ran (its threads were started)."""
+        return bool(self._threads)
+
     @property
     def running(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
@@ -291,22 +319,31 @@ class Sampler:
 
     # -- scope -----------------------------------------------------------------------------
     def _resolve_scope_keys(self) -> None:
-        scope = self.scope or {}
-        if "sandbox" in scope:
-            from chaosgpu.scope import _sandbox_pid_ns
+        for scope in self._scopes:
+            if "sandbox" in scope:
+                self._resolve_sandbox(scope["sandbox"])
 
-            try:
-                self._sandbox_ns, init_pid = _sandbox_pid_ns(scope["sandbox"])
-                if self._sandbox_ns is None and init_pid is not None:
-                    record = _node().read_process(init_pid, env=False, fds=False)
-                    self._sandbox_ns = record.get("pid_ns") if record else None
-            except ValueError:
-                self._sandbox_ns = None  # not created yet: re-tried at each rescan
+    def _resolve_sandbox(self, name: str) -> str | None:
+        """The PID namespace of sandbox `name` (None while it is not created: re-tried at each
+        rescan)."""
+        from chaosgpu.scope import _sandbox_pid_ns
+
+        try:
+            ns, init_pid = _sandbox_pid_ns(name)
+            if ns is None and init_pid is not None:
+                record = _node().read_process(init_pid, env=False, fds=False)
+                ns = record.get("pid_ns") if record else None
+        except ValueError:
+            ns = None
+        self._sandbox_ns[name] = ns
+        return ns
 
     def _matches(self, record: dict[str, Any]) -> bool:
-        scope = self.scope
-        if scope is None:
+        if not self._scopes:
             return record.get("tag") is not None
+        return any(self._matches_one(scope, record) for scope in self._scopes)
+
+    def _matches_one(self, scope: dict[str, Any], record: dict[str, Any]) -> bool:
         if "tag" in scope:
             return bool(record.get("tag") == scope["tag"])
         if "pids" in scope:
@@ -314,12 +351,16 @@ class Sampler:
             return record["pid"] in wanted and wanted[record["pid"]] in (
                 None, record.get("starttime"))
         if "sandbox" in scope:
-            if self._sandbox_ns is None:
-                self._resolve_scope_keys()
-            return self._sandbox_ns is not None and record.get("pid_ns") == self._sandbox_ns
+            ns = self._sandbox_ns.get(scope["sandbox"])
+            if ns is None:
+                ns = self._resolve_sandbox(scope["sandbox"])
+            return ns is not None and record.get("pid_ns") == ns
         if "job" in scope:
             return bool(record["pid"] in self._job_pids)
         return False
+
+    def _has_job(self) -> bool:
+        return any("job" in scope for scope in self._scopes)
 
     def _find_job(self) -> bool:
         """Take the scope's job's ranks from a census (chaosgpu.scope: the one reading of who
@@ -331,7 +372,8 @@ class Sampler:
 
         census = self._node.take_census(gpu=False, fds=False, cache=True)
         self._job_found_at = time.monotonic()
-        self._job_pids = {p["pid"] for p in resolve_scope(self.scope, census, observe=True)}
+        self._job_pids = {p["pid"] for scope in self._scopes if "job" in scope
+                          for p in resolve_scope(scope, census, observe=True)}
         untracked = self._job_pids - set(self._tracked)
         for pid in untracked:
             self._known.pop(pid, None)
@@ -356,7 +398,7 @@ class Sampler:
     def _rescan(self) -> None:
         node = _node()
         needed, allocated = self._new_since_listing()
-        if "job" in (self.scope or {}) and (
+        if self._has_job() and (
                 needed or time.monotonic() - self._job_found_at >= FULL_RESCAN_S):
             # a census costs tens of ms on a busy node: taken when the kernel allocated a PID
             # (a new process, or a rank starting the threads of its process group) or at the
@@ -514,7 +556,7 @@ class Sampler:
         t = time.monotonic() - self._m0  # when the reading is complete (see _memory_step)
         per_pid: dict[int, float] = {}
         for entry in listed:
-            if entry["pid"] in self._tracked or self.scope is None:
+            if entry["pid"] in self._tracked or not self._scopes:
                 per_pid[entry["pid"]] = per_pid.get(entry["pid"], 0.0) + (
                     entry["used_mib"] or 0.0)
         with self._data_lock:
@@ -699,6 +741,19 @@ class Sampler:
             time.sleep(0.005)
         return len(self.t) >= count
 
+    def wait_sample_after(self, t: float, timeout_s: float) -> bool:
+        """Wait until a memory sample stamped after `t` (seconds since t0) exists, at most
+        `timeout_s`: the end of the run's residual is read from such a sample (one taken after
+        the rollbacks), never from one taken before they freed anything."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.running:
+            with self._data_lock:
+                if self.t and self.t[-1] > t:
+                    return True
+            time.sleep(0.002)
+        with self._data_lock:
+            return bool(self.t) and self.t[-1] > t
+
     def take_baseline(self, window_s: float = 0.1, timeout_s: float = 2.0) -> dict[str, Any]:
         """Record the baseline: the median total (and per device) over the first `window_s`."""
         self.wait_samples(max(3, int(window_s * self.rate_hz)), timeout_s)
@@ -721,10 +776,13 @@ class Sampler:
 
     def scope_label(self) -> str:
         """The scope in words, for messages: the control's scope, or the default's meaning."""
-        if self.scope is None:
-            return "(none given: every chaosgpu-tagged process)"
         from chaosgpu.scope import describe_scope
 
+        if self.scope is None and self.own:
+            return ("(none given: this run's own targets " +
+                    ", ".join(repr(describe_scope(scope)) for scope in self.own) + ")")
+        if self.scope is None:
+            return "(none given: every chaosgpu-tagged process)"
         return repr(describe_scope(self.scope))
 
     def event_time(self, name: str, phase: str = "start", occurrence: int = -1) -> float | None:
@@ -761,6 +819,7 @@ class Sampler:
             "peak_total_mib": max(self.total) if self.total else None,
             "final_total_mib": self.total[-1] if self.total else None,
             "tracked_processes": len(self.processes), "scope": self.scope,
+            "own_targets": list(self.own) if self.scope is None else None,
             "scope_matched": bool(self.processes), "errors": list(self.errors),
             "unit": "MiB (2**20 bytes); integrals in GiB x s (GiB = 1024 MiB)"}
 
