@@ -168,13 +168,13 @@ def test_rm_removes_a_leftover_log(box: str) -> None:
 def test_probes_refuse_a_sandbox_that_is_not_recorded(box: str) -> None:
     typo = box + "-typo"
     for probe in (probes.sandbox_zombie_count, probes.sandbox_zombies,
-                  probes.sandbox_processes, probes.sandbox_orphans):
+                  probes.sandbox_processes, probes.sandbox_orphans, probes.sandbox_exists):
         with pytest.raises(ActivityError, match=f"no sandbox named '{typo}'"):
-            probe(typo)
+            probe(typo)  # sandbox_exists too: "the pod is gone" never passes on a typo
         assert probe(typo, missing_ok=True) in (0, [])
         with pytest.raises(InvalidArgument, match="missing_ok"):
             probe(typo, missing_ok="sometimes")
-    assert probes.sandbox_exists(typo) is False
+    assert probes.sandbox_exists(typo, missing_ok=True) is False
     # A sandbox this process created, removed since, reads as empty (the experiment's own).
     runtime.create(box)
     runtime.remove(box)
