@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Any
 
-from chaosgpu.arguments import NAME, TAG
+from chaosgpu.arguments import NAME, TAG, missing_advice
 from chaosgpu.errors import InvalidArgument
 
 __all__ = ["ScopeError", "KINDS", "validate_scope", "resolve_scope", "resolve_scope_detail",
@@ -408,9 +408,8 @@ def resolve_observed(scope: Any, missing_ok: Any, census: dict[str, Any] | None 
         if "sandbox" not in checked or "no sandbox named" not in str(error):
             raise
         if not missing_allowed(missing_ok, seen_in_this_run(checked)):
-            raise ScopeError(f"{error}: a typo? A sandbox that may be absent needs missing_ok "
-                             "true (or \"before-method\", the default, before the method "
-                             "starts)") from None
+            raise ScopeError(f"{error}: a typo? A sandbox that may be absent "
+                             f"{missing_advice(missing_ok)}") from None
         return {"scope": checked, "processes": [], "excluded": [], "matched": False,
                 "missing": [{"sandbox": checked["sandbox"], "reason": "not recorded"}]}
     detail["matched"] = bool(detail["processes"] or detail["excluded"])
@@ -419,6 +418,5 @@ def resolve_observed(scope: Any, missing_ok: Any, census: dict[str, Any] | None 
     raise ScopeError(
         f"scope {describe_scope(checked)} matches no process, and this run never met it (no "
         f"workload it started, no process seen carrying it): a typo? Check it with `chaosgpu "
-        f"snapshot`. A selection that may be absent needs missing_ok true (or "
-        f"\"before-method\", the default, before the method starts); missing: "
+        f"snapshot`. A selection that may be absent {missing_advice(missing_ok)}; missing: "
         f"{detail['missing']}")

@@ -51,8 +51,7 @@ def _unknown_tag(tag: str, missing_ok: Any, what: str) -> ValueError | None:
         return None
     return ValueError(f"no {what} tagged {tag!r}, and this run never met that tag (no workload "
                       "started or recorded under it, no process seen carrying it): a typo? A "
-                      "workload that may be absent needs missing_ok true (or \"before-method\", "
-                      "the default, before the method starts)")
+                      "workload that may be absent " + arguments.missing_advice(missing_ok))
 
 
 def _snapshot(device: int | None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from chaosgpu.arguments import (
     SECONDS,
     Rule,
     checked,
+    missing_advice,
     missing_allowed,
 )
 from chaosgpu.errors import ActivityError
@@ -377,7 +378,7 @@ def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
     if report["found"]:
         remember(kind, value)  # found once: a later call that finds nothing is fine
     elif not missing_allowed(missing_ok, seen_in_this_run(validate_scope({kind: value}))):
-        raise JobError(_never_met(kind, value))
+        raise JobError(_never_met(kind, value, missing_ok))
     return report
 
 
@@ -402,7 +403,7 @@ def _heal_partitions_of(job_id: Optional[str], tag: Optional[str]) -> list[dict[
     return healed
 
 
-def _never_met(kind: str, value: str) -> str:
+def _never_met(kind: str, value: str, missing_ok: Any) -> str:
     """The error for a cleanup selection that matches nothing and that this run never met,
     with the jobs and tags on the node now (what was probably meant)."""
     census = hang._census(gpu=False)
@@ -412,5 +413,4 @@ def _never_met(kind: str, value: str) -> str:
     return (f"{kind} {value!r} matches no process, and this run never met it (no workload it "
             f"started, no process or job seen carrying it): a typo? Jobs on this node: "
             f"{jobs or 'none'}; tags carried: {tags or 'none'}" + (f"; {note}" if note else "")
-            + ". A job that may be absent needs missing_ok true (or \"before-method\", the "
-            "default, before the method starts)")
+            + ". A job that may be absent " + missing_advice(missing_ok))

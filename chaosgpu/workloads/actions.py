@@ -37,6 +37,7 @@ from chaosgpu.arguments import (
     TAG,
     TEXT,
     checked,
+    missing_advice,
     missing_allowed,
 )
 from chaosgpu.errors import ActivityError
@@ -591,8 +592,7 @@ def no_workload(tag: str, missing_ok: Any) -> dict[str, Any]:
     raise ActivityError(
         f"no workload tagged {tag!r} is recorded, and this run never met that tag (no workload "
         f"it started, no process seen carrying it): a typo? Recorded workloads: "
-        f"{known or 'none'}. A workload that may be absent needs missing_ok true (or "
-        f"\"before-method\", the default, before the method starts)")
+        f"{known or 'none'}. A workload that may be absent {missing_advice(missing_ok)}")
 
 
 # What stop_workload says of each process, from the terminate primitive's outcome.
