@@ -1641,15 +1641,65 @@ def _int_value(env: Dict[str, str], key: str, pid: int, errors: List[str],
     return value, None
 
 
+#: The modules that are torchrun's elastic agent when Python runs them with ``-m``.
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+#: Python's options that take a value (``-X dev``, ``-W ignore``), besides -c and -m.
+_PY_VALUE_OPTIONS = "XW"
+
+
+def _python_program(cmdline: List[str]) -> Optional[Tuple[str, str]]:
+    """What a Python interpreter's command line runs: ("module", name) for ``-m name``,
+    ("script", path) for a script, ("code", "") for ``-c``, ("stdin", "") for none; None when
+    ``cmdline`` is not a Python interpreter's (its program is no python*)."""
+    if not cmdline or not cmdline[0].rsplit("/", 1)[-1].startswith("python"):
+        return None
+    index = 1
+    while index < len(cmdline):
+        arg = cmdline[index]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            break
+        if arg.startswith("--"):  # --check-hash-based-pycs VALUE; other long options are flags
+            index += 2 if arg == "--check-hash-based-pycs" else 1
+            continue
+        for position, letter in enumerate(arg[1:], 1):
+            rest = arg[position + 1:]
+            if letter in "cm":
+                value = rest if rest else (cmdline[index + 1] if index + 1 < len(cmdline)
+                                           else "")
+                return ("code", "") if letter == "c" else ("module", value)
+            if letter in _PY_VALUE_OPTIONS:
+                if not rest:
+                    index += 1  # the value is the next argument
+                break
+        index += 1
+    if index < len(cmdline) and cmdline[index] == "--":
+        index += 1
+    if index >= len(cmdline) or cmdline[index] == "-":
+        return ("stdin", "")
+    return ("script", cmdline[index])
+
+
 def _is_launcher(proc: Dict[str, Any]) -> bool:
-    if proc.get("comm") == "torchrun":
-        return True
+    """Whether ``proc`` is torchrun's elastic agent: the ``torchrun`` program itself (its name,
+    or its script run by a Python interpreter: ``python .../bin/torchrun``), or a Python
+    interpreter running ``-m torch.distributed.run`` or ``-m torch.distributed.launch``. Judged
+    from the structure of its command line (the program, then the interpreter's script or
+    module), never from a word among its arguments: before round 22 any process whose first
+    four arguments mentioned torchrun was one (tmux, ``timeout``, ``sh -c "... torchrun ..."``,
+    ``tail -f torchrun.log``), and ``cleanup_hung_job`` sent the tmux server SIGTERM."""
     cmdline = proc.get("cmdline")
-    if not cmdline:
+    if not cmdline:  # a zombie, or a process whose command line cannot be read
+        return proc.get("comm") == "torchrun"
+    program = cmdline[0].rsplit("/", 1)[-1]
+    if program == "torchrun":
+        return True
+    runs = _python_program(cmdline)
+    if runs is None:
         return False
-    text = " ".join(cmdline[:4])
-    return "torch" in text and ("torchrun" in text or "torch.distributed.run" in text
-                                or "torch.distributed.launch" in text)
+    kind, what = runs
+    if kind == "module":
+        return what in LAUNCHER_MODULES
+    return kind == "script" and what.rsplit("/", 1)[-1] == "torchrun"
 
 
 #: torchrun's run id when none is given (`--rdzv-id` defaults to it, `--standalone` draws a
@@ -1824,7 +1874,87 @@ def _copies_of(parent: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                   and p["pid"] not in others and _is_copy_of(p, parent))
 
 
-def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str, Any]]
+#: Helpers seen by this process's censuses, (proc root, pid, start time) -> (command line,
+#: why): "copy" (forked without exec, a multiprocessing child) or "sidecar" (a wrapper's
+#: child beside its trainer). An orphaned helper (its rank died and init or a subreaper adopted
+#: it) stays a helper, and a wrapper's sidecar stays one after its trainer ended; a process
+#: that exec'd since (another command line) is judged afresh.
+_HELPERS = {}  # type: Dict[Tuple[str, int, int], Tuple[Tuple[str, ...], str]]
+_HELPERS_MAX = 8192
+
+
+def _remembered(proc: Dict[str, Any], proc_root: str) -> Optional[str]:
+    """Why ``proc`` was a helper in an earlier census of this process ("copy", "sidecar"), if
+    it was and still runs the same command line; else None."""
+    seen = _HELPERS.get((proc_root, proc["pid"], proc["starttime"]))
+    if seen is None or seen[0] != tuple(proc.get("cmdline") or ()):
+        return None
+    return seen[1]
+
+
+def _remember(proc: Dict[str, Any], proc_root: str, why: str) -> None:
+    if len(_HELPERS) > _HELPERS_MAX:
+        _HELPERS.clear()
+    _HELPERS[(proc_root, proc["pid"], proc["starttime"])] = (
+        tuple(proc.get("cmdline") or ()), why)
+
+
+def _adopted(proc: Dict[str, Any], processes: Dict[int, Dict[str, Any]]) -> bool:
+    """Whether ``proc`` was orphaned: its parent is PID 1, a namespace's init or a known
+    subreaper. A parent this census did not read (a census of some PIDs) tells nothing."""
+    parent = processes.get(proc["ppid"])
+    return parent is not None and (parent["pid"] == 1 or bool(parent.get("ns_init"))
+                                   or parent["comm"] in KNOWN_SUBREAPERS)
+
+
+def _orphaned_copy(proc: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                   markers: Dict[int, Optional[Tuple[int, int]]], proc_root: str) -> bool:
+    """Whether ``proc``, a candidate adopted by init or a subreaper (``_adopted``), is a helper
+    left behind by a rank that died, not a rank: remembered as a copy by an earlier census; a
+    multiprocessing child carrying a rank number (a spawn-context DataLoader worker: a rank
+    gets its number as an argument or from its launcher, never by multiprocessing); a forked
+    copy (the same argv and environment placement as another candidate of that same rank: a
+    fork shares them, an exec draws new ones); or, with torchrun's run id, outside a session of
+    its own whose leader is gone (torchrun starts each rank as a session's leader; a
+    DataLoader worker lives in its rank's session)."""
+    if _remembered(proc, proc_root) is not None:
+        return True
+    env = proc.get("env") or {}
+    if _spawned_child(proc) and _numbering(env) is not None:
+        return True
+    mine = markers.get(proc["pid"])
+    if mine is not None and any(marker == mine and _rank_keys(processes[pid]) == _rank_keys(proc)
+                                for pid, marker in markers.items() if pid != proc["pid"]):
+        return True
+    sid = proc.get("sid") or 0
+    return "TORCHELASTIC_RUN_ID" in env and sid > 0 and sid != proc["pid"] \
+        and sid not in processes and not os.path.exists("%s/%d" % (proc_root, sid))
+
+
+def _marker_of(proc: Dict[str, Any], proc_root: str) -> Optional[Tuple[int, int]]:
+    try:
+        return _exec_marker(_read_bytes("%s/%d/stat" % (proc_root, proc["pid"])))
+    except (OSError, ValueError):
+        return None
+
+
+def _trainer(children: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Of a wrapper's children carrying one rank's environment, the trainer: the only one, else
+    the only multi-threaded Python one, else the only multi-threaded one, else the only Python
+    one; None when that cannot be told (two alike)."""
+    if len(children) == 1:
+        return children[0]
+    tests = (lambda c: c.get("threads", 1) > 1 and _python_named(c),
+             lambda c: c.get("threads", 1) > 1, _python_named)
+    for test in tests:
+        fitting = [c for c in children if test(c)]
+        if fitting:
+            return fitting[0] if len(fitting) == 1 else None
+    return None
+
+
+def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str, Any]],
+                 proc_root: str = "/proc"
                  ) -> Tuple[List[Dict[str, Any]], Dict[int, List[int]]]:
     """Split a job's candidate processes into its ranks and their helpers. A candidate whose
     parent is a candidate of the same rank (the same RANK, or none in both) is that parent's
@@ -1832,18 +1962,43 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
     multiprocessing child: a DataLoader's workers, which inherit the rank's environment), or a
     program the trainer runs (a sidecar, a probe subprocess: ``_wraps`` says no); any other
     such child makes its parent a wrapper (a shell that runs the trainer): the child is the
-    rank. Returns (ranks, {rank pid: [helper pids]})."""
+    rank. A copy that trains under a single-threaded parent (a supervisor that re-runs its own
+    command line, or runs training in a multiprocessing child) makes that parent a wrapper
+    too. Of a wrapper's several such children (a per-rank script that starts a sidecar, then
+    the trainer), the trainer is the rank: the only multi-threaded Python one, else the only
+    multi-threaded one, else the only Python one; the others are its helpers. A candidate
+    adopted by init or a subreaper that is a helper left behind by a dead rank
+    (``_orphaned_copy``) is no rank. Returns (ranks, {rank pid: [helper pids]})."""
     by_pid = {p["pid"]: p for p in candidates}
     helper_of = {}  # type: Dict[int, int]
     wrappers = set()
+    under = {}  # type: Dict[int, List[Dict[str, Any]]]  # wrapper pid -> the children it runs
+    orphans = []  # type: List[Dict[str, Any]]
     for proc in candidates:
         parent = by_pid.get(proc["ppid"])
         if parent is None or _rank_keys(parent) != _rank_keys(proc):
+            if _adopted(proc, processes):
+                orphans.append(proc)
             continue
-        if _is_copy_of(proc, parent) or not _wraps(parent, proc):
-            helper_of[proc["pid"]] = parent["pid"]
+        if _is_copy_of(proc, parent):  # a trainer's copy, unless it trains under a supervisor
+            wrapper = parent.get("threads", 1) <= 1 and proc.get("threads", 1) > 1 \
+                and _python_named(proc) and not _resource_tracker(proc)
         else:
+            wrapper = _wraps(parent, proc)
+        if wrapper:
             wrappers.add(parent["pid"])
+            under.setdefault(parent["pid"], []).append(proc)
+        else:
+            helper_of[proc["pid"]] = parent["pid"]
+    for children in under.values():
+        _sidecars(children, helper_of, proc_root)
+    if orphans:
+        markers = {p["pid"]: _marker_of(p, proc_root) for p in candidates}
+        for proc in orphans:
+            if proc["pid"] not in helper_of and _orphaned_copy(proc, processes, markers,
+                                                               proc_root):
+                helper_of[proc["pid"]] = proc["pid"]  # a helper of no live rank
+                _remember(proc, proc_root, "copy")
     pending = [p for p in candidates if p["ppid"] in helper_of and p["pid"] not in helper_of]
     while pending:  # what a helper runs (a trainer's `sh -c "sleep 1"`) is a helper too
         proc = pending.pop()
@@ -1852,16 +2007,50 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
             wrappers.discard(proc["ppid"])
             pending.extend(p for p in candidates if p["ppid"] == proc["pid"]
                            and p["pid"] not in helper_of)
+    ranks = [p for p in candidates if p["pid"] not in helper_of and p["pid"] not in wrappers]
+    return ranks, _helpers_by_rank(helper_of, by_pid, proc_root)
+
+
+def _sidecars(children: List[Dict[str, Any]], helper_of: Dict[int, int],
+              proc_root: str) -> None:
+    """Of one wrapper's children that would be ranks, make all but the trainer (``_trainer``;
+    a child remembered as a sidecar never is) the trainer's helpers in ``helper_of``."""
+    if len(children) < 2:
+        return
+    sidecars = [c for c in children if _remembered(c, proc_root) == "sidecar"]
+    trainer = _trainer([c for c in children if c not in sidecars] or children)
+    if trainer is None:
+        return  # which one trains cannot be told: all stay ranks
+    for child in children:
+        if child is not trainer:
+            helper_of[child["pid"]] = trainer["pid"]
+            _remember(child, proc_root, "sidecar")
+
+
+def _helpers_by_rank(helper_of: Dict[int, int], by_pid: Dict[int, Dict[str, Any]],
+                     proc_root: str) -> Dict[int, List[int]]:
+    """{rank pid: [its helpers' pids]} from {helper pid: the process it helps}, through
+    helpers' helpers; an orphaned helper (``helper_of`` itself) is under no rank. Every helper
+    is remembered (``_HELPERS``)."""
     helpers = {}  # type: Dict[int, List[int]]
     for pid in sorted(helper_of):
+        if helper_of[pid] == pid:
+            continue  # an orphaned helper: listed under no rank
+        if _remembered(by_pid[pid], proc_root) is None:
+            _remember(by_pid[pid], proc_root, "helper")
         owner = helper_of[pid]
         seen = {pid}
-        while owner in helper_of and owner not in seen:  # a helper's helper: the rank above
-            seen.add(owner)
+        while owner in helper_of and owner not in seen and helper_of[owner] != owner:
+            seen.add(owner)  # a helper's helper: the rank above
             owner = helper_of[owner]
         helpers.setdefault(owner, []).append(pid)
-    ranks = [p for p in candidates if p["pid"] not in helper_of and p["pid"] not in wrappers]
-    return ranks, helpers
+    return helpers
+
+
+def _resource_tracker(proc: Dict[str, Any]) -> bool:
+    """Whether ``proc`` is multiprocessing's resource tracker (never a rank)."""
+    return any(arg.startswith("from multiprocessing.resource_tracker")
+               for arg in (proc.get("cmdline") or [])[1:4])
 
 
 def _listening_on(proc: Dict[str, Any], port: str, proc_root: str) -> bool:
@@ -2322,14 +2511,45 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
             _add_found_job("%s:%d" % (store["address"], port), FOUND_BY_STORE,
                            processes[min(hosts)], clients, processes, jobs, member_of,
                            gpu_by_pid, errors, cgroup_root, proc_root)
-        for group in _peer_groups(links, holder):
-            if any(proc["pid"] in member_of for proc in group) \
-                    or not all(_torch_loaded(proc, proc_root) for proc in group):
-                continue  # a job found already, or not torch's processes
-            oldest = min(group, key=lambda p: (p["starttime"], p["pid"]))
-            _add_found_job("peers:%d" % oldest["pid"], FOUND_BY_PEERS, None,
-                           {proc["pid"]: proc for proc in group}, processes, jobs, member_of,
-                           gpu_by_pid, errors, cgroup_root, proc_root)
+        _peer_jobs(links, holder, processes, jobs, member_of, gpu_by_pid, errors,
+                   cgroup_root, proc_root)
+
+
+def _peer_jobs(links: _Links, holder: Dict[int, Dict[str, Any]],
+               processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],
+               member_of: Dict[int, str], gpu_by_pid: Dict[int, float], errors: List[str],
+               cgroup_root: str, proc_root: str) -> None:
+    """The jobs found by their ranks' peer connections in one network namespace (see
+    ``_store_jobs``); a job found by environment whose ranks they join loses the live "ranks"
+    they leave out (``_unjoined_out``)."""
+    connected = {}  # type: Dict[str, set]  # job found by environment -> its joined ranks
+    for group in _peer_groups(links, holder):
+        if not all(_torch_loaded(proc, proc_root) for proc in group):
+            continue  # not torch's processes
+        if any(proc["pid"] in member_of for proc in group):
+            owners = {member_of.get(proc["pid"], "") for proc in group}
+            owner = owners.pop()
+            if owner and not owners:
+                connected.setdefault(owner, set()).update(p["pid"] for p in group)
+            continue  # a job found already
+        oldest = min(group, key=lambda p: (p["starttime"], p["pid"]))
+        _add_found_job("peers:%d" % oldest["pid"], FOUND_BY_PEERS, None,
+                       {proc["pid"]: proc for proc in group}, processes, jobs, member_of,
+                       gpu_by_pid, errors, cgroup_root, proc_root)
+    for job_id, joined in connected.items():
+        _unjoined_out(jobs.get(job_id), joined)
+
+
+def _unjoined_out(job: Optional[Dict[str, Any]], joined: set) -> None:
+    """Drop from a torch.multiprocessing job found by environment (its ranks carry no number:
+    any spawn child of the main process carrying MASTER_PORT is a candidate) the live ranks
+    that its ranks' peer connections (``joined``, two or more) leave out: a later child of the
+    main process (an evaluator, an uploader) holds none of them, and is no rank. Before round
+    22 such a child was listed as a rank, and ``freeze_rank("any")`` froze it."""
+    if job is None or job["found_by"] != FOUND_BY_ENV or job["launcher"] != "multiprocessing" \
+            or len(joined) < 2 or any(r["rank_source"] is not None for r in job["ranks"]):
+        return
+    job["ranks"] = [r for r in job["ranks"] if r["pid"] in joined or r["state"] == "zombie"]
 
 
 def _socket_holders(members: List[Dict[str, Any]], proc_root: str) -> Dict[int, Dict[str, Any]]:
@@ -2418,7 +2638,8 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     launchers = {}  # type: Dict[int, Dict[str, Any]]
     candidates = _job_candidates(processes, jobs, launchers, proc_root)
     for job_id, members in candidates.items():
-        ranks, helpers = _job_members(processes, sorted(members, key=lambda p: p["pid"]))
+        ranks, helpers = _job_members(processes, sorted(members, key=lambda p: p["pid"]),
+                                      proc_root)
         job = jobs[job_id]
         for proc in ranks:
             _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root,
@@ -2450,6 +2671,8 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
         # its cmdline only when given (--rdzv-id); otherwise it is named after its PID.
         run_id = _launcher_option(launcher, "--rdzv-id", "--rdzv_id")
         job_id = run_id if run_id and run_id != TORCHRUN_DEFAULT_RUN_ID else "torchrun:%d" % pid
+        if job_id in jobs and jobs[job_id]["launcher_pid"] in attached:
+            continue  # the agent whose ranks were found stays the job's launcher
         job = jobs.setdefault(job_id, _new_job(job_id))
         _set_launcher(job, launcher)
         job["hidden_ranks"] = sum(1 for p in processes.values() if p["ppid"] == pid
