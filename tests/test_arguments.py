@@ -41,10 +41,18 @@ BAD: dict[str, list[Any]] = {
     "ID": [-1, 4294967295, 2**40, 1.5, True, "0"],
     "PORT": [0, 65536, -1, True, "80"],
     "GRACE_PERIOD": [-2, -1.0, 1.5, True, "3", 2_000_000_000],
+    "SIGNAL_NAME": ["SIGKIL", "SIGSEGV", "sigkill", "", 9, None],
+    "FAIL_HOW": ["nodeloss", "Kill", "", 3, None],
+    "FREEZE_METHOD": ["cgroup", "SIGSTOP", "", 1, None],
 }
-#: The rules activities use: chaosgpu.arguments', and the Kubernetes grace period (seconds or -1).
+#: The rules activities use: chaosgpu.arguments', the Kubernetes grace period (seconds or -1)
+#: and the rank faults' choices (a signal the signalling program sends, fail_rank's how,
+#: freeze_rank's method).
+_JOB_ACTIONS = importlib.import_module("chaosgpu.job.actions")
 RULES = {**{name: getattr(arguments, name) for name in BAD if hasattr(arguments, name)},
-         "GRACE_PERIOD": importlib.import_module("chaosgpu.k8s.actions").GRACE_PERIOD}
+         "GRACE_PERIOD": importlib.import_module("chaosgpu.k8s.actions").GRACE_PERIOD,
+         **{name: getattr(_JOB_ACTIONS, name)
+            for name in ("SIGNAL_NAME", "FAIL_HOW", "FREEZE_METHOD")}}
 RULE_NAMES = {id(rule): name for name, rule in RULES.items()}
 
 
