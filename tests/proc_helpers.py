@@ -1,6 +1,7 @@
 """Small process helpers shared by the tests (the package's own readings live in chaosgpu.node;
 tests use these to check it from the outside)."""
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,3 +26,20 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return bool(predicate())
+
+
+def tagged(tag: str, live_only: bool = False) -> list[int]:
+    """The PIDs of the processes whose environment carries CHAOSGPU_TAG=`tag` (read straight
+    from /proc); with `live_only`, zombies and dead ones left out."""
+    needle = f"CHAOSGPU_TAG={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return [pid for pid in found if alive(pid)] if live_only else found

@@ -30,7 +30,7 @@ pytest.importorskip("torch")
 
 from census_helpers import PROGRAM  # noqa: E402
 from jobs.launch import TRAIN, Job, free_port, start_torchrun  # noqa: E402
-from proc_helpers import alive, wait_until  # noqa: E402
+from proc_helpers import alive, tagged, wait_until  # noqa: E402
 
 from chaosgpu.job import actions  # noqa: E402
 from chaosgpu.job.observe import JobError  # noqa: E402
@@ -61,22 +61,6 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
-def tagged(tag: str) -> list[int]:
-    """Live processes carrying CHAOSGPU_TAG=`tag` (zombies excluded)."""
-    needle = f"CHAOSGPU_TAG={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0") and alive(int(entry)):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
 def jobs_tagged(tag: str, census: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     census = census or take_census(gpu=False)
     return [j for j in census["jobs"] if j["tag"] == tag]
@@ -85,7 +69,8 @@ def jobs_tagged(tag: str, census: dict[str, Any] | None = None) -> list[dict[str
 def stopped_everything(job: Job) -> None:
     """Stop the job and prove nothing carrying its tag lives on."""
     job.stop()
-    assert wait_until(lambda: not tagged(job.tag), timeout_s=30), tagged(job.tag)
+    assert wait_until(lambda: not tagged(job.tag, live_only=True), timeout_s=30), \
+        tagged(job.tag, live_only=True)
 
 
 def fresh_census() -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from jobs.launch import TRAIN, Job, free_port, start_torchrun  # noqa: E402
+from proc_helpers import tagged  # noqa: E402
 
 from chaosgpu.gpu import probes as gpu_probes  # noqa: E402
 from chaosgpu.job import actions, probes  # noqa: E402
@@ -55,22 +56,6 @@ train = sys.argv[1]
 sys.argv = sys.argv[1:]
 runpy.run_path(train, run_name="__main__")
 """
-
-
-def tagged(tag: str) -> list[int]:
-    """The PIDs of the processes whose environment carries CHAOSGPU_TAG=`tag`."""
-    needle = f"CHAOSGPU_TAG={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 def stop_and_prove_gone(job: Job, *others: subprocess.Popen[bytes]) -> None:

@@ -41,6 +41,13 @@ def watch(observer: Observer, seconds: float, stop: Any = None) -> list[str]:
     return seen
 
 
+def _require_nft_as_root() -> None:
+    """Skip unless nftables can be written here (nft on PATH, root)."""
+    require_tool("nft", install="apt-get install nftables")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add nftables rules")
+
+
 def only_track(observer: Observer) -> Any:
     assert len(observer.tracks) == 1, list(observer.tracks)
     return next(iter(observer.tracks.values()))
@@ -278,9 +285,7 @@ def test_ranks_stuck_in_the_rendezvous_are_hung_with_the_missing_rank_as_culprit
 
 def test_a_partitioned_rank_hangs_its_peers_and_healing_resumes_the_job(
         workdir: Path, jobs: list[Job]) -> None:
-    require_tool("nft", install="apt-get install nftables")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to add nftables rules")
+    _require_nft_as_root()
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
@@ -306,9 +311,7 @@ def test_a_partitioned_rank_hangs_its_peers_and_healing_resumes_the_job(
 
 
 def test_node_loss_partition_then_kill_hangs_a_gloo_job(workdir: Path, jobs: list[Job]) -> None:
-    require_tool("nft", install="apt-get install nftables")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to add nftables rules")
+    _require_nft_as_root()
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
@@ -373,9 +376,7 @@ def test_cleanup_hung_job_heals_the_partition_of_the_ranks_it_removes(
     """A node loss (partition, then SIGKILL) hangs a gloo job; cleanup_hung_job removes the
     job and heals the partition this run made against it: its connection rules would outlive
     the job (before round 22 only heal_partition or chaosgpu cleanup removed them)."""
-    require_tool("nft", install="apt-get install nftables")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to add nftables rules")
+    _require_nft_as_root()
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
@@ -417,9 +418,7 @@ def test_a_rank_in_its_own_network_namespace_is_partitioned_there(workdir: Path,
     from chaosgpu.network import partitions
 
     require_tool("ip", install="apt-get install iproute2")
-    require_tool("nft", install="apt-get install nftables")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to add nftables rules")
+    _require_nft_as_root()
     name = f"chaosgpu-test-{uuid.uuid4().hex[:6]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from proc_helpers import tagged
+
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
 
@@ -88,17 +90,12 @@ class Job:
                     os.killpg(proc.pid, sig)
                 except OSError:
                     pass
-        needle = f"CHAOSGPU_TAG={self.tag}".encode()
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as handle:
-                    if needle in handle.read().split(b"\0"):
-                        os.kill(int(entry), signal.SIGCONT)
-                        os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                continue
+        for pid in tagged(self.tag):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
         for proc in self.processes:
             try:
                 proc.wait(timeout=20)
