@@ -40,7 +40,7 @@ from chaosgpu.arguments import (
     missing_advice,
     missing_allowed,
 )
-from chaosgpu.errors import ActivityError
+from chaosgpu.errors import ActivityError, InvalidArgument
 from chaosgpu.process import terminate
 from chaosgpu.process.environment import helper_env
 from chaosgpu.workloads.readiness import wait_all_ready
@@ -176,12 +176,15 @@ def start_holders(
     """Start `count` hold workers of `mib` MiB each and wait (up to `timeout_s`) until all hold it.
 
     `via`: torch, driver (CUDA driver API, no torch), host (host memory, no GPU needed) or auto.
+    `via="torch"` needs GPU `device`: where fewer GPUs are visible (counted as backend "auto" of
+    start_ring counts them) it is InvalidArgument before any worker starts.
     `on_sigterm`: ignore (the field report's workers), exit or cleanup (free and exit at once).
     Without `sandbox` they run on the host in their own sessions; with `sandbox` (a local pod's
     name) they are started inside it as backgrounded exec'd shells, so they become orphans of the
     pod's PID 1 like the report's. Returns the tag, host and namespace PIDs and readiness documents.
     """
     _validate_hold(count, mib, via, on_sigterm, timeout_s)
+    _require_gpu_for_via(via, device)
     owner: tuple[int, int] | None = None
     exe, extra_env = sys.executable, dict[str, str]()
     if sandbox is not None:
@@ -289,9 +292,11 @@ def start_pod_with_holders(
     hold their memory. Unlike exec'd workers, these are the pod's own processes: with `init`
     "dumb-init" they share its child's process group, so SIGTERM to the pod reaches them (the
     report's remediation); "tini" forwards to the shell that started them; "none" makes a single
-    worker PID 1; "sleep" falls back to exec'd workers (orphans, as in the report). Returns the
-    tag, pod, host and namespace PIDs, readiness documents."""
+    worker PID 1; "sleep" falls back to exec'd workers (orphans, as in the report). `via="torch"`
+    without GPU `device` is refused before the pod is created, as start_holders refuses it.
+    Returns the tag, pod, host and namespace PIDs, readiness documents."""
     _validate_hold(count, mib, via, on_sigterm, timeout_s)
+    _require_gpu_for_via(via, device)
     runtime = _proc()
     if init not in runtime.INITS:
         raise ValueError(f"unknown init {init!r}: choose one of {', '.join(runtime.INITS)}")
@@ -380,6 +385,25 @@ def _validate_hold(count: Any, mib: Any, via: Any, on_sigterm: Any, timeout_s: A
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
 
 
+def _require_gpu_for_via(via: str, device: int) -> None:
+    """InvalidArgument, before any worker starts, when `via` "torch" asks for GPU `device` and
+    fewer GPUs are visible (a worker would start, import torch and exit 3: "no usable CUDA
+    device"). GPUs are counted as ring.resolve_backend counts them for backend "auto"
+    (cuda_driver.gpu_count: NVML, else the CUDA driver API), which never counts fewer than
+    torch sees. "driver" and "auto" are left to the worker (allow_host_fallback decides)."""
+    if via != "torch":
+        return
+    from chaosgpu.workloads.cuda_driver import gpu_count
+
+    gpus = gpu_count()
+    if device >= gpus:
+        seen = "no GPU is visible here" if gpus == 0 else f"only {gpus} GPU(s) are visible here"
+        raise InvalidArgument(
+            f"via 'torch' holds GPU memory on GPU {device} (device), and {seen} (NVML, else "
+            "the CUDA driver API): no worker was started; use via 'host' on a machine without "
+            "a GPU")
+
+
 def _tail(path: Path, limit: int = 400) -> str:
     try:
         return path.read_text(errors="replace")[-limit:].strip()
@@ -420,11 +444,19 @@ def start_ring(
     fresh allocation per iteration), `on_oom` (fail or skip the step), `inject` ("python",
     "cuda" or "both": ranks start armed with chaosgpu's fault injectors, see
     chaosgpu.gpu.actions.inject_rank_fault and inject_cuda_fault; "none" by default).
+    Refused (InvalidArgument) before any process starts where the node cannot run it: backend
+    "nccl" with fewer GPUs than `world_size`, `inject` "cuda" or "both" with no GPU (the CUDA
+    injector arms when a rank initialises CUDA: without a GPU it never would). GPUs are counted
+    as backend "auto" counts them (chaosgpu.workloads.ring.resolve_backend).
     """
-    from chaosgpu.workloads.ring import RingConfig, launch_ring
+    from chaosgpu.workloads.ring import RingConfig, launch_ring, resolve_backend
 
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    _check_inject(inject)
+    backend = resolve_backend(backend, world_size)  # nccl without enough GPUs: refused here
+    if inject in ("cuda", "both"):
+        _require_gpu_for_cuda_injector(inject)
     injector_env = _injector_env(inject)
     tag = claim_tag(tag, "ring")
     workdir = _workdir(tag, None)
@@ -497,11 +529,29 @@ def start_ring(
     }
 
 
+def _check_inject(inject: Any) -> None:
+    """ValueError unless `inject` is one of start_ring's injector choices."""
+    if inject not in ("none", None, False, "python", "cuda", "both"):
+        raise ValueError(f"unknown inject {inject!r}: none, python, cuda or both")
+
+
+def _require_gpu_for_cuda_injector(inject: str) -> None:
+    """InvalidArgument, before any rank starts, when no GPU is visible (counted as backend
+    "auto" counts them): libcuda loads the CUDA injector when a rank initialises CUDA, which
+    never happens without a GPU, so inject_cuda_fault would later find it unarmed."""
+    from chaosgpu.workloads.cuda_driver import gpu_count
+
+    if gpu_count() < 1:
+        raise InvalidArgument(
+            f"inject {inject!r} arms the CUDA injector, which the CUDA driver loads when a rank "
+            "initialises CUDA, and no GPU is visible here (NVML, else the CUDA driver API): it "
+            "would never arm; no rank was started; use inject 'python' or 'none'")
+
+
 def _injector_env(inject: str) -> dict[str, str]:
+    _check_inject(inject)
     if inject in ("none", None, False):
         return {}
-    if inject not in ("python", "cuda", "both"):
-        raise ValueError(f"unknown inject {inject!r}: none, python, cuda or both")
     from chaosgpu.gpu.injector import environment
 
     env = environment(cuda=inject in ("cuda", "both"))

@@ -40,6 +40,7 @@ from chaosgpu.arguments import (
     Rule,
     option,
 )
+from chaosgpu.errors import InvalidArgument
 from chaosgpu.process.environment import helper_env
 from chaosgpu.workloads.readiness import wait_all_ready, write_ready
 
@@ -129,12 +130,25 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
-    """`auto` becomes nccl when there are at least `world_size` GPUs, gloo otherwise."""
-    if backend != "auto":
+    """`auto` becomes nccl when there are at least `world_size` GPUs, gloo otherwise; `nccl`
+    with fewer GPUs than `world_size` (NCCL runs one rank per GPU and refuses two on one) is
+    InvalidArgument naming the backend, the world size and the GPUs seen, before any rank
+    starts. Both count the GPUs the same way (cuda_driver.gpu_count: NVML, else the CUDA
+    driver API)."""
+    if backend not in ("auto", "nccl"):
         return backend
     from chaosgpu.workloads.cuda_driver import gpu_count
 
-    return "nccl" if gpu_count() >= world_size else "gloo"
+    gpus = gpu_count()
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if gpus < world_size:
+        seen = "no GPU is visible here" if gpus == 0 else f"only {gpus} GPU(s) are visible here"
+        raise InvalidArgument(
+            f"backend 'nccl' needs one GPU per rank (world_size {world_size}), and {seen} "
+            "(NVML, else the CUDA driver API): no rank was started; use backend 'gloo', or "
+            "'auto' (nccl where there are enough GPUs, else gloo)")
+    return backend
 
 
 def rank_env(config: RingConfig, base: dict[str, str] | None = None) -> dict[str, str]:
