@@ -16,9 +16,13 @@ the pidfds, send the next signal (e.g. SIGKILL) to those left, and after the las
 the deadline. Optionally wait, within the same deadline, until the dead are reaped. `signal_targets`
 is the same primitive with one signal and no wait; the null signal "0" checks permission only.
 
-A signal that ends a process (FATAL_SIGNALS: SIGKILL, SIGTERM, SIGINT, ...) stays pending, with no
-effect, while its target sits in a frozen cgroup. The caller may pass `release`, a function that
-is given the identified targets before the first such signal and lets them out of the freezes it
+A signal that ends a process stays pending, with no effect, while its target sits in a frozen
+cgroup. Which signals end a process is decided here, once (`ends_process`): every signal whose
+default action (signal(7)) terminates the process or dumps core, i.e. all but SIGCONT, the stop
+signals (STOP_SIGNALS: SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) and those ignored by default (SIGCHLD,
+SIGURG, SIGWINCH); SIGUSR1, SIGHUP or SIGALRM end a process that does not handle them just as
+SIGTERM does (FATAL_SIGNALS: those of SIGNALS). The caller may pass `release`, a function that is
+given the identified targets before the first such signal and lets them out of the freezes it
 owns (chaosgpu passes its freezer's; this program does not touch cgroups itself): a target let out
 carries `released_from` in its outcome; one it could not let out is refused (`reason_code`
 "frozen") and gets no signal, rather than one that would stay pending until a later thaw.
@@ -52,8 +56,8 @@ import signal
 import sys
 import time
 
-__all__ = ["SIGNALS", "FATAL_SIGNALS", "terminate", "signal_targets", "wait_exits", "parse_signal",
-           "protected_pids", "main"]
+__all__ = ["SIGNALS", "FATAL_SIGNALS", "STOP_SIGNALS", "terminate", "signal_targets", "wait_exits",
+           "parse_signal", "ends_process", "stops_process", "protected_pids", "main"]
 
 SCHEMA = "chaosgpu.signal/1"
 PF_KTHREAD = 0x00200000
@@ -62,8 +66,14 @@ PF_KTHREAD = 0x00200000
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT", "SIGINT", "SIGQUIT", "SIGHUP",
            "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP")
 NULL_SIGNAL = "0"
-# The signals sent to end a process: a target in a frozen cgroup must be let out first (`release`).
-FATAL_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGABRT")
+# The signals whose default action (signal(7)) stops the process; SIGCONT resumes it.
+STOP_SIGNALS = ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU")
+# The signals whose default action does not end the process: it continues, stops, or ignores
+# them. Every other signal (SIGKILL, SIGTERM, SIGUSR1, SIGHUP, SIGALRM, SIGPIPE, SIGSEGV, the
+# real-time signals ...) terminates it or dumps core (`ends_process`).
+_STOPPING = frozenset(int(getattr(signal, name)) for name in STOP_SIGNALS)
+_NOT_ENDING = _STOPPING | frozenset(int(getattr(signal, name)) for name in
+                                    ("SIGCONT", "SIGCHLD", "SIGURG", "SIGWINCH"))
 UNTIL = ("sent", "exit", "reaped")
 # The longest one poll(2) call waits (a day): its timeout is an int of milliseconds, at most
 # 2**31 - 1 (about 24.8 days); a longer grace or deadline is waited for a day at a time.
@@ -94,6 +104,26 @@ def parse_signal(name):
 def name_of(signum):
     """The name of signal number `signum` ("0" for the null signal)."""
     return NULL_SIGNAL if signum == 0 else signal.Signals(signum).name
+
+
+def ends_process(signum):
+    """Whether signal number `signum` ends a process that neither handles nor ignores it (its
+    default action terminates the process or dumps core): every signal but SIGCONT, the stop
+    signals and SIGCHLD, SIGURG and SIGWINCH (ignored by default); never the null signal 0. A
+    target in a frozen cgroup is let out of it before such a signal (`release`)."""
+    return signum != 0 and int(signum) not in _NOT_ENDING
+
+
+def stops_process(signum):
+    """Whether signal number `signum` is a stop signal (STOP_SIGNALS): its default action stops
+    the process until a SIGCONT. SIGSTOP cannot be caught; SIGTSTP, SIGTTIN and SIGTTOU can be
+    handled or ignored, and the kernel discards them for a process of an orphaned process
+    group."""
+    return int(signum) in _STOPPING
+
+
+# The signals of SIGNALS that end a process (`ends_process`).
+FATAL_SIGNALS = tuple(name for name in SIGNALS if ends_process(int(getattr(signal, name))))
 
 
 def _read_stat(pid):
@@ -353,11 +383,12 @@ def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=1
     mandatory). `cont_first`: SIGCONT first (a stopped process cannot act on SIGTERM). `until`:
     "sent" (send the signals in turn without waiting), "exit" (wait for exits, escalating)
     or "reaped" (then also wait, within the deadline, until the dead are gone from /proc:
-    `reaped` and `reaped_at` say when). `release`: called once, before the first signal of
-    FATAL_SIGNALS, with the identified targets ([{"pid", "starttime"}]); it returns {pid:
-    {"released": true, ...}} for each target it let out of a frozen cgroup (kept in the outcome
-    as `released_from`) and {pid: {"released": false, "cgroup", "reason"}} for one it could not
-    (refused, `reason_code` "frozen"); targets not frozen are left out of its answer.
+    `reaped` and `reaped_at` say when). `release`: called once, before the first signal that
+    ends a process (`ends_process`), with the identified targets ([{"pid", "starttime"}]); it
+    returns {pid: {"released": true, ...}} for each target it let out of a frozen cgroup (kept
+    in the outcome as `released_from`) and {pid: {"released": false, "cgroup", "reason"}} for
+    one it could not (refused, `reason_code` "frozen"); targets not frozen are left out of its
+    answer.
     Returns one outcome per distinct target (see the module docstring); every outcome has
     `signals`, the list of {"signal", "at"} sent. Raises SignalInputError on bad input, before
     anything is sent.
@@ -387,8 +418,7 @@ def terminate(targets, signals=("SIGTERM", "SIGKILL"), grace_s=5.0, deadline_s=1
             entry = _result(target, "sent", state=found, signals=[])
             outcomes.append(entry)
             held[key] = (pidfd, entry)
-        fatal = {int(getattr(signal, name)) for name in FATAL_SIGNALS}
-        if release is not None and held and fatal & set(signums):
+        if release is not None and held and any(ends_process(s) for s in signums):
             _release(held, release)
         if cont_first:
             for fd, _entry in held.values():

@@ -3,9 +3,10 @@
 This module owns the process faults. Which processes a scope covers is decided by
 chaosgpu.scope (from the census); every signal is sent and every exit waited for by the terminate
 primitive (`actions/signal_processes.py`, typed in chaosgpu.process.terminate: pidfd +
-start-time identity + refusal rules); the freezers are chaosgpu.process.freezer. Each process a
-freeze stops is recorded in chaosgpu.faultlog, and a resume undoes only what this run froze,
-never a stop by someone else. It must not read
+start-time identity + refusal rules, and which signals stop or end a process); the freezers are
+chaosgpu.process.freezer. Each process a freeze stops (freeze_processes, or any stop signal sent
+by signal_processes) is recorded in chaosgpu.faultlog, and a resume undoes only what this run
+froze, never a stop by someone else. It must not read
 /proc itself nor send a signal or wait for an exit any other way. Every function that waits
 has its own deadline.
 """
@@ -31,8 +32,20 @@ __all__ = ["signal_processes", "freeze_processes", "resume_processes"]
 logger = logging.getLogger("chaostoolkit")
 
 FREEZE_METHODS = ("sigstop", "freezer", "freezer-v1", "freezer-v2")
+
+
+def _stop_signals() -> tuple[str, ...]:
+    """The stop signals, as the one signalling program names them (its STOP_SIGNALS)."""
+    from chaosgpu.intarget import load
+
+    return tuple(load("actions", "signal_processes").STOP_SIGNALS)
+
+
+#: The fault log's kinds for a stop by signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU): a SIGCONT
+#: resumes it.
+STOP_KINDS = _stop_signals()
 #: The fault log's kinds for a freeze: what resume_processes may undo.
-FREEZE_KINDS = ("SIGSTOP", "freezer")
+FREEZE_KINDS = (*STOP_KINDS, "freezer")
 
 #: (PID, start time) -> when resume_processes last resumed it: a freeze recorded before then is
 #: over, so a second resume leaves alone what someone else stopped since.
@@ -96,11 +109,14 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     `wait_gone_s` > 0 it waits up to that long for the signalled processes to die. Raises when
     the scope matches nothing, or when the signal reached none of the processes it matched
     (every one refused, or already dead), and `require_match` is true: nothing sent is never a
-    success. A SIGSTOP sent is recorded in the fault log as this run's freeze (resume_processes
-    resumes it; a SIGCONT sent here ends it); a fatal signal to a process in one of chaosgpu's
-    frozen cgroups lets it out of the freeze first (its result has `released_from`: a frozen
-    process keeps the signal pending until thawed), and one in a frozen cgroup chaosgpu did not
-    make is refused. Returns the per-process results."""
+    success. A stop signal sent (SIGSTOP, SIGTSTP: any whose default action stops the process)
+    is recorded in the fault log, under the signal's name, as this run's freeze
+    (resume_processes resumes it; a SIGCONT sent here ends it); a signal that ends a process
+    (any whose default action terminates it or dumps core: SIGKILL, SIGTERM, SIGUSR1, SIGHUP
+    ...; not SIGCONT nor a stop signal) to a process in one of chaosgpu's frozen cgroups lets it
+    out of the freeze first (its result has `released_from`: a frozen process keeps the signal
+    pending until thawed), and one in a frozen cgroup chaosgpu did not make is refused. Returns
+    the per-process results."""
     checked = validate_scope(scope)
     _signaller().parse_signal(signal)  # bad signal name: fail before looking at anything
     if wait_gone_s < 0:
@@ -110,9 +126,10 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
         raise ScopeError(f"scope {describe_scope(checked)} matched no process that may be "
                          f"signalled (excluded: {detail['excluded']}, missing: "
                          f"{detail['missing']})")
-    # Who was stopped before this SIGSTOP: never recorded as this run's freeze.
+    # Who was stopped before this stop signal: never recorded as this run's freeze.
     before = {}
-    if _is_sigstop(signal):
+    stops = _stops(signal)
+    if stops:
         for proc in detail["processes"]:
             if (stopped := _stopped_how(proc)) is not None:
                 before[proc["pid"]] = stopped
@@ -124,12 +141,12 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
         raise ScopeError(f"{report['signal']} reached no process of scope "
                          f"{describe_scope(checked)}: nothing was sent ({why})")
     sent = [r for r in report["results"] if r["result"] == "sent"]
-    if report["signal"] == "SIGSTOP":
+    if stops:
         _record_stops(sent, before, describe_scope(checked), report)
-    elif report["signal"] == "SIGCONT":  # this run's SIGSTOPs of them are over (a resume)
+    elif report["signal"] == "SIGCONT":  # this run's stops of them are over (a resume)
         resumed_at = time.time()
         for key, kinds in _frozen_by_this_run(sent).items():
-            if kinds == {"SIGSTOP"}:  # a freezer freeze is not undone by SIGCONT
+            if kinds <= set(STOP_KINDS):  # a freezer freeze is not undone by SIGCONT
                 _RESUMED_AT[key] = resumed_at
     if wait_gone_s > 0:
         report["wait"] = wait_gone(sent, wait_gone_s)
@@ -142,26 +159,29 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     return report  # type: ignore[no-any-return]
 
 
-def _is_sigstop(signal: str) -> bool:
-    """Whether `signal` names SIGSTOP (as the terminate primitive spells signals)."""
-    return bool(_signaller().parse_signal(signal) == _signaller().parse_signal("SIGSTOP"))
+def _stops(signal: str) -> bool:
+    """Whether `signal` is a stop signal (SIGSTOP, SIGTSTP ...), as the one signalling program
+    decides it (its `stops_process`)."""
+    program = _signaller()
+    return bool(program.stops_process(program.parse_signal(signal)))
 
 
 def _record_stops(sent: list[dict[str, Any]], before: dict[int, str], scope: str,
                   report: dict[str, Any]) -> None:
-    """Record each SIGSTOP `sent` as this run's freeze (the fault log, as freeze_processes
-    does), except where the process was already stopped or frozen before it (`before`): that
-    stop is someone else's, and resume_processes must leave it."""
+    """Record each stop signal `sent` (the report's `signal`) as this run's freeze (the fault
+    log, kind the signal's name, as freeze_processes records a SIGSTOP), except where the
+    process was already stopped or frozen before it (`before`): that stop is someone else's,
+    and resume_processes must leave it."""
+    name = report["signal"]
     report["already_stopped"] = []
     for result in sent:
         if result["pid"] in before:
             report["already_stopped"].append(
                 {"pid": result["pid"], "starttime": result["starttime"],
-                 "reason": f"{before[result['pid']]} before this SIGSTOP: not recorded as this "
+                 "reason": f"{before[result['pid']]} before this {name}: not recorded as this "
                            "run's freeze (resume_processes leaves it as found)"})
             continue
-        faultlog.record("SIGSTOP", pid=result["pid"], starttime=result["starttime"],
-                        scope=scope)
+        faultlog.record(name, pid=result["pid"], starttime=result["starttime"], scope=scope)
 
 
 def _stopped_how(proc: dict[str, Any]) -> str | None:
@@ -175,10 +195,11 @@ def _stopped_how(proc: dict[str, Any]) -> str | None:
 
 
 def _frozen_by_this_run(processes: list[dict[str, Any]]) -> dict[tuple[int, int], set[str]]:
-    """For each of `processes` this run froze and has not resumed since, how ("SIGSTOP",
-    "freezer" or both): the fault log's freeze entries (freeze_processes, freeze_rank,
-    fail_rank, signal_processes' SIGSTOP) by PID and start time, newer than its last resume
-    (resume_processes, or a SIGCONT through signal_processes)."""
+    """For each of `processes` this run froze and has not resumed since, how (a stop signal's
+    name such as "SIGSTOP", "freezer", or both): the fault log's freeze entries
+    (freeze_processes, freeze_rank, fail_rank, signal_processes' stop signals) by PID and start
+    time, newer than its last resume (resume_processes, or a SIGCONT through
+    signal_processes)."""
     keys = {(p["pid"], p.get("starttime")) for p in processes}
     how: dict[tuple[int, int], set[str]] = {}
     for fault in faultlog.recent():
@@ -260,14 +281,14 @@ def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "befo
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Resume the processes of a declared scope that this run froze (the fault log:
-    freeze_processes, freeze_rank, fail_rank, signal_processes' SIGSTOP) and has not resumed
-    since: move them out of chaosgpu's freezer cgroups (which thaws them) or send SIGCONT
-    through pidfds, as they were frozen. A process stopped or frozen by someone else, before the
-    freeze or after a resume, is left as found (`left_stopped` says why). Safe to run twice and
-    when nothing is frozen (a rollback), also once the processes are gone; but a scope this run
-    never met (a typo'd tag: it would leave the frozen processes frozen) fails, unless
-    `missing_ok` is true (or "before-method", the default, before the method starts;
-    chaosgpu.scope.resolve_observed).
+    freeze_processes, freeze_rank, fail_rank, a stop signal through signal_processes: SIGSTOP,
+    SIGTSTP ...) and has not resumed since: move them out of chaosgpu's freezer cgroups (which
+    thaws them) or send SIGCONT through pidfds, as they were frozen. A process stopped or
+    frozen by someone else, before the freeze or after a resume, is left as found
+    (`left_stopped` says why). Safe to run twice and when nothing is frozen (a rollback), also
+    once the processes are gone; but a scope this run never met (a typo'd tag: it would leave
+    the frozen processes frozen) fails, unless `missing_ok` is true (or "before-method", the
+    default, before the method starts; chaosgpu.scope.resolve_observed).
     Returns what was resumed."""
     detail = resolve_observed(scope, missing_ok, observe=False)
     checked = detail["scope"]
@@ -283,8 +304,8 @@ def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "befo
                                            "since): left as found"})
     in_freezer = {p["pid"] for p in ours if "freezer" in how[(p["pid"], p["starttime"])]}
     thawed = _thaw_freezer_groups(in_freezer) if in_freezer else []
-    report = send([p for p in ours if "SIGSTOP" in how[(p["pid"], p["starttime"])]], "SIGCONT",
-                  checked)
+    report = send([p for p in ours if how[(p["pid"], p["starttime"])] & set(STOP_KINDS)],
+                  "SIGCONT", checked)
     resumed_at = time.time()
     for proc in ours:
         _RESUMED_AT[(proc["pid"], proc["starttime"])] = resumed_at
