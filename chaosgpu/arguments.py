@@ -19,10 +19,11 @@ from typing import Any, TypeVar, cast
 
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["Rule", "checked", "rules_of", "argument_problem", "option", "missing_allowed",
-           "SECONDS", "POSITIVE_SECONDS", "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID",
+__all__ = ["Rule", "checked", "rules_of", "argument_problem", "unknown_argument_problem",
+           "option", "one_of", "missing_allowed", "MISSING_OK", "SECONDS", "POSITIVE_SECONDS",
+           "COUNT", "INDEX", "RANK", "MIB", "TEXT", "PID",
            "FRACTION", "POSITIVE", "NON_NEGATIVE", "DEVICE", "ID", "PORT", "LISTEN_PORT",
-           "LONGEST_WAIT_S", "TAG", "NAME", "UNIX_TIME"]
+           "LONGEST_WAIT_S", "TAG", "NAME", "UNIX_TIME", "BOOL"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,13 +31,37 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Rule:
     """A named predicate on one argument's value; `what` completes "NAME must be ...". With
     `at_most`, a number the predicate accepts is refused above that many seconds, and the
-    refusal says so ("NAME must be at most ...")."""
+    refusal says so ("NAME must be at most ..."). `error` is the InvalidArgument subclass a
+    `checked` activity raises when the rule refuses a value (chaosgpu.scope's ScopeError for a
+    scope). `Rule.by_check` makes a rule of an existing check function."""
 
     def __init__(self, what: str, accepts: Callable[[Any], bool],
-                 at_most: float | None = None) -> None:
+                 at_most: float | None = None,
+                 error: type[InvalidArgument] = InvalidArgument) -> None:
         self.what = what
         self._accepts = accepts
         self.at_most = at_most
+        self.error = error
+        self._why: Callable[[Any], str | None] | None = None
+
+    @classmethod
+    def by_check(cls, what: str, check: Callable[[Any], object],
+                 error: type[InvalidArgument] = InvalidArgument) -> "Rule":
+        """The rule of an activity's own check: `check(value)` raises ValueError (or
+        InvalidArgument, TypeError) saying why a value is refused, and returns otherwise. The
+        rule accepts what the check lets through, and a refusal says "must be WHAT (WHY)", so
+        the activity, `chaosgpu validate` and the control's pre-run check run the one check."""
+
+        def why(value: Any) -> str | None:
+            try:
+                check(value)
+            except (ValueError, TypeError) as refused:
+                return str(refused)
+            return None
+
+        rule = cls(what, lambda value: why(value) is None, error=error)
+        rule._why = why
+        return rule
 
     def __repr__(self) -> str:
         return f"Rule({self.what!r})"
@@ -52,13 +77,14 @@ class Rule:
         """What a refused `value` had to be: "must be ...", completed by ", got VALUE"."""
         if self._accepts(value) and self._too_large(value):
             return f"must be at most {self.at_most:g} s (the longest wait chaosgpu makes)"
-        return f"must be {self.what}"
+        why = self._why(value) if self._why is not None else None
+        return f"must be {self.what} ({why})" if why else f"must be {self.what}"
 
     def require(self, label: str, value: Any) -> None:
         """Raise InvalidArgument ("LABEL must be ..., got VALUE") unless the rule accepts
         `value`: the check for library functions that are not `checked` activities."""
         if not self.accepts(value):
-            raise InvalidArgument(f"{label} {self.must(value)}, got {value!r}")
+            raise self.error(f"{label} {self.must(value)}, got {value!r}")
 
 
 def _number(value: Any) -> bool:
@@ -107,6 +133,21 @@ LISTEN_PORT = Rule("a TCP port (an integer from 0 to 65535; 0 = any free port)",
                    lambda v: _integer(v) and 0 <= v < 65536)
 DEVICE = Rule("a GPU index (an integer >= 0) or a non-empty UUID or PCI bus id string",
               lambda v: (_integer(v) and v >= 0) or (isinstance(v, str) and bool(v.strip())))
+#: A flag an activity reads as true or false, never by truthiness ("false" is not false).
+BOOL = Rule("true or false", lambda v: isinstance(v, bool))
+#: What `missing_ok` may be (missing_allowed says what each means): true, false or
+#: "before-method".
+MISSING_OK = Rule('true, false or "before-method"',
+                  lambda v: isinstance(v, bool) or v == "before-method")
+
+
+def one_of(values: tuple[str, ...]) -> Rule:
+    """The rule "one of `values`" (strings, matched exactly): an activity's choice argument (a
+    signal, a phase, a mode...), checked by the activity and by `chaosgpu validate` and the
+    control's pre-run check before a run (a `--var how:str=nodeloss` is refused before the
+    method starts anything)."""
+    return Rule("one of " + ", ".join(repr(v) for v in values),
+                lambda value: isinstance(value, str) and value in values)
 
 
 def option(rule: Rule, convert: Callable[[str], Any] = float) -> Callable[[str], Any]:
@@ -150,6 +191,21 @@ def argument_problem(activity: Callable[..., Any], name: str, value: Any) -> str
     return f"{name} {rule.must(value)}, got {value!r}"
 
 
+def unknown_argument_problem(activity: Callable[..., Any], names: Any) -> str | None:
+    """What is wrong with the argument names `names` given to `activity` ("unknown argument
+    'X'; it takes A, B"), or None when it takes them all (or takes any keyword): the check a
+    `checked` activity makes before it runs, and `chaosgpu validate` makes of a control's
+    arguments (chaoslib checks an activity's names, not a control's)."""
+    signature = inspect.signature(inspect.unwrap(activity))
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()):
+        return None
+    unknown = sorted(set(names) - set(signature.parameters))
+    if not unknown:
+        return None
+    return (f"unknown argument {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(n for n in signature.parameters if n not in _CONTEXT)}")
+
+
 def _allows_none(parameter: inspect.Parameter) -> bool:
     """Whether None is a value the parameter declares: its default, or Optional[...]."""
     if parameter.default is None:
@@ -171,22 +227,17 @@ def checked(**rules: Rule) -> Callable[[F], F]:
             raise TypeError(f"{func.__qualname__} has no argument {unknown}")
         optional = {name for name in rules if _allows_none(signature.parameters[name])}
 
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD
-                        for p in signature.parameters.values())
-
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            unknown = sorted(set(kwargs) - set(signature.parameters))
-            if unknown and not takes_any:  # a typo'd name, said before any missing one
-                raise InvalidArgument(
-                    f"{func.__name__}: unknown argument {', '.join(map(repr, unknown))}; it "
-                    f"takes {', '.join(n for n in signature.parameters if n not in _CONTEXT)}")
+            unknown = unknown_argument_problem(func, kwargs)
+            if unknown:  # a typo'd name, said before any missing one
+                raise InvalidArgument(f"{func.__name__}: {unknown}")
             bound = signature.bind(*args, **kwargs)  # a missing argument stays a TypeError
             bound.apply_defaults()
-            for name in rules:
+            for name, rule in rules.items():
                 problem = argument_problem(wrapper, name, bound.arguments[name])
                 if problem:
-                    raise InvalidArgument(f"{func.__name__}: {problem}")
+                    raise rule.error(f"{func.__name__}: {problem}")
             return func(*args, **kwargs)
 
         wrapper.__chaosgpu_rules__ = dict(rules)  # type: ignore[attr-defined]
@@ -207,11 +258,9 @@ def missing_allowed(missing_ok: Any, seen_in_this_run: bool,
     tell (the Kubernetes activities: whether one of their actions has run), else unknown: then
     only what was seen counts. A `missing_ok` other than true, false or "before-method" is
     InvalidArgument."""
+    MISSING_OK.require("missing_ok", missing_ok)
     if isinstance(missing_ok, bool):
         return missing_ok
-    if missing_ok != "before-method":
-        raise InvalidArgument(f"missing_ok must be true, false or \"before-method\", got "
-                              f"{missing_ok!r}")
     if seen_in_this_run:
         return True
     from chaosgpu.timeline.sampler import current

@@ -17,12 +17,12 @@ import logging
 import os
 from typing import Any
 
-from chaosgpu.arguments import NAME, TAG, missing_advice
+from chaosgpu.arguments import NAME, TAG, Rule, missing_advice
 from chaosgpu.errors import InvalidArgument
 
-__all__ = ["ScopeError", "KINDS", "validate_scope", "resolve_scope", "resolve_scope_detail",
-           "describe_scope", "take_census", "remember", "seen_in_this_run", "tag_seen",
-           "resolve_observed"]
+__all__ = ["ScopeError", "KINDS", "SCOPE", "validate_scope", "resolve_scope",
+           "resolve_scope_detail", "describe_scope", "take_census", "remember",
+           "seen_in_this_run", "tag_seen", "resolve_observed"]
 
 logger = logging.getLogger("chaostoolkit")
 
@@ -65,6 +65,13 @@ def validate_scope(scope: Any) -> dict[str, Any]:
             raise ScopeError(f"scope option '{option}' must be true or false, got {flag!r}")
         normalised[option] = flag
     return normalised
+
+
+#: The rule of an activity's `scope` argument: validate_scope's own check, so a typo'd key
+#: or a bad selection is refused by the activity (ScopeError) and, before a run, by
+#: `chaosgpu validate` and the control's pre-run check. None passes where the activity
+#: declares it (chaosgpu.arguments.checked).
+SCOPE = Rule.by_check("a valid scope", validate_scope, error=ScopeError)
 
 
 def _check_selection(kind: str, value: Any) -> None:

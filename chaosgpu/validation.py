@@ -14,7 +14,18 @@ without running it: a value written in the experiment, or a whole `${name}` that
 configuration or a `--var` defines (`--var rank:str=1` gives the text "1", which no rank rule
 takes). chaoslib's validation checks the names of arguments, not their values: without this, a
 bad value failed only when its activity ran, after the method had started the job.
-`ensure_arguments_valid` raises `chaosgpu.errors.InvalidArgument` naming each.
+`ensure_arguments_valid` raises `chaosgpu.errors.InvalidArgument` naming each. The rules are
+the activities' own (`chaosgpu.arguments.checked`): a scope's keys, `missing_ok`, a verdict,
+phase, signal or mode name, a sandbox or pod name..., each checked by the same code the
+activity runs before it touches anything. The timeline control's arguments are checked as the
+control checks them when it starts (`chaosgpu.timeline.control.control_problem`: an unknown
+argument, a rate or source out of range, a bad scope or flag), with its `fault_activity`.
+
+`unknown_vars` lists the `--var` names an experiment neither declares (configuration, secrets)
+nor uses as `${name}`, nor chaosgpu reads from the configuration itself (READ_KEYS):
+`chaosgpu validate` refuses them (a typo'd `--var jobb=...` would leave the declared `job` as
+it is, silently; `chaos run` gives no warning). Only `chaosgpu validate` can tell: the run's
+controls see the variables merged into the configuration.
 
 Where it runs: `chaosgpu validate EXPERIMENT` (chaoslib's own validation, then this), and, as a
 Chaos Toolkit control (`"module": "chaosgpu.validation"`, and the timeline control's first
@@ -33,11 +44,15 @@ from typing import Any
 from chaosgpu.arguments import argument_problem
 from chaosgpu.errors import InvalidArgument, UnknownVariable
 
-__all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve",
-           "argument_problems", "ensure_arguments_valid", "before_experiment_control", "main"]
+__all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve", "unknown_vars",
+           "ensure_vars_known", "READ_KEYS", "argument_problems", "ensure_arguments_valid",
+           "before_experiment_control", "main"]
 
 # The experiment's own declarations of variables: not places where variables are used.
 DECLARATIONS = ("configuration", "secrets")
+#: Configuration keys chaosgpu's activities read themselves (not through `${name}`): a `--var`
+#: may set one that the experiment never names.
+READ_KEYS = ("chaosgpu_agent_url",)
 
 
 def _strings(value: Any, where: str) -> Iterator[tuple[str, str]]:
@@ -91,6 +106,26 @@ def ensure_variables_resolve(experiment: Mapping[str, Any],
         listed = "; ".join(f"${{{name}}} in {where}" for name, where in missing)
         raise UnknownVariable(f"the experiment refers to variables that no configuration key "
                               f"or secret defines: {listed} (defined: {known})")
+
+
+def unknown_vars(experiment: Mapping[str, Any], names: set[str]) -> list[str]:
+    """The `--var` names of `names` that the experiment neither declares (a configuration key
+    or secret), nor uses as `${name}` anywhere, nor chaosgpu reads from the configuration
+    (READ_KEYS), sorted: a typo'd variable that `chaos run --var` would silently ignore."""
+    used = {name for _, text in _strings(experiment, "") for name in _references(text)}
+    return sorted(set(names) - defined_names(experiment) - used - set(READ_KEYS))
+
+
+def ensure_vars_known(experiment: Mapping[str, Any], names: set[str]) -> None:
+    """Raise UnknownVariable naming every `--var` the experiment does not know
+    (``unknown_vars``) and the variables it does."""
+    unknown = unknown_vars(experiment, names)
+    if unknown:
+        used = {name for _, text in _strings(experiment, "") for name in _references(text)}
+        known = sorted(defined_names(experiment) | used)
+        raise UnknownVariable(f"--var gives variables the experiment neither declares nor "
+                              f"uses: {', '.join(map(repr, unknown))} (a typo? the "
+                              f"experiment's variables: {known})")
 
 
 def _activities(experiment: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -159,9 +194,11 @@ def argument_problems(experiment: Mapping[str, Any],
 
 
 def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any]) -> list[str]:
-    """What is wrong with the timeline control's arguments that only the experiment can tell:
-    a `fault_activity` naming no action of the method (it was silently ignored)."""
-    from chaosgpu.timeline.control import fault_activity_problem
+    """What is wrong with the timeline control's arguments: what would stop it from starting
+    (control_problem: an unknown argument, a bad rate, source, scope or flag), and what only
+    the experiment can tell, a `fault_activity` naming no action of the method (it was silently
+    ignored). An argument only the run can resolve is left to the control."""
+    from chaosgpu.timeline.control import control_problem, fault_activity_problem
 
     problems = []
     for control in experiment.get("controls") or []:
@@ -169,13 +206,21 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any]) -
         if not isinstance(provider, Mapping) or \
                 provider.get("module") != "chaosgpu.timeline.control":
             continue
-        arguments = provider.get("arguments")
-        if not isinstance(arguments, Mapping) or "fault_activity" not in arguments:
+        arguments = provider.get("arguments") or {}
+        if not isinstance(arguments, Mapping):
             continue
-        resolved, value = _value(arguments["fault_activity"], known)
-        problem = fault_activity_problem(dict(experiment), value) if resolved else None
+        where = f"controls[{control.get('name')!r}]"
+        values = {}
+        for name, value in arguments.items():
+            resolved, value = _value(value, known)
+            if resolved:
+                values[name] = value
+        problem = control_problem(values)
         if problem:
-            problems.append(f"controls[{control.get('name')!r}]: {problem}")
+            problems.append(f"{where}: the timeline control cannot start ({problem})")
+        problem = fault_activity_problem(dict(experiment), values.get("fault_activity"))
+        if problem:
+            problems.append(f"{where}: {problem}")
     return problems
 
 
@@ -243,11 +288,16 @@ def _load(source: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """`chaosgpu validate EXPERIMENT [--var NAME[:TYPE]=VALUE]...`: chaoslib's validation, then
-    every `${name}` must resolve. Exit 0 when valid, 1 with the reason on stderr when not."""
+    every `--var` must be a variable of the experiment, every `${name}` must resolve and every
+    argument value of a chaosgpu activity or control must pass its rules. Exit 0 when valid, 1
+    with the reason on stderr when not."""
     parser = argparse.ArgumentParser(
         prog="chaosgpu validate",
         description="Validate an experiment as `chaos validate` does, and check that every "
-                    "${name} it uses is a configuration key, a secret or a --var.")
+                    "${name} it uses is a configuration key, a secret or a --var, that every "
+                    "--var is a variable the experiment declares or uses, and that every "
+                    "argument of a chaosgpu activity or control passes the checks the "
+                    "activity makes before it touches anything.")
     parser.add_argument("experiment", help="the experiment file (JSON or YAML)")
     parser.add_argument("--var", action="append", default=[], type=_var,
                         metavar="NAME[:TYPE]=VALUE",
@@ -261,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         experiment = _load(args.experiment)
         ensure_experiment_is_valid(experiment)
+        ensure_vars_known(experiment, set(extra))
         ensure_variables_resolve(experiment, set(extra))
         ensure_arguments_valid(experiment, extra)
     except ChaosException as error:

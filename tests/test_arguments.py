@@ -44,20 +44,60 @@ BAD: dict[str, list[Any]] = {
     "SIGNAL_NAME": ["SIGKIL", "SIGSEGV", "sigkill", "", 9, None],
     "FAIL_HOW": ["nodeloss", "Kill", "", 3, None],
     "FREEZE_METHOD": ["cgroup", "SIGSTOP", "", 1, None],
+    "MISSING_OK": ["sometimes", "true", "before_method", "", 1, 0, None],
+    "BOOL": ["true", "false", 1, 0, None],
+    "SCOPE": [{"tag": "x", "include_other_user": True}, {}, "x", {"tag": "x "},
+              {"tag": "a", "job": "b"}, {"pids": []}, {"tag": "x", "include_ns_init": "yes"}],
+    "VERDICT_LIST": [["runing"], [], "running", [1], None],
+    "PHASE": ["begin", "Start", "", 1, None],
+    "PARTITION_ID": ["", " ", "${partition}", 3, None],
+    "SANDBOX_NAME": ["", "a b", "x\n", "-x", "a/b", 3],
+    "INIT": ["systemd", "", 1, None],
+    "ARGV": [[], "echo", [1], ["a", 2]],
+    "ENV": [["A=1"], {"A": 1}, {"": "x"}, {"A=B": "x"}, "A=1"],
+    "USER": ["root", "1:x", -1, 1.5, 2**40],
+    "BACKEND": ["gpu", "", 1, None],
+    "TARGET": ["cpu", "", 1, None],
+    "MODE": ["hang", "", 1, None],
+    "EXCEPTION": ["ValueError", "", 1],
+    "CUDA_FAULT": ["free", "", 1, None],
+    "XID_KIND": ["illegal_address", "", 1, None],
+    "CHUNK_MIB": [1, 0, 2.5, True, "64"],
+    "FAULT_COUNT": [0, 1_000_001, 1.5, True, "2"],
+    "NAMESPACE": ["", "Default", "a b", 3, "x" * 64],
+    "POD_NAME": ["", "Pod", "a b", 3],
+    "COMMAND": [[], "ls", [1]],
+    "SPEC_OVERRIDES": ["{", "[1]", 3, [1]],
 }
 #: The rules activities use: chaosgpu.arguments', the Kubernetes grace period (seconds or -1)
 #: and the rank faults' choices (a signal the signalling program sends, fail_rank's how,
-#: freeze_rank's method).
+#: freeze_rank's method), and each module's own (a scope, a verdict list, a phase...).
 _JOB_ACTIONS = importlib.import_module("chaosgpu.job.actions")
+_OWN_RULES = {
+    "chaosgpu.scope": ["SCOPE"], "chaosgpu.job.probes": ["VERDICT_LIST"],
+    "chaosgpu.timeline.probes": ["PHASE"], "chaosgpu.network.actions": ["PARTITION_ID"],
+    "chaosgpu.sandbox.probes": ["SANDBOX_NAME"],
+    "chaosgpu.sandbox.actions": ["INIT", "ARGV", "ENV", "USER"],
+    "chaosgpu.gpu.actions": ["BACKEND", "TARGET", "MODE", "EXCEPTION", "CUDA_FAULT", "XID_KIND",
+                             "CHUNK_MIB", "FAULT_COUNT"],
+    "chaosgpu.k8s.selection": ["NAMESPACE", "POD_NAME"],
+    "chaosgpu.k8s.actions": ["COMMAND", "SPEC_OVERRIDES"],
+}
 RULES = {**{name: getattr(arguments, name) for name in BAD if hasattr(arguments, name)},
          "GRACE_PERIOD": importlib.import_module("chaosgpu.k8s.actions").GRACE_PERIOD,
          **{name: getattr(_JOB_ACTIONS, name)
-            for name in ("SIGNAL_NAME", "FAIL_HOW", "FREEZE_METHOD")}}
+            for name in ("SIGNAL_NAME", "FAIL_HOW", "FREEZE_METHOD")},
+         **{name: getattr(importlib.import_module(module), name)
+            for module, names in _OWN_RULES.items() for name in names}}
 RULE_NAMES = {id(rule): name for name, rule in RULES.items()}
+#: a value a required argument's choice rule takes (a placeholder "x" it would refuse)
+GOOD = {"MODE": "raise", "VERDICT_LIST": ["running"]}
 
 
-def _placeholder(param: inspect.Parameter) -> Any:
+def _placeholder(param: inspect.Parameter, rule: Any = None) -> Any:
     """A value a required argument's rule accepts (the rule under test fails first)."""
+    if RULE_NAMES.get(id(rule)) in GOOD:
+        return GOOD[RULE_NAMES[id(rule)]]
     text = str(param.annotation)
     if "Dict" in text or "dict" in text:
         return {"pids": [1]}
@@ -89,8 +129,8 @@ def test_every_rule_has_bad_values_to_try() -> None:
 def test_bad_arguments_are_refused_by_name(module_name: str, name: str) -> None:
     func = getattr(importlib.import_module(module_name), name)
     signature = inspect.signature(func)
-    required = {p.name: _placeholder(p) for p in signature.parameters.values()
-                if p.default is inspect.Parameter.empty}
+    required = {p.name: _placeholder(p, rules_of(func).get(p.name))
+                for p in signature.parameters.values() if p.default is inspect.Parameter.empty}
     for argument, rule in rules_of(func).items():
         for bad in BAD[RULE_NAMES[id(rule)]]:
             with pytest.raises(InvalidArgument, match=f"^{name}: {argument} must be ") as error:

@@ -43,10 +43,12 @@ def _run(tmp_path: Path, experiment: dict) -> tuple[subprocess.CompletedProcess[
 
 def experiment(fail_on_failed_activity: bool) -> dict:
     return _gated(fail_on_failed_activity, "gating-pod", "a fault that cannot be injected",
-                  "create_sandbox with an unknown init fails; nothing else happens") | {
+                  "create_sandbox with init 'sleep' and an argv fails; nothing else happens") | {
         "method": [{"type": "action", "name": "create-pod", "provider": {
             "type": "python", "module": "chaosgpu.sandbox.actions", "func": "create_sandbox",
-            "arguments": {"name": "gating-pod", "init": "no-such-init"}}}],
+            # a refusal of two arguments together, which only the activity makes when it
+            # runs (an unknown init alone is refused before the run: chaosgpu validate)
+            "arguments": {"name": "gating-pod", "init": "sleep", "argv": ["true"]}}}],
         "rollbacks": [{"type": "action", "name": "remove-pod", "provider": {
             "type": "python", "module": "chaosgpu.sandbox.actions", "func": "remove_sandbox",
             "arguments": {"name": "gating-pod"}}}],
@@ -58,7 +60,7 @@ def experiment(fail_on_failed_activity: bool) -> dict:
 def test_failed_method_activity(strict: bool, tmp_path: Path) -> None:
     done, journal = _run(tmp_path, experiment(strict))
     assert journal["run"][0]["status"] == "failed"
-    assert "no-such-init" in "".join(journal["run"][0]["exception"])
+    assert "init 'sleep' takes no argv" in "".join(journal["run"][0]["exception"])
     assert [r["status"] for r in journal["rollbacks"]] == ["succeeded"]
     if strict:
         assert done.returncode == 1

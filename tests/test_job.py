@@ -20,7 +20,7 @@ from conftest import require_tool
 pytest.importorskip("torch")
 
 from chaosgpu import progress  # noqa: E402
-from chaosgpu.errors import ActivityError  # noqa: E402
+from chaosgpu.errors import ActivityError, InvalidArgument  # noqa: E402
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.job.observe import JobError  # noqa: E402
 from chaosgpu.workloads.ring import RingConfig, RingLaunch, launch_ring  # noqa: E402
@@ -180,7 +180,7 @@ def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
         actions.kill_rank(job=nope, rank=0)
     with pytest.raises(ValueError, match="how must be"):
         actions.fail_rank(tag="x", rank=0, how="explode")
-    with pytest.raises(JobError, match="non-empty string"):
+    with pytest.raises(InvalidArgument, match="detect_hang: tag must be .*non-empty string"):
         probes.detect_hang(tag="")
     with pytest.raises(JobError, match="unsubstituted"):
         probes.job_hung(job="${job}")

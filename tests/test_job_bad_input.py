@@ -10,6 +10,7 @@ import uuid
 import pytest
 from proc_helpers import alive
 
+from chaosgpu.errors import InvalidArgument
 from chaosgpu.job import actions
 
 
@@ -55,12 +56,13 @@ def test_a_selection_that_could_never_match_exactly_is_refused_naming_it(
                             stdin=subprocess.DEVNULL)
     try:
         time.sleep(0.2)
-        with pytest.raises(JobError) as refused:
+        # the activities refuse it by their rules (chaosgpu.arguments), naming themselves
+        with pytest.raises(InvalidArgument) as refused:
             actions.kill_rank(rank=0, **selection)  # type: ignore[arg-type]
-        assert str(refused.value) == expected
-        with pytest.raises(JobError) as refused:
+        assert str(refused.value) == f"kill_rank: {expected}"
+        with pytest.raises(InvalidArgument) as refused:
             actions.cleanup_hung_job(grace_s=0, missing_ok=True, **selection)
-        assert str(refused.value) == expected
+        assert str(refused.value) == f"cleanup_hung_job: {expected}"
         assert rank.poll() is None and alive(rank.pid)
     finally:
         rank.kill()

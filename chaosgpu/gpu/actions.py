@@ -16,8 +16,25 @@ import time
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
-from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, TAG, checked, missing_allowed
+from chaosgpu.arguments import (
+    DEVICE,
+    FRACTION,
+    INDEX,
+    MISSING_OK,
+    NAME,
+    POSITIVE_SECONDS,
+    RANK,
+    SECONDS,
+    TAG,
+    Rule,
+    checked,
+    missing_allowed,
+    one_of,
+)
 from chaosgpu.gpu import devices, injector, launch, monitor
+from chaosgpu.gpu.contention import TARGETS
+from chaosgpu.gpu.xid import KINDS
+from chaosgpu.sandbox.probes import SANDBOX_NAME
 
 __all__ = [
     "start_memory_pressure",
@@ -34,6 +51,18 @@ logger = logging.getLogger("chaostoolkit")
 
 BACKENDS = ("driver", "host")
 RELEASE_POLL_S = 0.01
+#: the choices and numbers the faults check before starting anything (chaosgpu.arguments:
+#: `chaosgpu validate` and the control's pre-run check run them too)
+BACKEND = one_of(BACKENDS)
+TARGET = one_of(TARGETS)
+MODE = one_of(injector.MODES)
+EXCEPTION = one_of(injector.EXCEPTIONS)
+CUDA_FAULT = one_of(injector.CUDA_FAULTS)
+XID_KIND = one_of(KINDS)
+CHUNK_MIB = Rule.by_check("an integer >= 2 (MiB)", lambda value: devices.check_number(
+    "chunk_mib", value, minimum=2, integer=True))
+FAULT_COUNT = Rule.by_check("an integer from 1 to 1000000", lambda value: devices.check_number(
+    "count", value, minimum=1, maximum=1_000_000, integer=True))
 
 
 def _mark(name: str, **extra: Any) -> None:
@@ -43,14 +72,8 @@ def _mark(name: str, **extra: Any) -> None:
     faultlog.record(name, **extra)
 
 
-def _check_backend(backend: Any) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}: 'driver' (the GPU, through the CUDA "
-                         "driver API) or 'host' (host memory / a CPU core: machines without GPU)")
-    return str(backend)
-
-
-@checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS)
+@checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS, device=DEVICE, backend=BACKEND,
+         chunk_mib=CHUNK_MIB, sandbox=SANDBOX_NAME)
 def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None,
                           leave_mib: Optional[int] = None, duration_s: Optional[float] = None,
                           backend: str = "driver", chunk_mib: int = 1024,
@@ -64,8 +87,6 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
     runs inside that local pod. Waits up to `timeout_s` until the memory is held; returns the
     tag, PID, MiB held and the device's free MiB after. backend="host" holds host memory
     instead (machines without a GPU)."""
-    backend = _check_backend(backend)
-    devices.check_number("chunk_mib", chunk_mib, minimum=2, integer=True)
     if backend == "host":  # host memory: no GPU is asked (a machine without one runs it too)
         if mib is None or leave_mib is not None:
             raise ValueError("backend 'host' needs mib, not leave_mib (there is no device to "
@@ -99,7 +120,8 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
             "duration_s": duration_s, "ready": ready}
 
 
-@checked(duration_s=POSITIVE_SECONDS, period_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS)
+@checked(duration_s=POSITIVE_SECONDS, period_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS,
+         device=DEVICE, duty_cycle=FRACTION, target=TARGET, backend=BACKEND)
 def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30.0,
                              duty_cycle: float = 1.0, target: str = "sm",
                              period_s: float = 0.1, backend: str = "driver",
@@ -112,14 +134,8 @@ def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30
     the device slow down; measure them with chaosgpu.gpu.probes.job_progress. Waits up to
     `timeout_s` until the work runs; stop it early with stop_gpu_fault. backend="host" spins a
     CPU core instead (machines without a GPU)."""
-    from chaosgpu.gpu.contention import TARGETS
-
-    backend = _check_backend(backend)
-    devices.check_number("duty_cycle", duty_cycle, minimum=0, maximum=1, strict_minimum=True)
     if period_s > duration_s:
         raise ValueError(f"period_s ({period_s:g}) must not exceed duration_s ({duration_s:g})")
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}: one of {', '.join(TARGETS)}")
     entry = (devices.host_backend_device(device) if backend == "host"
              else devices.resolve_device(device))
     tag = launch.check_tag(tag, "contention")
@@ -145,7 +161,7 @@ def _gpu_pids_left(pids: list[int]) -> list[int]:
     return [pid for pid in pids if pid in listed]
 
 
-@checked(tag=TAG, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(tag=TAG, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS, missing_ok=MISSING_OK)
 def stop_gpu_fault(tag: str, grace_s: float = 2.0, deadline_s: float = 10.0,
                    missing_ok: Union[bool, str] = "before-method",
                    configuration: Optional[Dict[str, Any]] = None,
@@ -233,7 +249,8 @@ def _rank_process(job: str | None, tag: str | None, rank: Union[int, str, None],
         time.sleep(0.05)
 
 
-@checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS)
+@checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS, mode=MODE, rank=RANK, tag=TAG,
+         job=NAME, device=INDEX, exception=EXCEPTION)
 def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[str] = None,
                       job: Optional[str] = None, duration_s: Optional[float] = None,
                       device: Optional[int] = None, exception: Optional[str] = None,
@@ -250,10 +267,7 @@ def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[
     or null with a tag alone for the one armed process carrying it. Waits up to
     `timeout_s` for the rank's acknowledgement: a fault not acknowledged is an error, never
     reported as done. `device`: the CUDA ordinal when the rank uses several GPUs."""
-    if mode not in injector.MODES:
-        raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(injector.MODES)}")
-    devices.check_number("device", device, minimum=0, integer=True, allow_none=True)
-    if exception is not None and (mode != "raise" or exception not in injector.EXCEPTIONS):
+    if exception is not None and mode != "raise":
         raise ValueError(f"exception applies to mode 'raise' and is one of "
                          f"{', '.join(injector.EXCEPTIONS)}, got {exception!r} for mode "
                          f"{mode!r}")
@@ -269,7 +283,7 @@ def inject_rank_fault(mode: str, rank: Union[int, str, None] = 0, tag: Optional[
             "delivered": True, "ack_after_s": ack.get("ack_after_s"), "ack": ack}
 
 
-@checked(timeout_s=POSITIVE_SECONDS)
+@checked(timeout_s=POSITIVE_SECONDS, rank=RANK, tag=TAG, job=NAME)
 def release_rank_fault(rank: Union[int, str, None] = 0, tag: Optional[str] = None,
                        job: Optional[str] = None, timeout_s: float = 5.0,
                        configuration: Optional[Dict[str, Any]] = None,
@@ -284,7 +298,8 @@ def release_rank_fault(rank: Union[int, str, None] = 0, tag: Optional[str] = Non
     return {"job": process.get("job"), "rank": process["rank"], "pid": process["pid"], **answer}
 
 
-@checked(timeout_s=POSITIVE_SECONDS)
+@checked(timeout_s=POSITIVE_SECONDS, fault=CUDA_FAULT, count=FAULT_COUNT, rank=RANK, tag=TAG,
+         job=NAME)
 def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str, None] = 0,
                       tag: Optional[str] = None, job: Optional[str] = None,
                       timeout_s: float = 5.0,
@@ -296,9 +311,6 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str
     `rank` (a number or "any") of a job (by id or tag), or with rank null the one armed
     process carrying `tag`.
     Waits up to `timeout_s` for the library's acknowledgement."""
-    if fault not in injector.CUDA_FAULTS:
-        raise ValueError(f"unknown CUDA fault {fault!r}: one of {', '.join(injector.CUDA_FAULTS)}")
-    devices.check_number("count", count, minimum=1, maximum=1_000_000, integer=True)
     process = _rank_process(job, tag, rank)
     ack = injector.trigger_cuda(process, fault, count=count, timeout_s=timeout_s)
     _mark(f"cuda-{fault}", job=process.get("job"), rank=process["rank"], pid=process["pid"],
@@ -308,7 +320,7 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str
             "count": count, "delivered": True, "ack": ack}
 
 
-@checked(watch_s=SECONDS, timeout_s=POSITIVE_SECONDS)
+@checked(watch_s=SECONDS, timeout_s=POSITIVE_SECONDS, device=DEVICE, kind=XID_KIND)
 def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
                 watch_s: float = 10.0, check: bool = True, timeout_s: float = 60.0,
                 configuration: Optional[Dict[str, Any]] = None,
@@ -322,10 +334,7 @@ def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
     import json
 
     from chaosgpu.gpu import nvml
-    from chaosgpu.gpu.xid import KINDS
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
     entry = devices.resolve_device(device)
     uuid = ["--uuid", str(entry["uuid"])] if entry.get("uuid") else []
     watch = None

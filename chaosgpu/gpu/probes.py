@@ -23,6 +23,7 @@ from chaosgpu import arguments
 from chaosgpu.arguments import (
     DEVICE,
     INDEX,
+    MISSING_OK,
     PID,
     POSITIVE,
     POSITIVE_SECONDS,
@@ -253,7 +254,7 @@ def job_progress(tag: str, window_s: float = 2.0, stall_factor: float = 0.5,
     return result
 
 
-@checked(tag=TAG, window_s=POSITIVE_SECONDS)
+@checked(tag=TAG, window_s=POSITIVE_SECONDS, missing_ok=MISSING_OK)
 def job_stalled(tag: str, window_s: float = 2.0, missing_ok: MissingOk = "before-method",
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> bool:
@@ -302,7 +303,7 @@ def job_slowdown(tag: str, window_s: float = 2.0,
             "straggler_rank": now["straggler_rank"], "stalled_ranks": now["stalled_ranks"]}
 
 
-@checked(tag=TAG)
+@checked(tag=TAG, missing_ok=MISSING_OK)
 def cuda_oom_seen(tag: str, missing_ok: MissingOk = "before-method",
                   configuration: Optional[Dict[str, Any]] = None,
                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

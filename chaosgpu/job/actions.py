@@ -19,13 +19,17 @@ from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
 from chaosgpu.arguments import (
+    MISSING_OK,
+    NAME,
     POSITIVE_SECONDS,
     RANK,
     SECONDS,
+    TAG,
     Rule,
     checked,
     missing_advice,
     missing_allowed,
+    one_of,
 )
 from chaosgpu.errors import ActivityError
 from chaosgpu.job import hang
@@ -61,11 +65,10 @@ FAIL_HOWS = ("auto", "kill", "freeze", "partition", "node-loss")
 
 
 def _choice(values: tuple[str, ...]) -> Rule:
-    """The rule "one of `values`" (checked by the activity, and by `chaosgpu validate` and the
-    timeline control before a run: a `--var fault:str=nodeloss` is refused before the method
-    starts the job)."""
-    return Rule("one of " + ", ".join(repr(v) for v in values),
-                lambda value: isinstance(value, str) and value in values)
+    """The rule "one of `values`" (chaosgpu.arguments.one_of: checked by the activity, and by
+    `chaosgpu validate` and the timeline control before a run: a `--var fault:str=nodeloss` is
+    refused before the method starts the job)."""
+    return one_of(values)
 
 
 SIGNAL_NAME = _choice(SIGNALS)
@@ -221,7 +224,7 @@ def _restart_count(found: dict[str, Any], proc: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-@checked(rank=RANK, wait_s=SECONDS, signal=SIGNAL_NAME)
+@checked(rank=RANK, wait_s=SECONDS, signal=SIGNAL_NAME, job=NAME, tag=TAG)
 def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
               signal: str = "SIGKILL", wait_s: float = 2.0,
               configuration: Optional[Dict[str, Any]] = None,
@@ -239,7 +242,7 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     return _signal_process(census, found, number, proc, signal, float(wait_s))
 
 
-@checked(rank=RANK, method=FREEZE_METHOD)
+@checked(rank=RANK, method=FREEZE_METHOD, job=NAME, tag=TAG)
 def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                 method: str = "sigstop", configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -271,7 +274,7 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     return out
 
 
-@checked(rank=RANK)
+@checked(rank=RANK, job=NAME, tag=TAG)
 def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                 configuration: Optional[Dict[str, Any]] = None,
                 secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -316,7 +319,7 @@ def _partition_unavailable() -> Optional[str]:
     return None
 
 
-@checked(rank=RANK, how=FAIL_HOW)
+@checked(rank=RANK, how=FAIL_HOW, job=NAME, tag=TAG)
 def fail_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
               how: str = "auto", configuration: Optional[Dict[str, Any]] = None,
               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -353,7 +356,7 @@ def fail_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     return out
 
 
-@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(grace_s=SECONDS, deadline_s=POSITIVE_SECONDS, job=NAME, tag=TAG, missing_ok=MISSING_OK)
 def cleanup_hung_job(job: Optional[str] = None, tag: Optional[str] = None,
                      grace_s: float = 5.0, deadline_s: float = 30.0,
                      missing_ok: Union[bool, str] = "before-method",

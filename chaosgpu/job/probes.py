@@ -13,15 +13,18 @@ face; it signals nothing. Each function has its own deadline.
 
 from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
-from chaosgpu.errors import InvalidArgument
+from chaosgpu.arguments import BOOL, MISSING_OK, NAME, POSITIVE_SECONDS, SECONDS, TAG, Rule, checked
 from chaosgpu.job import observe as _observe
-from chaosgpu.job.verdict import DEFAULT_WINDOW_S, rank_key
+from chaosgpu.job.verdict import DEFAULT_WINDOW_S, VERDICTS, rank_key
 
 __all__ = ["job_state", "job_hung", "job_running", "detect_hang", "wait_survivors_exit",
            "wait_job_verdict", "job_ranks"]
 
 SETTLED = ("hung", "failed", "finished")
+#: wait_job_verdict's `verdicts`: verdict names (chaosgpu.job.verdict.VERDICTS), at least one
+VERDICT_LIST = Rule(f"a non-empty list of {', '.join(map(repr, VERDICTS))}",
+                    lambda value: isinstance(value, list) and bool(value)
+                    and all(isinstance(v, str) and v in VERDICTS for v in value))
 
 
 def _mark(verdict: dict[str, Any]) -> None:
@@ -78,7 +81,7 @@ def _settled_or_progressing(started: float) -> Any:
     return until
 
 
-@checked(window_s=POSITIVE_SECONDS)
+@checked(window_s=POSITIVE_SECONDS, job=NAME, tag=TAG, missing_ok=MISSING_OK)
 def job_state(job: Optional[str] = None, tag: Optional[str] = None,
               window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
               configuration: Optional[Dict[str, Any]] = None,
@@ -99,7 +102,7 @@ def job_state(job: Optional[str] = None, tag: Optional[str] = None,
     return _one(observer, job, tag, missing_ok)
 
 
-@checked(window_s=POSITIVE_SECONDS)
+@checked(window_s=POSITIVE_SECONDS, job=NAME, tag=TAG, missing_ok=MISSING_OK)
 def job_hung(job: Optional[str] = None, tag: Optional[str] = None,
              window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
              configuration: Optional[Dict[str, Any]] = None,
@@ -112,7 +115,7 @@ def job_hung(job: Optional[str] = None, tag: Optional[str] = None,
     return bool(state.get("verdict") == "hung")
 
 
-@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
+@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS, job=NAME, tag=TAG)
 def job_running(job: Optional[str] = None, tag: Optional[str] = None, timeout_s: float = 30.0,
                 window_s: float = DEFAULT_WINDOW_S,
                 configuration: Optional[Dict[str, Any]] = None,
@@ -127,7 +130,8 @@ def job_running(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     return bool(state.get("reached"))
 
 
-@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
+@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS, job=NAME, tag=TAG, missing_ok=MISSING_OK,
+          expect_hang=BOOL)
 def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s: float = 30.0,
                 window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
                 expect_hang: bool = False,
@@ -143,9 +147,6 @@ def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     peer error out: that is "failed"), finished, or stayed healthy. With `expect_hang` true (a
     game-day that needs the hang to go on: freeze, observe, resume), a verdict other than
     "hung" fails the activity, naming the verdict and its reason, instead of returning."""
-    if not isinstance(expect_hang, bool):
-        raise InvalidArgument(f"detect_hang: expect_hang must be true or false, "
-                              f"got {expect_hang!r}")
     timeout = float(timeout_s)
     window = float(window_s)
 
@@ -166,7 +167,7 @@ def detect_hang(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     return result
 
 
-@checked(timeout_s=SECONDS)
+@checked(timeout_s=SECONDS, job=NAME, tag=TAG, missing_ok=MISSING_OK)
 def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
                         timeout_s: float = 60.0, missing_ok: Union[bool, str] = False,
                         configuration: Optional[Dict[str, Any]] = None,
@@ -213,7 +214,8 @@ def wait_survivors_exit(job: Optional[str] = None, tag: Optional[str] = None,
     return result
 
 
-@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS)
+@checked(timeout_s=SECONDS, window_s=POSITIVE_SECONDS, job=NAME, tag=TAG, missing_ok=MISSING_OK,
+         verdicts=VERDICT_LIST)
 def wait_job_verdict(verdicts: List[str], job: Optional[str] = None,
                      tag: Optional[str] = None, timeout_s: float = 60.0,
                      window_s: float = DEFAULT_WINDOW_S, missing_ok: Union[bool, str] = False,
@@ -222,12 +224,6 @@ def wait_job_verdict(verdicts: List[str], job: Optional[str] = None,
     """Observe a job (by id or tag) until its verdict is one of `verdicts` (e.g. ["running"]
     after a restart, ["failed", "finished"]) or `timeout_s` passes; returns the verdict with
     its evidence and "reached": whether one of them was seen."""
-    from chaosgpu.job.verdict import VERDICTS
-
-    if not isinstance(verdicts, list) or not verdicts or any(v not in VERDICTS
-                                                             for v in verdicts):
-        raise ValueError(f"verdicts must be a non-empty list of {list(VERDICTS)}, "
-                         f"got {verdicts!r}")
     timeout = float(timeout_s)
     window = float(window_s)
     wanted = set(verdicts)
@@ -242,6 +238,7 @@ def wait_job_verdict(verdicts: List[str], job: Optional[str] = None,
     return result
 
 
+@checked(job=NAME, tag=TAG, missing_ok=MISSING_OK)
 def job_ranks(job: Optional[str] = None, tag: Optional[str] = None,
               missing_ok: Union[bool, str] = False,
               configuration: Optional[Dict[str, Any]] = None,

@@ -25,9 +25,11 @@ from chaosgpu.arguments import (
     Rule,
     checked,
 )
+from chaosgpu.job.actions import SIGNAL_NAME
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s import exec as k8s_exec
 from chaosgpu.k8s.client import core_api, describe
+from chaosgpu.k8s.selection import NAMESPACE, POD_NAME
 from chaosgpu.progress import Progress
 
 __all__ = ["create_gpu_pod", "delete_gpu_pods", "exec_in_pod", "kill_rank_in_pod",
@@ -40,10 +42,23 @@ logger = logging.getLogger("chaostoolkit")
 GRACE_PERIOD = Rule("an integer >= 0 (seconds), or -1 for the pod's own",
                     lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= -1,
                     LONGEST_WAIT_S)
+#: exec_in_pod's `command`: what the exec API runs, no shell unless one is named
+COMMAND = Rule("a non-empty list of strings", lambda value: isinstance(value, list)
+               and bool(value) and all(isinstance(part, str) for part in value))
 
 
-@checked(spec_path=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
-         grace_period=GRACE_PERIOD)
+def _spec_overrides_rule(value: Any) -> None:
+    """create_gpu_pod's check of `spec_overrides` (_spec_overrides, defined below)."""
+    _spec_overrides(value)
+
+
+#: create_gpu_pod's `spec_overrides`: a JSON merge patch of the pod's spec, or its JSON text
+SPEC_OVERRIDES = Rule.by_check("an object (a JSON merge patch of the pod's spec) or its JSON "
+                               "text", _spec_overrides_rule)
+
+
+@checked(spec_path=TEXT, ns=NAMESPACE, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
+         grace_period=GRACE_PERIOD, image=TEXT, spec_overrides=SPEC_OVERRIDES)
 def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
                    grace_period: int = -1, image: Optional[str] = None,
@@ -61,8 +76,6 @@ def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = Tru
     its JSON text) is merged into spec as a JSON merge patch (RFC 7386; null removes a key),
     e.g. {"nodeName": "gpu-7", "hostNetwork": true}."""
     selection.check_namespace(ns)
-    if image is not None and (not isinstance(image, str) or not image.strip()):
-        raise ValueError(f"image must be a non-empty image reference, not {image!r}")
     overrides = _spec_overrides(spec_overrides)
     path = Path(spec_path)
     if not spec_path or not path.is_file():
@@ -199,7 +212,7 @@ def _quantities_as_strings(manifest: dict[str, Any]) -> None:
                 resources[kind] = {k: str(v) for k, v in values.items()}
 
 
-@checked(ns=TEXT, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
+@checked(ns=NAMESPACE, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
          grace_period=GRACE_PERIOD)
 def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                     ns: str = "default", grace_period: int = -1, qty: Optional[int] = None,
@@ -255,7 +268,7 @@ def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional
     }
 
 
-@checked(name=TEXT, ns=TEXT, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, timeout=POSITIVE_SECONDS, command=COMMAND)
 def exec_in_pod(name: str, command: List[str], ns: str = "default",
                 container: Optional[str] = None, timeout: float = 60.0,
                 expect_exit_code: Optional[int] = 0,
@@ -268,9 +281,6 @@ def exec_in_pod(name: str, command: List[str], ns: str = "default",
     ["sh", "-c", "nohup python3 /w.py >/dev/null 2>&1 & exit 0"]."""
     selection.check_namespace(ns)
     selection.check_pod_name(name)
-    if not isinstance(command, list) or not command or not all(
-            isinstance(part, str) for part in command):
-        raise ValueError(f"command must be a non-empty list of strings, not {command!r}")
     selection.note_action()
     core = core_api(secrets)
     result = k8s_exec.run_in_pod(core, name, ns, command, container=container, timeout=timeout)
@@ -296,7 +306,7 @@ def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,
     return result
 
 
-@checked(name=TEXT, ns=TEXT, rank=INDEX, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS, signal=SIGNAL_NAME)
 def kill_rank_in_pod(name: str, ns: str = "default", rank: int = 0, job: Optional[str] = None,
                      container: Optional[str] = None, signal: str = "SIGKILL",
                      timeout: float = 60.0, allow_other_users: bool = False,
@@ -311,7 +321,7 @@ def kill_rank_in_pod(name: str, ns: str = "default", rank: int = 0, job: Optiona
                         python, secrets)
 
 
-@checked(name=TEXT, ns=TEXT, rank=INDEX, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS)
 def freeze_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                        job: Optional[str] = None, container: Optional[str] = None,
                        timeout: float = 60.0, allow_other_users: bool = False,
@@ -324,7 +334,7 @@ def freeze_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                         python, secrets)
 
 
-@checked(name=TEXT, ns=TEXT, rank=INDEX, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS)
 def thaw_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                      job: Optional[str] = None, container: Optional[str] = None,
                      timeout: float = 60.0, allow_other_users: bool = False,

@@ -15,6 +15,8 @@ from typing import Any
 
 from kubernetes import client
 
+from chaosgpu.arguments import Rule
+
 __all__ = ["SelectionError", "GPU_RESOURCE", "gpu_count", "summarize", "check_namespace",
            "check_pod_name", "validate", "select_pods", "choose", "equality_terms",
            "remember_created", "note_action", "action_ran", "met"]
@@ -143,6 +145,12 @@ def check_pod_name(name: str) -> str:
             or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name)):
         raise SelectionError(f"invalid pod name {name!r}: a DNS subdomain name is needed")
     return name
+
+
+#: the rules of an activity's `ns` and pod `name` (chaosgpu.arguments): these checks, made by
+#: the activity before it calls the API, and by `chaosgpu validate` before a run
+NAMESPACE = Rule.by_check("a namespace name (a DNS label such as 'default')", check_namespace)
+POD_NAME = Rule.by_check("a pod name (a DNS subdomain name)", check_pod_name)
 
 
 def validate(ns: str, label_selector: str | None,

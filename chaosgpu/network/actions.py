@@ -16,8 +16,9 @@ job actions' one signal path.
 from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import RANK, checked
+from chaosgpu.arguments import BOOL, MISSING_OK, NAME, RANK, TAG, Rule, checked
 from chaosgpu.network import partitions
+from chaosgpu.scope import SCOPE
 
 __all__ = ["partition_rank", "partition_processes", "heal_partition", "heal_all_partitions"]
 
@@ -28,7 +29,7 @@ def _target(proc: dict[str, Any], rank: int | None = None,
             "comm": proc.get("comm")}
 
 
-@checked(rank=RANK)
+@checked(rank=RANK, job=NAME, tag=TAG)
 def partition_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                    then_kill: bool = False,
                    configuration: Optional[Dict[str, Any]] = None,
@@ -72,6 +73,7 @@ def partition_found_rank(census: Dict[str, Any], found: Dict[str, Any], proc: Di
     return out
 
 
+@checked(scope=SCOPE)
 def partition_processes(scope: Dict[str, Any],
                         configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -97,6 +99,13 @@ def partition_processes(scope: Dict[str, Any],
             "table": record["table"], "at": record["created_at"]}
 
 
+#: heal_partition's `partition`: the id a partition action returned
+PARTITION_ID = Rule("the id a partition action returned (a non-empty string)",
+                    lambda value: isinstance(value, str) and bool(value.strip())
+                    and "${" not in value)
+
+
+@checked(partition=PARTITION_ID, missing_ok=MISSING_OK)
 def heal_partition(partition: str, missing_ok: Union[bool, str] = False,
                    configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -108,10 +117,6 @@ def heal_partition(partition: str, missing_ok: Union[bool, str] = False,
     "before-method" before the method starts: chaosgpu.arguments.missing_allowed)."""
     from chaosgpu.arguments import missing_allowed
 
-    if not isinstance(partition, str) or not partition.strip() or "${" in partition:
-        raise ValueError(f"partition must be the id a partition action returned, got "
-                         f"{partition!r}")
-    missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
     ident = partition.strip()
     out = partitions.remove(ident)
     if out["removed"] or out.get("table") is not None:
@@ -128,6 +133,7 @@ def heal_partition(partition: str, missing_ok: Union[bool, str] = False,
         "heal_all_partitions)")
 
 
+@checked(every=BOOL)
 def heal_all_partitions(every: bool = False, configuration: Optional[Dict[str, Any]] = None,
                         secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Remove every partition this run made (a rollback that needs no id; safe to run twice).
@@ -135,7 +141,5 @@ def heal_all_partitions(every: bool = False, configuration: Optional[Dict[str, A
     game-day's fault is not lifted under it); `every=True` heals every partition recorded on
     this node whoever made it (after a crashed runner: what `chaosgpu cleanup` does). Tables
     chaosgpu did not create are never touched. Returns what was removed and what was left."""
-    if not isinstance(every, bool):
-        raise ValueError(f"every must be true or false, got {every!r}")
     done = partitions.remove_all(every=every)
     return {"removed": done["removed"], "count": len(done["removed"]), "left": done["left"]}

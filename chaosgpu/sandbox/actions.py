@@ -9,8 +9,25 @@ recorded is checked as the probes check it (chaosgpu.sandbox.probes.recorded, `m
 import os
 from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.arguments import COUNT, INDEX, NAME, POSITIVE_SECONDS, SECONDS, checked
+from chaosgpu.arguments import (
+    COUNT,
+    INDEX,
+    MISSING_OK,
+    POSITIVE_SECONDS,
+    SECONDS,
+    Rule,
+    checked,
+    one_of,
+)
 from chaosgpu.sandbox import probes, runtime
+from chaosgpu.sandbox.probes import SANDBOX_NAME
+
+#: the arguments' rules, each the check chaosgpu.sandbox.runtime makes before it starts anything
+INIT = one_of(runtime.INITS)
+ARGV = Rule("a non-empty list of strings", lambda value: isinstance(value, list) and bool(value)
+            and all(isinstance(item, str) for item in value))
+ENV = Rule.by_check("a map of environment variable names to strings", runtime._validate_env)
+USER = Rule.by_check('a uid or "uid:gid" (integers)', runtime._user_ids)
 
 __all__ = [
     "create_sandbox",
@@ -21,7 +38,8 @@ __all__ = [
 ]
 
 
-@checked(name=NAME, uid=INDEX, gid=INDEX, grace_s=SECONDS)
+@checked(name=SANDBOX_NAME, uid=INDEX, gid=INDEX, grace_s=SECONDS, init=INIT, argv=ARGV,
+         env=ENV)
 def create_sandbox(
     name: str,
     init: str = "sleep",
@@ -43,7 +61,8 @@ def create_sandbox(
     )  # fmt: skip
 
 
-@checked(name=NAME, count=COUNT, timeout_s=POSITIVE_SECONDS)
+@checked(name=SANDBOX_NAME, count=COUNT, timeout_s=POSITIVE_SECONDS, argv=ARGV, user=USER,
+         env=ENV)
 def exec_in_sandbox(
     name: str,
     argv: List[str],
@@ -61,8 +80,6 @@ def exec_in_sandbox(
     namespace PIDs)."""
     if not detached:
         return runtime.exec_in(name, argv, user=user, env=env, timeout_s=timeout_s)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an integer >= 1, got {count!r}")
     started = [
         runtime.exec_in(name, argv, detached=True, user=user, env=env, timeout_s=timeout_s)
         for _ in range(count)
@@ -76,7 +93,7 @@ def exec_in_sandbox(
     }
 
 
-@checked(name=NAME, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(name=SANDBOX_NAME, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
 def terminate_sandbox(
     name: str,
     grace_s: Optional[float] = None,
@@ -91,7 +108,7 @@ def terminate_sandbox(
     return runtime.terminate(name, grace_s=grace_s, deadline_s=deadline_s)
 
 
-@checked(name=NAME)
+@checked(name=SANDBOX_NAME, missing_ok=MISSING_OK)
 def remove_sandbox(
     name: str,
     missing_ok: Union[bool, str] = "before-method",

@@ -15,12 +15,15 @@ asked to create, and the error says the control is what tells before from after.
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import arguments
-from chaosgpu.arguments import NAME, checked
+from chaosgpu.arguments import MISSING_OK, Rule, checked
 from chaosgpu.errors import ActivityError
 from chaosgpu.node import take_census
 from chaosgpu.sandbox import runtime
 
 MissingOk = Union[bool, str]
+#: a sandbox's name, as chaosgpu.sandbox.runtime takes it (its own check): refused before
+#: anything is read or started, and by `chaosgpu validate` before a run
+SANDBOX_NAME = Rule.by_check("a sandbox name", runtime._validate_name)
 
 __all__ = [
     "sandbox_exists",
@@ -59,7 +62,7 @@ def _processes(name: str, missing_ok: Any) -> list[dict[str, Any]]:
     return runtime.processes(name) if recorded(name, missing_ok) else []
 
 
-@checked(name=NAME)
+@checked(name=SANDBOX_NAME, missing_ok=MISSING_OK)
 def sandbox_exists(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -74,7 +77,7 @@ def sandbox_exists(
     return any(s["name"] == name and s["alive"] for s in runtime.list_sandboxes())
 
 
-@checked(name=NAME)
+@checked(name=SANDBOX_NAME, missing_ok=MISSING_OK)
 def sandbox_processes(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -87,7 +90,7 @@ def sandbox_processes(
     return _processes(name, missing_ok)
 
 
-@checked(name=NAME)
+@checked(name=SANDBOX_NAME, missing_ok=MISSING_OK)
 def sandbox_zombies(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -99,7 +102,7 @@ def sandbox_zombies(
     return [p["pid"] for p in _processes(name, missing_ok) if p["zombie"]]
 
 
-@checked(name=NAME)
+@checked(name=SANDBOX_NAME, missing_ok=MISSING_OK)
 def sandbox_zombie_count(
     name: str,
     missing_ok: MissingOk = "before-method",
@@ -111,7 +114,7 @@ def sandbox_zombie_count(
     return len(sandbox_zombies(name, missing_ok))
 
 
-@checked(name=NAME)
+@checked(name=SANDBOX_NAME, missing_ok=MISSING_OK)
 def sandbox_orphans(
     name: str,
     missing_ok: MissingOk = "before-method",

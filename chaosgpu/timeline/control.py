@@ -48,22 +48,24 @@ failure here is logged at ERROR.
 This module owns the hooks and the journal section; the sampling is chaosgpu.timeline.sampler.
 """
 
+import inspect
 import json
 import logging
 import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from chaosgpu.arguments import checked
+from chaosgpu.arguments import checked, unknown_argument_problem
 from chaosgpu.errors import InvalidArgument
 from chaosgpu.timeline import events as events_mod
 from chaosgpu.timeline import sampler as sampler_mod
 
 __all__ = [
-    "configure_control", "before_experiment_control", "after_experiment_control",
+    "configure_control", "control_problem", "before_experiment_control", "after_experiment_control",
     "before_hypothesis_control", "after_hypothesis_control", "before_method_control",
     "after_method_control", "before_rollback_control", "after_rollback_control",
     "before_activity_control", "after_activity_control", "cleanup_control",
@@ -100,15 +102,53 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control).
     An unknown argument, or a flag other than true or false, raises InvalidArgument naming it
     (Chaos Toolkit only logs that here, at debug: before_experiment_control stops the run)."""
-    settings = dict(rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
-                    inline_max_points=inline_max_points, timeline_path=timeline_path,
-                    fault_activity=fault_activity or None,
-                    fail_on_missed_steady_state=_flag("fail_on_missed_steady_state",
-                                                      fail_on_missed_steady_state),
-                    fail_on_failed_activity=_flag("fail_on_failed_activity",
-                                                  fail_on_failed_activity))
+    settings = _read_settings(
+        rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
+        inline_max_points=inline_max_points, timeline_path=timeline_path,
+        fail_on_missed_steady_state=fail_on_missed_steady_state,
+        fail_on_failed_activity=fail_on_failed_activity, fault_activity=fault_activity)
     _reset()
     _settings.update(settings)
+
+
+def _read_settings(**arguments: Any) -> dict[str, Any]:
+    """The control's settings from its arguments (all given), flags read as true or false
+    (InvalidArgument otherwise); touches nothing."""
+    return dict(arguments, fault_activity=arguments["fault_activity"] or None,
+                fail_on_missed_steady_state=_flag("fail_on_missed_steady_state",
+                                                  arguments["fail_on_missed_steady_state"]),
+                fail_on_failed_activity=_flag("fail_on_failed_activity",
+                                              arguments["fail_on_failed_activity"]))
+
+
+def _new_sampler(settings: dict[str, Any], own: list[dict[str, Any]]) -> sampler_mod.Sampler:
+    """The sampler `settings` ask for, not started: its rate, process count, source and scope
+    checked by the sampler itself, and `inline_max_points` made a number (ValueError or
+    InvalidArgument naming the argument otherwise)."""
+    settings["inline_max_points"] = _number("inline_max_points", settings["inline_max_points"],
+                                            int)
+    return sampler_mod.Sampler(rate_hz=_number("rate_hz", settings["rate_hz"], float),
+                               process_every=_number("process_every",
+                                                     settings["process_every"], int),
+                               scope=settings["scope"], source=settings["source"], own=own)
+
+
+def control_problem(arguments: Mapping[str, Any]) -> str | None:
+    """Why the control could not start with `arguments` (its provider's arguments): an unknown
+    argument, a flag that is not true or false, a rate, count, source or scope the sampler
+    refuses; None when it could. The checks before_experiment_control makes before it starts
+    the sampler, made here without starting or changing anything: `chaosgpu validate` and the
+    pre-run check (chaosgpu.validation) run them on the experiment's control."""
+    unknown = unknown_argument_problem(configure_control, arguments)
+    if unknown:
+        return f"configure_control: {unknown}"  # as the control says it when it starts
+    defaults = {name: parameter.default for name, parameter
+                in inspect.signature(inspect.unwrap(configure_control)).parameters.items()}
+    try:
+        _new_sampler(_read_settings(**{**defaults, **arguments}), own=[])
+    except (ValueError, TypeError) as error:
+        return str(error)
+    return None
 
 
 def _reset() -> None:
@@ -234,13 +274,7 @@ def _start(experiment: Any, configuration: Any = None, secrets: Any = None, /,
     if problem:
         raise InvalidArgument(problem)
     own = own_targets(experiment, configuration, secrets) if _settings["scope"] is None else []
-    _settings["inline_max_points"] = _number("inline_max_points", _settings["inline_max_points"],
-                                             int)
-    sampler = sampler_mod.Sampler(rate_hz=_number("rate_hz", _settings["rate_hz"], float),
-                                  process_every=_number("process_every",
-                                                        _settings["process_every"], int),
-                                  scope=_settings["scope"], source=_settings["source"],
-                                  own=own)
+    sampler = _new_sampler(_settings, own)
     if _settings["scope"] is None and not own:
         raise InvalidArgument(
             "chaosgpu timeline control: no scope given, and no activity of the experiment "

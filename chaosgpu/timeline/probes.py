@@ -24,7 +24,7 @@ import statistics
 import time
 from typing import Any, Dict, Optional, Union
 
-from chaosgpu.arguments import MIB, SECONDS, TEXT, checked, missing_allowed
+from chaosgpu.arguments import MIB, MISSING_OK, SECONDS, TEXT, checked, missing_allowed, one_of
 from chaosgpu.progress import Progress
 from chaosgpu.scope import ScopeError
 from chaosgpu.timeline import integral
@@ -34,6 +34,10 @@ __all__ = ["baseline_memory", "residual_gpu_memory", "gpu_memory_at_baseline",
            "memory_release_time", "gb_seconds_held", "termination_timings", "timeline_summary"]
 
 logger = logging.getLogger("chaostoolkit")
+#: which moment of an event a probe measures from or to: an activity's start or end, or a
+#: point event's time (chaosgpu.timeline.sampler's marks)
+PHASES = ("start", "end", "point")
+PHASE = one_of(PHASES)
 
 
 def _sampler() -> sampler_mod.Sampler:
@@ -70,8 +74,7 @@ def _current_mib(sampler: sampler_mod.Sampler, window: int = 3) -> float:
 
 
 def _event_t(sampler: sampler_mod.Sampler, name: str, phase: str) -> float:
-    if phase not in ("start", "end", "point"):
-        raise ValueError(f"phase must be 'start', 'end' or 'point', got {phase!r}")
+    PHASE.require("phase", phase)
     t = sampler.event_time(name, phase)
     if t is None:
         known = sorted({e["name"] for e in sampler.events})
@@ -129,7 +132,8 @@ def gpu_memory_at_baseline(tolerance_mib: float = 64.0, timeout_s: float = 10.0,
     return residual_gpu_memory(tolerance_mib, timeout_s) <= tolerance_mib
 
 
-@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS, phase=PHASE,
+         missing_ok=MISSING_OK)
 def memory_release_time(after_event: str, threshold_mib: float = 64.0,
                         timeout_s: float = 30.0, phase: str = "start",
                         missing_ok: Union[bool, str] = False,
@@ -184,7 +188,7 @@ def memory_release_time(after_event: str, threshold_mib: float = 64.0,
     return None
 
 
-@checked(from_event=TEXT, to_event=TEXT)
+@checked(from_event=TEXT, to_event=TEXT, from_phase=PHASE, to_phase=PHASE)
 def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
                     from_phase: str = "start", to_phase: str = "end",
                     configuration: Optional[Dict[str, Any]] = None,
@@ -210,7 +214,7 @@ def gb_seconds_held(from_event: str, to_event: Optional[str] = None,
     return value
 
 
-@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS)
+@checked(after_event=TEXT, threshold_mib=MIB, timeout_s=SECONDS, phase=PHASE)
 def termination_timings(after_event: str, phase: str = "start",
                         threshold_mib: float = 64.0, timeout_s: float = 5.0,
                         configuration: Optional[Dict[str, Any]] = None,
