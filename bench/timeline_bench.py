@@ -152,6 +152,16 @@ def _run(rate: float, seconds: float, tag: str, process_every: int, busy: bool,
     summary["calls"] = _calls_line()
     summary["exits_seen"] = sum(1 for entry in sampler.processes.values()
                                 if entry["states"] and entry["states"][-1][1] in ("gone", "Z"))
+    if KILLED_AT and REAPED_AT:  # the driver's teardown: from the SIGKILLs to the last reap
+        begin, end = min(KILLED_AT.values()), max(REAPED_AT.values())
+        with sampler._data_lock:
+            stamps = [t for t in sampler.t if begin <= t <= end]
+        edges = [begin, *stamps, end]
+        gap = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+        summary["teardown"] = (f"  during the teardown ({end - begin:.2f} s, the SIGKILLs to the "
+                               f"last reap): {len(stamps)} memory samples, "
+                               f"{len(stamps) / (end - begin):.1f} Hz, longest gap "
+                               f"{gap * 1000:.1f} ms")
     latencies, reaps, lags = [], [], []
     for pid, at in KILLED_AT.items():
         entry = sampler.processes.get(pid)
@@ -331,8 +341,9 @@ def main() -> int:
                 ok = False
         rate = args.rates[0]
         summary = _run(rate, args.seconds, tag, args.process_every, args.busy_main, kill_all)
-        lines += [_line(f"all {count} SIGKILLed at 1 s;", rate, summary), summary["calls"]]
-        print("\n".join(lines[-2:]), flush=True)
+        lines += [_line(f"all {count} SIGKILLed at 1 s;", rate, summary), summary["calls"],
+                  summary.get("teardown", "  (no teardown timed)")]
+        print("\n".join(lines[-3:]), flush=True)
         if summary["exits_seen"] != count:
             ok = False
     finally:
