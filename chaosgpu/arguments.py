@@ -141,13 +141,13 @@ MISSING_OK = Rule('true, false or "before-method"',
                   lambda v: isinstance(v, bool) or v == "before-method")
 
 
-def one_of(values: tuple[str, ...]) -> Rule:
-    """The rule "one of `values`" (strings, matched exactly): an activity's choice argument (a
-    signal, a phase, a mode...), checked by the activity and by `chaosgpu validate` and the
-    control's pre-run check before a run (a `--var how:str=nodeloss` is refused before the
-    method starts anything)."""
+def one_of(values: tuple[str | int, ...]) -> Rule:
+    """The rule "one of `values`" (strings or integers, matched exactly, type included: true is
+    not 1, nor 1.0): an activity's choice argument (a signal, a phase, a mode, a level...),
+    checked by the activity and by `chaosgpu validate` and the control's pre-run check before a
+    run (a `--var how:str=nodeloss` is refused before the method starts anything)."""
     return Rule("one of " + ", ".join(repr(v) for v in values),
-                lambda value: isinstance(value, str) and value in values)
+                lambda value: any(type(value) is type(v) and value == v for v in values))
 
 
 def option(rule: Rule, convert: Callable[[str], Any] = float) -> Callable[[str], Any]:

@@ -68,10 +68,22 @@ BAD: dict[str, list[Any]] = {
     "POD_NAME": ["", "Pod", "a b", 3],
     "COMMAND": [[], "ls", [1]],
     "SPEC_OVERRIDES": ["{", "[1]", 3, [1]],
+    "SIGNAL": ["SIGKIL", "SIGSEGV", "", "  ", 9, None],
+    "WORKLOAD_TAG": ["", "a b", "x\n", "-x", ".x", "a/b", "x" * 64, 3],
+    "VIA": ["gpu", "Torch", "", 1, None],
+    "SIGTERM_MODE": ["exit-now", "", 0, None],
+    "HOLDER_COUNT": [0, 1001, 1.5, True, "2", None],
+    "RING_BACKEND": ["gpu", "NCCL", "", 1, None],
+    "LAUNCHER": ["torch", "", 1, None],
+    "ASYNC_ERROR_HANDLING": [4, -1, True, 1.0, "3", None],
+    "SIGTERM_HANDLER": ["exit", "", 0, None],
+    "ON_OOM": ["retry", "", 0, None],
+    "INJECT": ["nccl", "", "None", True, 0, 1],
 }
 #: The rules activities use: chaosgpu.arguments', the Kubernetes grace period (seconds or -1)
 #: and the rank faults' choices (a signal the signalling program sends, fail_rank's how,
-#: freeze_rank's method), and each module's own (a scope, a verdict list, a phase...).
+#: freeze_rank's and freeze_processes' method), and each module's own (a scope, a verdict list,
+#: a phase, signal_processes' signal, a new workload's tag, a ring's choices...).
 _JOB_ACTIONS = importlib.import_module("chaosgpu.job.actions")
 _OWN_RULES = {
     "chaosgpu.scope": ["SCOPE"], "chaosgpu.job.probes": ["VERDICT_LIST"],
@@ -82,6 +94,11 @@ _OWN_RULES = {
                              "CHUNK_MIB", "FAULT_COUNT"],
     "chaosgpu.k8s.selection": ["NAMESPACE", "POD_NAME"],
     "chaosgpu.k8s.actions": ["COMMAND", "SPEC_OVERRIDES"],
+    "chaosgpu.process.actions": ["SIGNAL"],
+    "chaosgpu.workloads.actions": ["WORKLOAD_TAG", "VIA", "SIGTERM_MODE", "HOLDER_COUNT",
+                                   "INJECT"],
+    "chaosgpu.workloads.ring": ["RING_BACKEND", "LAUNCHER", "ASYNC_ERROR_HANDLING",
+                                "SIGTERM_HANDLER", "ON_OOM"],
 }
 RULES = {**{name: getattr(arguments, name) for name in BAD if hasattr(arguments, name)},
          "GRACE_PERIOD": importlib.import_module("chaosgpu.k8s.actions").GRACE_PERIOD,

@@ -133,6 +133,47 @@ def test_a_sigtstp_through_signal_processes_is_resumed_and_a_foreign_stop_is_lef
         _finish(ours, theirs)
 
 
+def _rank(tag: str) -> "subprocess.Popen[bytes]":
+    """A rank-like `sleep` (rank 0 of job `tag`, as the census finds jobs by their ranks'
+    environment), in a process group of its own inside this test's session (see _sleeper)."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29919", CHAOSGPU_TAG=tag, CHAOSGPU_JOB=tag)
+    return subprocess.Popen(["sleep", "300"], env=env, process_group=0,
+                            stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("rank", [0, "any"])
+def test_resume_rank_resumes_a_rank_this_run_stopped_with_sigtstp(rank: object) -> None:
+    """kill_rank(signal="SIGTSTP") stops the rank and is recorded under the signal's name;
+    resume_rank took only SIGSTOP and the freezer for this run's freezes ("not frozen by this
+    run", or "none frozen" for "any") and left the rank stopped."""
+    from chaosgpu.job import actions as job_actions
+
+    tag = _unique("rank-tstp")
+    proc = _rank(tag)
+    try:
+        assert wait_until(lambda: _state(proc.pid) == "S")
+        stopped = job_actions.kill_rank(rank=0, tag=tag, signal="SIGTSTP", wait_s=0)
+        assert stopped["result"] == "sent" and stopped["pid"] == proc.pid, stopped
+        assert wait_until(lambda: _state(proc.pid) == "T")
+        assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGTSTP", proc.pid)]
+        resumed = job_actions.resume_rank(rank=rank, tag=tag)
+        assert resumed["result"] == "sent" and resumed["pid"] == proc.pid, resumed
+        assert wait_until(lambda: _state(proc.pid) in ("S", "R"))
+    finally:
+        _finish(proc)
+
+
+def test_every_stop_signal_reads_as_a_freeze_in_the_report() -> None:
+    """The fault log records a stop by signal under the signal's name: the report words each as
+    it words SIGSTOP (SIGTSTP read as its bare name)."""
+    from chaosgpu.report.events import describe_fault
+
+    for name in program.STOP_SIGNALS:
+        fault = {"kind": name, "activity": "stop-rank", "func": "kill_rank"}
+        assert describe_fault(fault) == f"freeze ({name}) by 'stop-rank' (kill_rank)"
+
+
 # -- every signal that ends a process lets its target out of chaosgpu's freezer ------------------
 
 @needs_v1_freezer

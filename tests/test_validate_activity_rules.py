@@ -2,8 +2,10 @@
 refuses every argument value an activity would refuse before touching anything, through the
 activity's own rules (chaosgpu.arguments.checked): a scope with a typo'd key, a `missing_ok`
 that is not true, false or "before-method", an unknown verdict or phase name, a signal the
-signalling program does not send, the timeline control's own bad arguments, and a `--var` the
-experiment never declares nor uses. Before, each validated and failed only when its activity
+signalling program does not send, the timeline control's own bad arguments, a `--var` the
+experiment never declares nor uses, and the process faults' and probes', the node probes' and
+the workloads' arguments (a signal, a freeze method, a via, an init, a ring's choices, a new
+workload's tag). Before, each validated and failed only when its activity
 ran, after earlier activities had changed the node. The real CLIs run on experiments written
 here; `chaos run` is shown to stop before its method (a SIGKILL it would have sent first is
 never sent)."""
@@ -66,6 +68,73 @@ REFUSED = [
      "got 'hang'"),
     ("chaosgpu.network.actions", "heal_all_partitions", {"every": "yes"}, "every",
      "must be true or false, got 'yes'"),
+    # the process faults and probes, the node probes, the workloads and the GPU faults' tag:
+    # each was refused only by its body, when the run reached it
+    ("chaosgpu.process.actions", "signal_processes", {"scope": {"tag": "x"}, "signal": "SIGKIL"},
+     "signal", "unsupported signal 'SIGKIL'"),
+    ("chaosgpu.process.actions", "signal_processes", {"scope": {"tags": "x"}}, "scope",
+     "unknown scope key(s) ['tags']"),
+    ("chaosgpu.process.actions", "freeze_processes", {"scope": {"tag": "x"}, "method": "cgroup"},
+     "method", "must be one of 'sigstop', 'freezer', 'freezer-v1', 'freezer-v2', got 'cgroup'"),
+    ("chaosgpu.process.actions", "freeze_processes", {"scope": {"tag": "x "}}, "scope",
+     "scope 'tag' must be a tag"),
+    ("chaosgpu.process.actions", "resume_processes",
+     {"scope": {"tag": "x"}, "missing_ok": "sometimes"}, "missing_ok",
+     "must be true, false or \"before-method\", got 'sometimes'"),
+    ("chaosgpu.process.actions", "resume_processes", {"scope": {"pid": [1]}}, "scope",
+     "unknown scope key(s) ['pid']"),
+    ("chaosgpu.process.probes", "nothing_left", {"scope": {"tag": "x"}, "missing_ok": "yes"},
+     "missing_ok", "got 'yes'"),
+    ("chaosgpu.process.probes", "zombies_in_scope", {"scope": {"pids": []}}, "scope",
+     "scope 'pids' must be a non-empty list of PIDs"),
+    ("chaosgpu.process.probes", "processes_in_scope", {"scope": "x"}, "scope",
+     "a scope must be a dict"),
+    ("chaosgpu.process.probes", "orphans_in_scope",
+     {"scope": {"tag": "x"}, "missing_ok": "before_method"}, "missing_ok",
+     "got 'before_method'"),
+    ("chaosgpu.node.probes", "zombies", {"scope": {"tag": "x"}, "missing_ok": "sometimes"},
+     "missing_ok", "got 'sometimes'"),
+    ("chaosgpu.node.probes", "orphans", {"scope": {"tag": "x", "job": "y"}}, "scope",
+     "a scope names exactly one kind of target"),
+    ("chaosgpu.workloads.actions", "stop_workload", {"tag": "x", "missing_ok": "sometimes"},
+     "missing_ok", "got 'sometimes'"),
+    ("chaosgpu.workloads.actions", "start_holders", {"via": "gpu"}, "via",
+     "must be one of 'torch', 'driver', 'host', 'auto', got 'gpu'"),
+    ("chaosgpu.workloads.actions", "start_holders", {"on_sigterm": "exit-now"}, "on_sigterm",
+     "must be one of 'ignore', 'exit', 'cleanup', got 'exit-now'"),
+    ("chaosgpu.workloads.actions", "start_holders", {"sandbox": "my pod"}, "sandbox",
+     "invalid sandbox name 'my pod'"),
+    ("chaosgpu.workloads.actions", "start_holders", {"tag": "my tag"}, "tag",
+     "invalid tag 'my tag'"),
+    ("chaosgpu.workloads.actions", "start_holders", {"count": 5000}, "count",
+     "must be an integer from 1 to 1000, got 5000"),
+    ("chaosgpu.workloads.actions", "start_pod_with_holders", {"pod": "my pod"}, "pod",
+     "invalid sandbox name 'my pod'"),
+    ("chaosgpu.workloads.actions", "start_pod_with_holders", {"pod": "p", "init": "systemd"},
+     "init", "must be one of 'sleep', 'tini', 'dumb-init', 'none', got 'systemd'"),
+    ("chaosgpu.workloads.actions", "start_pod_with_holders", {"pod": "p", "via": "cuda"},
+     "via", "got 'cuda'"),
+    ("chaosgpu.workloads.actions", "start_pod_with_holders", {"pod": "p", "tag": "-p"}, "tag",
+     "invalid tag '-p'"),
+    ("chaosgpu.workloads.actions", "start_ring", {"backend": "gpu"}, "backend",
+     "must be one of 'nccl', 'gloo', 'auto', got 'gpu'"),
+    ("chaosgpu.workloads.actions", "start_ring", {"launcher": "torch"}, "launcher",
+     "must be one of 'bare', 'torchrun', got 'torch'"),
+    ("chaosgpu.workloads.actions", "start_ring", {"async_error_handling": 4},
+     "async_error_handling", "must be one of 0, 1, 2, 3, got 4"),
+    ("chaosgpu.workloads.actions", "start_ring", {"sigterm_handler": "exit"}, "sigterm_handler",
+     "must be one of 'none', 'destroy', got 'exit'"),
+    ("chaosgpu.workloads.actions", "start_ring", {"on_oom": "retry"}, "on_oom",
+     "must be one of 'fail', 'skip', got 'retry'"),
+    ("chaosgpu.workloads.actions", "start_ring", {"inject": "nccl"}, "inject", "got 'nccl'"),
+    ("chaosgpu.workloads.actions", "start_ring", {"tag": "ring/1"}, "tag",
+     "invalid tag 'ring/1'"),
+    ("chaosgpu.gpu.actions", "start_memory_pressure", {"mib": 64, "tag": "a b"}, "tag",
+     "invalid tag 'a b'"),
+    ("chaosgpu.gpu.actions", "start_compute_contention", {"tag": "x" * 64}, "tag",
+     "invalid tag"),
+    ("chaosgpu.k8s.actions", "delete_gpu_pods", {"name_pattern": "x", "missing_ok": "sometimes"},
+     "missing_ok", "must be true or false, got 'sometimes'"),
 ]
 
 
@@ -167,3 +236,78 @@ def test_chaos_run_stops_before_its_method_on_a_value_only_a_later_activity_refu
         if target.poll() is None:
             os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
+
+
+def test_validate_takes_every_value_those_activities_take(tmp_path: Path) -> None:
+    """The new rules accept what the activities' bodies accepted (any case and "KILL" for a
+    signal, the null signal, each freeze method, init, via, ring choice, false or null for no
+    injector, a generated tag, true for delete_gpu_pods' missing_ok): with one bad value among
+    them, validate names that one alone."""
+    good = [
+        ("chaosgpu.process.actions", "signal_processes",
+         {"scope": {"tag": "x"}, "signal": "kill"}),
+        ("chaosgpu.process.actions", "signal_processes", {"scope": {"pids": [1]}, "signal": "0"}),
+        ("chaosgpu.process.actions", "freeze_processes",
+         {"scope": {"job": "j"}, "method": "freezer-v2"}),
+        ("chaosgpu.process.actions", "resume_processes",
+         {"scope": {"sandbox": "b"}, "missing_ok": True}),
+        ("chaosgpu.process.probes", "nothing_left", {"scope": {"tag": "x"},
+                                                     "missing_ok": "before-method"}),
+        ("chaosgpu.node.probes", "zombies", {}),
+        ("chaosgpu.node.probes", "orphans", {"scope": {"pod": "ns/p"}, "missing_ok": False}),
+        ("chaosgpu.workloads.actions", "stop_workload", {"tag": "x", "missing_ok": True}),
+        ("chaosgpu.workloads.actions", "start_holders",
+         {"via": "host", "on_sigterm": "cleanup", "sandbox": "box-1", "tag": "hold.1_a"}),
+        ("chaosgpu.workloads.actions", "start_pod_with_holders",
+         {"pod": "p", "init": "tini", "via": "driver", "on_sigterm": "exit", "tag": None}),
+        ("chaosgpu.workloads.actions", "start_ring",
+         {"backend": "gloo", "launcher": "torchrun", "async_error_handling": 0,
+          "sigterm_handler": "destroy", "on_oom": "skip", "inject": False, "tag": "r1"}),
+        ("chaosgpu.workloads.actions", "start_ring", {"inject": None}),
+        ("chaosgpu.workloads.actions", "start_ring", {"inject": "python"}),
+        ("chaosgpu.gpu.actions", "start_compute_contention", {"tag": "c-1"}),
+        ("chaosgpu.k8s.actions", "delete_gpu_pods", {"name_pattern": "x", "missing_ok": True}),
+    ]
+    method = [_activity(module, func, arguments, name=f"good-{index}")
+              for index, (module, func, arguments) in enumerate(good)]
+    method.append(_activity("chaosgpu.workloads.actions", "start_ring",
+                            {"async_error_handling": True}, name="bad"))
+    done = _validate(tmp_path, _experiment(*method))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "method['bad']: start_ring: async_error_handling must be one of 0, 1, 2, 3, got " \
+           "True" in done.stderr, done.stderr
+    assert "good-" not in done.stderr, done.stderr
+
+
+def test_chaos_run_stops_before_a_freeze_when_a_later_stop_could_not_run(tmp_path: Path) -> None:
+    """The method freezes a process, then stops a workload with a `missing_ok` that is neither
+    true, false nor "before-method": before, the process was frozen and the run failed at the
+    stop; now the pre-run check refuses it and the process is never touched."""
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        experiment = _experiment(
+            _activity("chaosgpu.process.actions", "freeze_processes",
+                      {"scope": {"pids": [target.pid]}}, name="freeze"),
+            _activity("chaosgpu.workloads.actions", "stop_workload",
+                      {"tag": "x", "missing_ok": "sometimes"}, name="stop"),
+            controls=[{"name": "pre-run", "provider": {"type": "python",
+                                                       "module": "chaosgpu.validation"}}])
+        path = tmp_path / "experiment.json"
+        path.write_text(json.dumps(experiment))
+        journal = tmp_path / "journal.json"
+        run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
+                              "run", "--journal-path", str(journal), str(path)],
+                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             stdin=subprocess.DEVNULL, env=dict(os.environ))
+        assert run.returncode != 0, run.stdout + run.stderr
+        assert "method['stop']: stop_workload: missing_ok must be" in \
+            (tmp_path / "log").read_text()
+        data = json.loads(journal.read_text())
+        assert data["status"] == "interrupted" and data["run"] == [], data["run"]
+        stat = Path(f"/proc/{target.pid}/stat").read_text()
+        assert stat[stat.rindex(")") + 2] != "T"  # never frozen
+    finally:
+        os.kill(target.pid, signal.SIGCONT)
+        target.kill()
+        target.wait(timeout=10)
+    assert not Path(f"/proc/{target.pid}").exists()

@@ -192,7 +192,8 @@ def test_start_pod_with_holders(init: str, count: int, on_sigterm: str, fast: bo
 def test_start_pod_with_holders_bad_input() -> None:
     with pytest.raises(ValueError, match="count"):
         actions.start_pod_with_holders(pod="pwh-bad", count=0)
-    with pytest.raises(ValueError, match="unknown init"):
+    with pytest.raises(ValueError, match="^start_pod_with_holders: init must be one of 'sleep', "
+                                         "'tini', 'dumb-init', 'none', got 'systemd'$"):
         actions.start_pod_with_holders(pod="pwh-bad", init="systemd", via="host", tag="pwh-bad")
     assert runtime.get_record("pwh-bad") is None
     assert state.read_record("workloads", "pwh-bad") is None

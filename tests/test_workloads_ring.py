@@ -219,7 +219,8 @@ def test_start_ring_action_and_stop_is_idempotent() -> None:
     "kwargs, message",
     [({"world_size": 0}, "world.size"), ({"backend": "mpi"}, "backend"),
      ({"launcher": "srun"}, "launcher"), ({"async_error_handling": 7}, "async"),
-     ({"sigterm_handler": "pray"}, "SIGTERM"), ({"process_group_timeout_s": -1}, "timeout")],
+     ({"sigterm_handler": "pray"}, "sigterm_handler must be one of 'none', 'destroy'"),
+     ({"process_group_timeout_s": -1}, "timeout")],
 )  # fmt: skip
 def test_start_ring_bad_input(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=message):

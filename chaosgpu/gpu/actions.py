@@ -35,6 +35,7 @@ from chaosgpu.gpu import devices, injector, launch, monitor
 from chaosgpu.gpu.contention import TARGETS
 from chaosgpu.gpu.xid import KINDS
 from chaosgpu.sandbox.probes import SANDBOX_NAME
+from chaosgpu.workloads.actions import WORKLOAD_TAG
 
 __all__ = [
     "start_memory_pressure",
@@ -73,7 +74,7 @@ def _mark(name: str, **extra: Any) -> None:
 
 
 @checked(duration_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS, device=DEVICE, backend=BACKEND,
-         chunk_mib=CHUNK_MIB, sandbox=SANDBOX_NAME)
+         chunk_mib=CHUNK_MIB, sandbox=SANDBOX_NAME, tag=WORKLOAD_TAG)
 def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None,
                           leave_mib: Optional[int] = None, duration_s: Optional[float] = None,
                           backend: str = "driver", chunk_mib: int = 1024,
@@ -121,7 +122,7 @@ def start_memory_pressure(device: Union[int, str] = 0, mib: Optional[int] = None
 
 
 @checked(duration_s=POSITIVE_SECONDS, period_s=POSITIVE_SECONDS, timeout_s=POSITIVE_SECONDS,
-         device=DEVICE, duty_cycle=FRACTION, target=TARGET, backend=BACKEND)
+         device=DEVICE, duty_cycle=FRACTION, target=TARGET, backend=BACKEND, tag=WORKLOAD_TAG)
 def start_compute_contention(device: Union[int, str] = 0, duration_s: float = 30.0,
                              duty_cycle: float = 1.0, target: str = "sm",
                              period_s: float = 0.1, backend: str = "driver",

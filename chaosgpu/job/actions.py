@@ -36,7 +36,8 @@ from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
 from chaosgpu.process.actions import (
-    FREEZE_METHODS,
+    FREEZE_KINDS,
+    FREEZE_METHOD,
     _freeze_with_freezer,
     _thaw_freezer_groups,
     send,
@@ -73,7 +74,7 @@ def _choice(values: tuple[str, ...]) -> Rule:
 
 SIGNAL_NAME = _choice(SIGNALS)
 FAIL_HOW = _choice(FAIL_HOWS)
-FREEZE_METHOD = _choice(FREEZE_METHODS)
+# freeze_rank's `method` is freeze_processes' own rule, chaosgpu.process.actions.FREEZE_METHOD.
 
 
 #: rank="any": the last live rank in the census's order (ranks by number, then those whose
@@ -82,12 +83,13 @@ FREEZE_METHOD = _choice(FREEZE_METHODS)
 ANY_RANK = "any"
 
 
-#: the fault kinds that freeze a process (faultlog): what resume_rank("any") may undo
-FREEZE_KINDS = ("SIGSTOP", "freezer")
+# The fault kinds that freeze a process (faultlog), what resume_rank may undo, are
+# chaosgpu.process.actions.FREEZE_KINDS: a stop by any stop signal (SIGSTOP, SIGTSTP, SIGTTIN,
+# SIGTTOU: kill_rank(signal="SIGTSTP") is recorded under the signal's name) or the freezer.
 
 
 def _frozen_by_this_run(live: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of a job's `live` rank entries, the one this runner froze last (SIGSTOP or the
+    """Of a job's `live` rank entries, the one this runner froze last (a stop signal or the
     freezer), by PID and start time; None when none."""
     by_key = {(r.get("pid"), r.get("starttime")): r for r in live}
     for fault in reversed(faultlog.recent()):

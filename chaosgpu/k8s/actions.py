@@ -17,6 +17,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from chaosgpu.arguments import (
+    BOOL,
     COUNT,
     INDEX,
     LONGEST_WAIT_S,
@@ -213,7 +214,7 @@ def _quantities_as_strings(manifest: dict[str, Any]) -> None:
 
 
 @checked(ns=NAMESPACE, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
-         grace_period=GRACE_PERIOD)
+         grace_period=GRACE_PERIOD, missing_ok=BOOL)
 def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                     ns: str = "default", grace_period: int = -1, qty: Optional[int] = None,
                     rand: bool = False, gpu_only: bool = True, wait: bool = True,

@@ -11,8 +11,9 @@ reads as "no zombies" (chaosgpu.scope.resolve_observed).
 
 from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.arguments import POSITIVE_SECONDS, checked
+from chaosgpu.arguments import MISSING_OK, POSITIVE_SECONDS, checked
 from chaosgpu.node import take_census
+from chaosgpu.scope import SCOPE
 
 __all__ = ["node_snapshot", "zombies", "orphans", "jobs", "hung_jobs"]
 
@@ -25,9 +26,8 @@ def _select(flag: str, scope: dict[str, Any] | None, missing_ok: Any) -> list[di
         census = take_census(gpu=False, fds=False, cache=True)  # polled: stat per known PID
         processes = census["processes"]
     else:
-        from chaosgpu.scope import resolve_observed, validate_scope
+        from chaosgpu.scope import resolve_observed
 
-        validate_scope(scope)  # a bad scope is refused before the census is taken
         census = take_census(gpu=False, fds=False, cache=True)
         processes = resolve_observed(scope, missing_ok, census=census,
                                      observe=False)["processes"]
@@ -52,6 +52,7 @@ def node_snapshot(gpu: bool = True, env: bool = True, fds: bool = True,
     return take_census(gpu=gpu, env=env, fds=fds)
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def zombies(scope: Optional[Dict[str, Any]] = None,
             missing_ok: Union[bool, str] = "before-method",
             configuration: Optional[Dict[str, Any]] = None,
@@ -63,6 +64,7 @@ def zombies(scope: Optional[Dict[str, Any]] = None,
     return _select("zombie", scope, missing_ok)
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def orphans(scope: Optional[Dict[str, Any]] = None,
             missing_ok: Union[bool, str] = "before-method",
             configuration: Optional[Dict[str, Any]] = None,

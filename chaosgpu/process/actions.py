@@ -16,10 +16,11 @@ import time
 from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, checked
+from chaosgpu.arguments import MISSING_OK, POSITIVE_SECONDS, SECONDS, Rule, checked, one_of
 from chaosgpu.process import freezer
 from chaosgpu.process.terminate import NULL_SIGNAL, Target, release_frozen, wait_exits
 from chaosgpu.scope import (
+    SCOPE,
     ScopeError,
     describe_scope,
     resolve_observed,
@@ -32,6 +33,8 @@ __all__ = ["signal_processes", "freeze_processes", "resume_processes"]
 logger = logging.getLogger("chaostoolkit")
 
 FREEZE_METHODS = ("sigstop", "freezer", "freezer-v1", "freezer-v2")
+#: The rule of a freeze's `method` (freeze_processes, chaosgpu.job.actions.freeze_rank).
+FREEZE_METHOD = one_of(FREEZE_METHODS)
 
 
 def _stop_signals() -> tuple[str, ...]:
@@ -56,6 +59,17 @@ def _signaller() -> Any:
     from chaosgpu.intarget import load
 
     return load("actions", "signal_processes")
+
+
+def _parse_signal(name: Any) -> int:
+    """The number of signal `name`, as the one signalling program reads it (its parse_signal:
+    SignalInputError, a ValueError, for a name it does not send)."""
+    return int(_signaller().parse_signal(name))
+
+
+#: The rule of signal_processes' `signal`: the signalling program's own parsing (a name such as
+#: "SIGKILL" or "KILL", any case, of its SIGNALS, or "0", the null signal: a check only).
+SIGNAL = Rule.by_check("a signal the signalling program sends", _parse_signal)
 
 
 def _census_program() -> Any:
@@ -97,7 +111,7 @@ def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | N
         allow_ns_init=bool(scope.get("include_ns_init")), release=release_frozen)
 
 
-@checked(wait_gone_s=SECONDS)
+@checked(scope=SCOPE, signal=SIGNAL, wait_gone_s=SECONDS)
 def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                      wait_gone_s: float = 0.0, require_match: bool = True,
                      configuration: Optional[Dict[str, Any]] = None,
@@ -117,10 +131,7 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     out of the freeze first (its result has `released_from`: a frozen process keeps the signal
     pending until thawed), and one in a frozen cgroup chaosgpu did not make is refused. Returns
     the per-process results."""
-    checked = validate_scope(scope)
-    _signaller().parse_signal(signal)  # bad signal name: fail before looking at anything
-    if wait_gone_s < 0:
-        raise ValueError(f"wait_gone_s must be >= 0, got {wait_gone_s!r}")
+    checked = validate_scope(scope)  # normalised (its rule, SCOPE, refused a bad one)
     detail = resolve_scope_detail(checked)
     if require_match and not detail["processes"]:
         raise ScopeError(f"scope {describe_scope(checked)} matched no process that may be "
@@ -221,7 +232,7 @@ def _thaw_freezer_groups(pids: set[int] | None) -> list[dict[str, Any]]:
     return freezer.thaw(pids)
 
 
-@checked(deadline_s=POSITIVE_SECONDS)
+@checked(scope=SCOPE, method=FREEZE_METHOD, deadline_s=POSITIVE_SECONDS)
 def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
                      deadline_s: float = 5.0, configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -233,9 +244,6 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
     already stopped (state T) or in a frozen cgroup is left as found (`already_stopped` says
     why). Each process frozen is recorded in the fault log, and resume_processes resumes only
     those; a frozen process ignores SIGKILL until thawed. Returns what was frozen and how."""
-    if method not in FREEZE_METHODS:
-        raise ValueError("method must be 'sigstop' or 'freezer' ('freezer-v1' or 'freezer-v2' "
-                         f"to choose the cgroup version), got {method!r}")
     checked = validate_scope(scope)
     version = "auto" if method in ("sigstop", "freezer") else method[len("freezer-"):]
     if method != "sigstop":
@@ -277,6 +285,7 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
     return report
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "before-method",
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

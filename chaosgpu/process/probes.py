@@ -17,7 +17,8 @@ PIDs that are gone read as nothing there.
 import logging
 from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.scope import describe_scope, resolve_observed
+from chaosgpu.arguments import MISSING_OK, checked
+from chaosgpu.scope import SCOPE, describe_scope, resolve_observed
 
 __all__ = ["processes_in_scope", "zombies_in_scope", "orphans_in_scope", "nothing_left"]
 
@@ -36,6 +37,7 @@ def _observed(scope: dict[str, Any] | None, missing_ok: Any
     return detail["scope"], detail["processes"]
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def processes_in_scope(scope: Dict[str, Any], missing_ok: MissingOk = "before-method",
                        configuration: Optional[Dict[str, Any]] = None,
                        secrets: Optional[Dict[str, Any]] = None) -> List[Dict[str, Any]]:
@@ -47,6 +49,7 @@ def processes_in_scope(scope: Dict[str, Any], missing_ok: MissingOk = "before-me
     return [{k: p.get(k) for k in SUMMARY_KEYS} for p in processes]
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def zombies_in_scope(scope: Dict[str, Any], missing_ok: MissingOk = "before-method",
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> int:
@@ -60,6 +63,7 @@ def zombies_in_scope(scope: Dict[str, Any], missing_ok: MissingOk = "before-meth
     return len(zombies)
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def orphans_in_scope(scope: Dict[str, Any], missing_ok: MissingOk = "before-method",
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> int:
@@ -74,6 +78,7 @@ def orphans_in_scope(scope: Dict[str, Any], missing_ok: MissingOk = "before-meth
     return len(orphans)
 
 
+@checked(scope=SCOPE, missing_ok=MISSING_OK)
 def nothing_left(scope: Dict[str, Any], missing_ok: MissingOk = "before-method",
                  configuration: Optional[Dict[str, Any]] = None,
                  secrets: Optional[Dict[str, Any]] = None) -> bool:

@@ -17,12 +17,22 @@ from chaosgpu.timeline import events as typed
 __all__ = ["KIND_WORDS", "describe_fault", "fault_time", "journal_facts", "run_events",
            "verdict_outcome"]
 
+
+def _stop_words() -> dict[str, str]:
+    """How a stop by signal reads: each of the signalling program's STOP_SIGNALS (SIGSTOP,
+    SIGTSTP, SIGTTIN, SIGTTOU), which the fault log records under the signal's name as this
+    run's freeze, as "freeze (SIGNAL)"."""
+    from chaosgpu.intarget import load
+
+    return {name: f"freeze ({name})" for name in load("actions", "signal_processes").STOP_SIGNALS}
+
+
 # How the report words a fault kind.
 KIND_WORDS = {
     "node-loss": "node loss (the rank partitioned, then SIGKILLed: invisible to its peers)",
     "SIGKILL": "kill (SIGKILL)",
     "SIGTERM": "SIGTERM",
-    "SIGSTOP": "freeze (SIGSTOP)",
+    **_stop_words(),
     "freezer": "freeze (cgroup freezer)",
     "partition": "network partition",
     "pod-delete": "pod deletion (SIGTERM, SIGKILL at the grace's end)",

@@ -30,20 +30,31 @@ from chaosgpu import state
 from chaosgpu.arguments import (
     COUNT,
     INDEX,
+    MISSING_OK,
     NAME,
     POSITIVE,
     POSITIVE_SECONDS,
     SECONDS,
     TAG,
-    TEXT,
+    Rule,
     checked,
     missing_advice,
     missing_allowed,
+    one_of,
 )
 from chaosgpu.errors import ActivityError, InvalidArgument
 from chaosgpu.process import terminate
 from chaosgpu.process.environment import helper_env
+from chaosgpu.sandbox.actions import INIT
+from chaosgpu.sandbox.probes import SANDBOX_NAME
 from chaosgpu.workloads.readiness import wait_all_ready
+from chaosgpu.workloads.ring import (
+    ASYNC_ERROR_HANDLING,
+    LAUNCHER,
+    ON_OOM,
+    RING_BACKEND,
+    SIGTERM_HANDLER,
+)
 
 __all__ = [
     "start_holders",
@@ -63,6 +74,10 @@ KIND = "workloads"
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 VIAS = ("torch", "driver", "host", "auto")
 SIGTERM_MODES = ("ignore", "exit", "cleanup")
+#: start_ring's `inject` choices ("none" may also be given as false or null)
+INJECTS = ("none", "python", "cuda", "both")
+#: The hold workers a start_holders or start_pod_with_holders may start at most.
+MOST_HOLDERS = 1000
 _python_cache: dict[tuple[int, int], tuple[str, dict[str, str]]] = {}
 
 
@@ -72,17 +87,47 @@ def _proc() -> Any:
     return runtime
 
 
-def claim_tag(tag: str | None, prefix: str) -> str:
-    """The tag of a workload about to start (`prefix-<random>` when None), remembered as this
-    run's (chaosgpu.scope). A tag TAG_RE refuses is ValueError naming it; a tag a running
-    workload holds is ValueError; a record left by a dead workload of that tag is cleared."""
-    if tag is None:
-        tag = f"{prefix}-{uuid.uuid4().hex[:8]}"
+def check_tag_format(tag: Any) -> None:
+    """ValueError naming `tag` unless TAG_RE takes it whole: the format of a new workload's tag
+    (whether a running workload holds it is claim_tag's to say, when the workload starts)."""
     if not isinstance(tag, str) or not TAG_RE.fullmatch(tag):
         raise ValueError(
             f"invalid tag {tag!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+
+
+#: The rule of a new workload's `tag` (the starters here and the GPU faults'; None: one is
+#: made): check_tag_format, so `chaosgpu validate` and the pre-run check refuse a tag the
+#: start would refuse, before earlier activities ran.
+WORKLOAD_TAG = Rule.by_check("a new workload's tag", check_tag_format)
+VIA = one_of(VIAS)
+SIGTERM_MODE = one_of(SIGTERM_MODES)
+HOLDER_COUNT = Rule(f"an integer from 1 to {MOST_HOLDERS}",
+                    lambda value: isinstance(value, int) and not isinstance(value, bool)
+                    and 1 <= value <= MOST_HOLDERS)
+
+
+#: start_ring's `inject`: one of INJECTS, or false or null for "none".
+INJECT = Rule("one of " + ", ".join(map(repr, INJECTS)) + " (false or null: 'none')",
+              lambda value: value is None or value is False
+              or (isinstance(value, str) and value in INJECTS))
+
+
+def _check_inject(inject: Any) -> None:
+    """InvalidArgument (a ValueError) unless `inject` is one of start_ring's injector choices
+    (INJECT)."""
+    INJECT.require("inject", inject)
+
+
+def claim_tag(tag: str | None, prefix: str) -> str:
+    """The tag of a workload about to start (`prefix-<random>` when None), remembered as this
+    run's (chaosgpu.scope). A tag TAG_RE refuses is ValueError naming it (check_tag_format); a
+    tag a running workload holds is ValueError; a record left by a dead workload of that tag is
+    cleared."""
+    if tag is None:
+        tag = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    check_tag_format(tag)
     from chaosgpu import scope
 
     scope.remember("tag", tag)  # the experiment's own tag: once it ends, "nothing left" holds
@@ -159,7 +204,8 @@ def _record_process(pid: int, ns_pid: int | None = None, role: str = "worker") -
     }
 
 
-@checked(count=COUNT, mib=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS)
+@checked(count=HOLDER_COUNT, mib=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS, via=VIA,
+         on_sigterm=SIGTERM_MODE, sandbox=SANDBOX_NAME, tag=WORKLOAD_TAG)
 def start_holders(
     count: int = 1,
     mib: int = 256,
@@ -183,7 +229,6 @@ def start_holders(
     name) they are started inside it as backgrounded exec'd shells, so they become orphans of the
     pod's PID 1 like the report's. Returns the tag, host and namespace PIDs and readiness documents.
     """
-    _validate_hold(count, mib, via, on_sigterm, timeout_s)
     _require_gpu_for_via(via, device)
     owner: tuple[int, int] | None = None
     exe, extra_env = sys.executable, dict[str, str]()
@@ -269,8 +314,9 @@ def _hold_argv(exe: str, mib: int, via: str, device: int, on_sigterm: str, ready
     return argv
 
 
-@checked(pod=TEXT, count=COUNT, mib=INDEX, grace_s=SECONDS, uid=INDEX, gid=INDEX, device=INDEX,
-         timeout_s=POSITIVE_SECONDS)
+@checked(pod=SANDBOX_NAME, init=INIT, count=HOLDER_COUNT, mib=INDEX, grace_s=SECONDS, uid=INDEX,
+         gid=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS, via=VIA, on_sigterm=SIGTERM_MODE,
+         tag=WORKLOAD_TAG)
 def start_pod_with_holders(
     pod: str,
     init: str = "dumb-init",
@@ -295,11 +341,8 @@ def start_pod_with_holders(
     worker PID 1; "sleep" falls back to exec'd workers (orphans, as in the report). `via="torch"`
     without GPU `device` is refused before the pod is created, as start_holders refuses it.
     Returns the tag, pod, host and namespace PIDs, readiness documents."""
-    _validate_hold(count, mib, via, on_sigterm, timeout_s)
     _require_gpu_for_via(via, device)
     runtime = _proc()
-    if init not in runtime.INITS:
-        raise ValueError(f"unknown init {init!r}: choose one of {', '.join(runtime.INITS)}")
     if init == "sleep":
         runtime.create(pod, init="sleep", uid=uid, gid=gid, grace_s=grace_s, owner_pid=os.getpid())
         try:
@@ -311,7 +354,6 @@ def start_pod_with_holders(
             runtime.remove(pod)
             raise
         return dict(started, pod=pod, init=init)
-    runtime._validate_name(pod)
     if runtime.get_record(pod) is not None and runtime.sandbox_alive(pod):
         raise ValueError(f"sandbox name {pod!r} is already in use")
     owner: tuple[int, int] | None = None
@@ -372,19 +414,6 @@ def start_pod_with_holders(
     }
 
 
-def _validate_hold(count: Any, mib: Any, via: Any, on_sigterm: Any, timeout_s: Any) -> None:
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
-        raise ValueError(f"count must be an integer from 1 to 1000, got {count!r}")
-    if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
-        raise ValueError(f"mib must be an integer >= 0, got {mib!r}")
-    if via not in VIAS:
-        raise ValueError(f"unknown via {via!r}: choose one of {', '.join(VIAS)}")
-    if on_sigterm not in SIGTERM_MODES:
-        raise ValueError(f"unknown on_sigterm {on_sigterm!r}: one of {', '.join(SIGTERM_MODES)}")
-    if not isinstance(timeout_s, int | float) or timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-
-
 def _require_gpu_for_via(via: str, device: int) -> None:
     """InvalidArgument, before any worker starts, when `via` "torch" asks for GPU `device` and
     fewer GPUs are visible (a worker would start, import torch and exit 3: "no usable CUDA
@@ -413,7 +442,9 @@ def _tail(path: Path, limit: int = 400) -> str:
 
 @checked(world_size=COUNT, process_group_timeout_s=POSITIVE_SECONDS, mib=INDEX,
          iters_per_s=POSITIVE, timeout_s=POSITIVE_SECONDS, matmul=INDEX, step_mib=INDEX,
-         job_id=NAME)
+         job_id=NAME, backend=RING_BACKEND, launcher=LAUNCHER,
+         async_error_handling=ASYNC_ERROR_HANDLING, sigterm_handler=SIGTERM_HANDLER,
+         on_oom=ON_OOM, inject=INJECT, tag=WORKLOAD_TAG)
 def start_ring(
     world_size: int = 2,
     backend: str = "auto",
@@ -451,9 +482,6 @@ def start_ring(
     """
     from chaosgpu.workloads.ring import RingConfig, launch_ring, resolve_backend
 
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    _check_inject(inject)
     backend = resolve_backend(backend, world_size)  # nccl without enough GPUs: refused here
     if inject in ("cuda", "both"):
         _require_gpu_for_cuda_injector(inject)
@@ -529,12 +557,6 @@ def start_ring(
     }
 
 
-def _check_inject(inject: Any) -> None:
-    """ValueError unless `inject` is one of start_ring's injector choices."""
-    if inject not in ("none", None, False, "python", "cuda", "both"):
-        raise ValueError(f"unknown inject {inject!r}: none, python, cuda or both")
-
-
 def _require_gpu_for_cuda_injector(inject: str) -> None:
     """InvalidArgument, before any rank starts, when no GPU is visible (counted as backend
     "auto" counts them): libcuda loads the CUDA injector when a rank initialises CUDA, which
@@ -560,7 +582,7 @@ def _injector_env(inject: str) -> dict[str, str]:
     return env
 
 
-@checked(tag=TAG, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS)
+@checked(tag=TAG, grace_s=SECONDS, deadline_s=POSITIVE_SECONDS, missing_ok=MISSING_OK)
 def stop_workload(
     tag: str,
     grace_s: float = 5.0,
@@ -585,7 +607,6 @@ def stop_workload(
     exactly, never stripped: one that is not a tag (chaosgpu.arguments.TAG: empty, whitespace,
     control characters) is InvalidArgument.
     """
-    missing_allowed(missing_ok, True)  # a bad value is refused before anything is touched
     record = state.read_record(KIND, tag)
     if record is None:
         return no_workload(tag, missing_ok)

@@ -38,6 +38,7 @@ from chaosgpu.arguments import (
     SECONDS,
     TAG,
     Rule,
+    one_of,
     option,
 )
 from chaosgpu.errors import InvalidArgument
@@ -61,6 +62,20 @@ OWN_TIMEOUT_MARGIN_S = 2.0
 #: the longest process-group timeout: torch keeps it in milliseconds
 LONGEST_TIMEOUT_S = LONGEST_WAIT_S
 PROGRESS_EVERY_S = 0.25
+#: A ring's choices, each with its rule (chaosgpu.arguments.one_of): RingConfig.validate, the
+#: command line's options and start_ring (before anything starts, and in `chaosgpu validate`)
+#: take these values and no other.
+BACKENDS = ("nccl", "gloo", "auto")
+LAUNCHERS = ("bare", "torchrun")
+#: TORCH_NCCL_ASYNC_ERROR_HANDLING's levels (integers)
+ASYNC_ERROR_HANDLINGS = (0, 1, 2, 3)
+SIGTERM_HANDLERS = ("none", "destroy")
+ON_OOMS = ("fail", "skip")
+RING_BACKEND = one_of(BACKENDS)
+LAUNCHER = one_of(LAUNCHERS)
+ASYNC_ERROR_HANDLING = one_of(ASYNC_ERROR_HANDLINGS)
+SIGTERM_HANDLER = one_of(SIGTERM_HANDLERS)
+ON_OOM = one_of(ON_OOMS)
 # Environment every rank gets: NVLink multicast off (see the project notes), quiet threads.
 RANK_ENV_DEFAULTS = {
     "NCCL_NVLS_ENABLE": "0",
@@ -93,12 +108,10 @@ class RingConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
-        """ValueError (InvalidArgument for numbers, the tag and the job id) naming the first
-        field that is not valid (nan and inf included)."""
-        if self.backend not in ("nccl", "gloo", "auto"):
-            raise ValueError(f"unknown backend {self.backend!r} (nccl, gloo or auto)")
-        if self.launcher not in ("bare", "torchrun"):
-            raise ValueError(f"unknown launcher {self.launcher!r} (bare or torchrun)")
+        """ValueError (InvalidArgument for the choices, numbers, the tag and the job id) naming
+        the first field that is not valid (nan and inf included)."""
+        RING_BACKEND.require("backend", self.backend)
+        LAUNCHER.require("launcher", self.launcher)
         numbers: tuple[tuple[str, Rule, Any], ...] = (
             ("world size", COUNT, self.world_size), ("timeout", SECONDS, self.timeout_s),
             ("mib", INDEX, self.mib), ("iters per second", POSITIVE, self.iters_per_s),
@@ -114,12 +127,9 @@ class RingConfig:
         if self.timeout_s > LONGEST_TIMEOUT_S:
             raise ValueError(f"timeout must be at most {LONGEST_TIMEOUT_S:g} s, "
                              f"got {self.timeout_s:g}")
-        if self.async_error_handling not in (0, 1, 2, 3):
-            raise ValueError(f"async error handling must be 0-3, got {self.async_error_handling}")
-        if self.sigterm_handler not in ("none", "destroy"):
-            raise ValueError(f"unknown SIGTERM handler {self.sigterm_handler!r} (none or destroy)")
-        if self.on_oom not in ("fail", "skip"):
-            raise ValueError(f"unknown on_oom {self.on_oom!r} (fail or skip)")
+        ASYNC_ERROR_HANDLING.require("async error handling", self.async_error_handling)
+        SIGTERM_HANDLER.require("SIGTERM handler", self.sigterm_handler)
+        ON_OOM.require("on_oom", self.on_oom)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -300,15 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="chaosgpu workload ring",
         description="Run a ring of ranks doing all_reduce in a loop (bare processes or torchrun).",
     )
-    parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="auto")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto")
     parser.add_argument("--world-size", type=option(COUNT, int), default=2)
-    parser.add_argument("--launcher", choices=("torchrun", "bare"), default="bare")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="bare")
     parser.add_argument(
         "--timeout-s", type=option(SECONDS), default=60.0,
         help="process-group timeout in seconds (0: torch's default and no enforcement of ours)",
     )  # fmt: skip
-    parser.add_argument("--async-error-handling", type=int, choices=(0, 1, 2, 3), default=3)
-    parser.add_argument("--sigterm-handler", choices=("none", "destroy"), default="none")
+    parser.add_argument("--async-error-handling", type=int, choices=ASYNC_ERROR_HANDLINGS,
+                        default=3)
+    parser.add_argument("--sigterm-handler", choices=SIGTERM_HANDLERS, default="none")
     parser.add_argument(
         "--mib", type=option(INDEX, int), default=0,
         help="MiB each rank holds (GPU when there is one, host memory otherwise)",
@@ -396,16 +407,16 @@ def _add_step_options(parser: argparse.ArgumentParser) -> None:
                         help="each iteration allocates a fresh tensor of this many MiB on the "
                              "rank's device and empties torch's cache afterwards (a job whose "
                              "memory need varies, which memory pressure can hit)")
-    parser.add_argument("--on-oom", choices=("fail", "skip"), default="fail",
+    parser.add_argument("--on-oom", choices=ON_OOMS, default="fail",
                         help="on CUDA out-of-memory in a step: fail (exit 1) or skip the step "
                              "and go on (a job that handles OOM)")
 
 
 def _rank_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chaosgpu.workloads rank")
-    parser.add_argument("--backend", choices=("nccl", "gloo", "auto"), default="gloo")
+    parser.add_argument("--backend", choices=BACKENDS, default="gloo")
     parser.add_argument("--timeout-s", type=float, default=60.0)
-    parser.add_argument("--sigterm-handler", choices=("none", "destroy"), default="none")
+    parser.add_argument("--sigterm-handler", choices=SIGTERM_HANDLERS, default="none")
     parser.add_argument("--mib", type=int, default=0)
     parser.add_argument("--iters-per-s", type=float, default=10.0)
     _add_step_options(parser)
