@@ -53,7 +53,17 @@ def _sleeper(tag: str, cwd: Path | None = None) -> "subprocess.Popen[bytes]":
     session of its own, as chaosgpu's workloads are, is in an orphaned group: the kernel
     discards those three for it.)"""
     return subprocess.Popen(["sleep", "300"], env=dict(os.environ, CHAOSGPU_TAG=tag),
-                            process_group=0, cwd=cwd, stdin=subprocess.DEVNULL)
+                            process_group=0, cwd=cwd, stdin=subprocess.DEVNULL,
+                            preexec_fn=_default_dispositions)
+
+
+def _default_dispositions() -> None:
+    """In the child before exec: every signal's default action. An ignored disposition is
+    inherited across exec: a test run started by nohup ignores SIGHUP, one started in the
+    background of a script without job control SIGINT and SIGQUIT."""
+    for signum in range(1, 32):
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _finish(*procs: "subprocess.Popen[bytes]") -> None:

@@ -121,7 +121,7 @@ def test_create_gpu_pod_refuses_bad_manifests(cluster: Cluster, tmp_path: Path) 
             ({"spec_overrides": "[1]"}, "spec_overrides must be an object"),
             ({"grace_period": -2}, "grace_period must be an integer >= 0"),
             ({"grace_period": "3"}, "grace_period must be an integer >= 0"),
-            ({"image": " "}, "image must be a non-empty image reference")):
+            ({"image": " "}, "image must be a non-empty string")):
         with pytest.raises(ValueError, match=message):
             actions.create_gpu_pod(spec_path=good, secrets=cluster.secrets, **kwargs)
     with pytest.raises(ValueError, match="command must be a non-empty list of strings"):
