@@ -461,3 +461,32 @@ def test_the_documented_steady_state_tolerance_passes(tmp_path: Path) -> None:
     journal = json.loads((tmp_path / "journal.json").read_text())
     before = journal["steady_states"]["before"]
     assert before["steady_state_met"] is True, before
+
+
+def test_no_partition_left_behind_answers_for_this_run_and_dead_runners(
+        servers: Servers) -> None:
+    """A concurrent live runner's partition is its own game-day's fault: the steady-state probe
+    leaves it out (as the routine heal leaves it in place) unless `every`; once that runner no
+    longer runs, its partition is left behind and listed."""
+    from chaosgpu.network import partitions
+    from chaosgpu.network import probes as net_probes
+
+    target, _ = servers.start("127.0.0.1")
+    other = subprocess.Popen([sys.executable, "-c", OTHER_RUNNER, str(target.pid)],
+                             stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    servers.procs.append(other)
+    assert other.stdout is not None
+    their_id, their_table = other.stdout.readline().split()
+    try:
+        assert net_probes.partitions_in_place() == []
+        every = net_probes.partitions_in_place(every=True)
+        assert [(p["id"], p["runner_alive"]) for p in every] == [(their_id, True)]
+        servers.kill(other)  # the runner crashed: its partition is now left behind
+        behind = net_probes.partitions_in_place()
+        assert [(p["id"], p["runner_alive"]) for p in behind] == [(their_id, False)]
+        with pytest.raises(ValueError, match="every must be true or false, got 'yes'"):
+            net_probes.partitions_in_place(every="yes")
+    finally:
+        servers.stop_all()
+        _heal_everything_of(list(partitions.list_records(partitions.KIND)))
+    _gone(their_table)

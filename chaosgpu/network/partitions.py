@@ -358,8 +358,19 @@ def created_here(ident: str) -> bool:
     return ident in _CREATED
 
 
-def _mine(record: dict[str, Any]) -> bool:
+def made_here(record: dict[str, Any]) -> bool:
+    """Whether this runner made the partition of `record` (an entry of `active()` or a record)."""
     return record.get("id") in _CREATED or record.get("runner") == runner_identity()
+
+
+def runner_alive(record: dict[str, Any]) -> bool:
+    """Whether the runner that made the partition of `record` still runs (its PID with the
+    start time recorded; a record naming no runner has none alive)."""
+    from chaosgpu.node import process_starttime
+
+    runner = record.get("runner") or {}
+    return runner.get("pid") is not None and \
+        process_starttime(runner["pid"]) == runner.get("starttime")
 
 
 def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
@@ -530,15 +541,12 @@ def remove_all(every: bool = False) -> dict[str, list[dict[str, Any]]]:
     whoever made it: `chaosgpu cleanup`); tries all, then raises with every failure. Returns
     {"removed": [...], "left": [partitions of other runners, with their runner and whether it
     is alive]}."""
-    from chaosgpu.node import process_starttime
-
     results, left, failures = [], [], []
     for ident, record in sorted(list_records(KIND).items()):
-        if not every and not _mine(record):
-            runner = record.get("runner") or {}
-            alive = runner.get("pid") is not None and \
-                process_starttime(runner["pid"]) == runner.get("starttime")
-            left.append({"id": ident, "table": record.get("table"), "runner": runner,
+        if not every and not made_here(record):
+            alive = runner_alive(record)
+            left.append({"id": ident, "table": record.get("table"),
+                         "runner": record.get("runner") or {},
                          "runner_alive": alive,
                          "note": "made by another runner " + ("still running" if alive else
                                                               "no longer running (chaosgpu "
