@@ -135,39 +135,8 @@ def test_cleanup_removes_the_freezer_group_of_a_rank_killed_while_frozen() -> No
     assert _groups_named(tag) == []
 
 
-# -- 7. signal_processes' SIGSTOP is this run's freeze --------------------------------------------
-
-def test_sigstop_through_signal_processes_is_resumed_and_a_foreign_stop_is_left() -> None:
-    tag = _unique("fzt-stop")
-    ours, theirs = _sleeper(tag), _sleeper(tag)
-    try:
-        scope = {"tag": tag}
-        assert wait_until(lambda: len(resolve_scope_detail(scope)["processes"])
-                          == 2)
-        os.kill(theirs.pid, signal.SIGSTOP)  # stopped by someone else before the fault
-        assert wait_until(lambda: _state(theirs.pid) == "T")
-        report = process_actions.signal_processes(scope, signal="SIGSTOP")
-        assert report["sent"] == 2
-        assert [e["pid"] for e in report["already_stopped"]] == [theirs.pid], report
-        assert wait_until(lambda: _state(ours.pid) == "T")
-        assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGSTOP", ours.pid)]
-        resumed = process_actions.resume_processes(scope)
-        assert [r["pid"] for r in resumed["results"] if r["result"] == "sent"] == [ours.pid]
-        assert wait_until(lambda: _state(ours.pid) in ("S", "R"))
-        assert [e["pid"] for e in resumed["left_stopped"]] == [theirs.pid], resumed
-        time.sleep(0.1)
-        assert _state(theirs.pid) == "T"  # never resumed: not this run's stop
-        # A SIGCONT through signal_processes ends this run's SIGSTOP: a later resume leaves alone
-        # a stop that came after it.
-        process_actions.signal_processes({"pids": [ours.pid]}, signal="SIGSTOP")
-        process_actions.signal_processes({"pids": [ours.pid]}, signal="SIGCONT")
-        os.kill(ours.pid, signal.SIGSTOP)  # someone else's, after that
-        assert wait_until(lambda: _state(ours.pid) == "T")
-        again = process_actions.resume_processes(scope)
-        assert again["sent"] == 0 and _state(ours.pid) == "T", again
-    finally:
-        _finish(ours, theirs)
-
+# -- 7. signal_processes' SIGSTOP is this run's freeze: with every stop signal, in
+# test_stop_and_fatal_signals.py (test_a_stop_through_signal_processes_is_resumed_...)
 
 # -- the primitive: a fatal signal lets its targets, and only them, out of the freeze -----------
 

@@ -387,6 +387,17 @@ time.sleep(600)
 """
 
 
+def _other_runner(servers: Servers, target: int) -> tuple["subprocess.Popen[str]", str, str]:
+    """Another runner (a process of its own, kept among `servers`) that partitions `target` and
+    stays alive: the process, its partition's id and table."""
+    other = subprocess.Popen([sys.executable, "-c", OTHER_RUNNER, str(target)],
+                             stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    servers.procs.append(other)
+    assert other.stdout is not None
+    ident, table = other.stdout.readline().split()
+    return other, ident, table
+
+
 def _experiment(tmp_path: Path, pid: int) -> Path:
     path = tmp_path / "experiment.json"
     path.write_text(json.dumps({
@@ -409,11 +420,7 @@ def test_the_routine_rollback_heals_this_runs_partitions_only(tmp_path: Path,
 
     theirs_target, their_port = servers.start("127.0.0.1")
     ours_target, _ = servers.start("127.0.0.1")
-    other = subprocess.Popen([sys.executable, "-c", OTHER_RUNNER, str(theirs_target.pid)],
-                             stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    servers.procs.append(other)
-    assert other.stdout is not None
-    their_id, their_table = other.stdout.readline().split()
+    _, their_id, their_table = _other_runner(servers, theirs_target.pid)
     try:
         done = subprocess.run(
             [CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"), "run",
@@ -472,11 +479,7 @@ def test_no_partition_left_behind_answers_for_this_run_and_dead_runners(
     from chaosgpu.network import probes as net_probes
 
     target, _ = servers.start("127.0.0.1")
-    other = subprocess.Popen([sys.executable, "-c", OTHER_RUNNER, str(target.pid)],
-                             stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    servers.procs.append(other)
-    assert other.stdout is not None
-    their_id, their_table = other.stdout.readline().split()
+    other, their_id, their_table = _other_runner(servers, target.pid)
     try:
         assert net_probes.partitions_in_place() == []
         every = net_probes.partitions_in_place(every=True)

@@ -107,31 +107,32 @@ def test_which_signals_stop_or_end_a_process_is_what_the_kernel_does(tmp_path: P
                                                                 "SIGCONT"}
 
 
-# -- a stop signal other than SIGSTOP is this run's freeze ---------------------------------------
+# -- every stop signal is this run's freeze (SIGSTOP, and SIGTSTP alike) -------------------------
 
-def test_a_sigtstp_through_signal_processes_is_resumed_and_a_foreign_stop_is_left() -> None:
-    tag = _unique("stop-tstp")
+@pytest.mark.parametrize("stop", ["SIGSTOP", "SIGTSTP"])
+def test_a_stop_through_signal_processes_is_resumed_and_a_foreign_stop_is_left(stop: str) -> None:
+    tag = _unique("stop-" + stop.lower())
     ours, theirs = _sleeper(tag), _sleeper(tag)
     try:
         scope = {"tag": tag}
         assert wait_until(lambda: len(resolve_scope_detail(scope)["processes"]) == 2)
-        os.kill(theirs.pid, signal.SIGTSTP)  # stopped by someone else before the fault
+        os.kill(theirs.pid, signal.Signals[stop])  # stopped by someone else before the fault
         assert wait_until(lambda: _state(theirs.pid) == "T")
-        report = process_actions.signal_processes(scope, signal="SIGTSTP")
-        assert report["signal"] == "SIGTSTP" and report["sent"] == 2, report
+        report = process_actions.signal_processes(scope, signal=stop)
+        assert report["signal"] == stop and report["sent"] == 2, report
         assert [e["pid"] for e in report["already_stopped"]] == [theirs.pid], report
-        assert "before this SIGTSTP" in report["already_stopped"][0]["reason"]
+        assert f"before this {stop}" in report["already_stopped"][0]["reason"]
         assert wait_until(lambda: _state(ours.pid) == "T")
-        assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGTSTP", ours.pid)]
+        assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [(stop, ours.pid)]
         resumed = process_actions.resume_processes(scope)
         assert [r["pid"] for r in resumed["results"] if r["result"] == "sent"] == [ours.pid]
         assert wait_until(lambda: _state(ours.pid) in ("S", "R"))
         assert [e["pid"] for e in resumed["left_stopped"]] == [theirs.pid], resumed
         time.sleep(0.1)
         assert _state(theirs.pid) == "T"  # never resumed: not this run's stop
-        # A SIGCONT through signal_processes ends this run's SIGTSTP: a later resume leaves
+        # A SIGCONT through signal_processes ends this run's stop: a later resume leaves
         # alone a stop that came after it.
-        process_actions.signal_processes({"pids": [ours.pid]}, signal="SIGTSTP")
+        process_actions.signal_processes({"pids": [ours.pid]}, signal=stop)
         assert wait_until(lambda: _state(ours.pid) == "T")
         process_actions.signal_processes({"pids": [ours.pid]}, signal="SIGCONT")
         assert wait_until(lambda: _state(ours.pid) in ("S", "R"))

@@ -162,6 +162,20 @@ def test_a_var_value_is_checked_by_the_same_rule(tmp_path: Path) -> None:
     assert _validate(tmp_path, experiment, "--var", "missing:bool=true").returncode == 0
 
 
+def _chaos_run(tmp_path: Path, experiment: dict[str, Any]
+               ) -> tuple["subprocess.CompletedProcess[str]", dict[str, Any]]:
+    """`chaos run` of `experiment` in `tmp_path` (log in tmp_path/log): the finished process
+    and its journal."""
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(experiment))
+    journal = tmp_path / "journal.json"
+    run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
+                          "run", "--journal-path", str(journal), str(path)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         stdin=subprocess.DEVNULL, env=dict(os.environ))
+    return run, json.loads(journal.read_text())
+
+
 def _timeline_control(**arguments: Any) -> list[dict[str, Any]]:
     return [{"name": "chaosgpu-timeline",
              "provider": {"type": "python", "module": "chaosgpu.timeline.control",
@@ -219,17 +233,10 @@ def test_chaos_run_stops_before_its_method_on_a_value_only_a_later_activity_refu
                 "type": "python", "module": control,
                 **({"arguments": {"scope": {"pids": [target.pid]}, "rate_hz": 20}}
                    if control == "chaosgpu.timeline.control" else {})}}])
-        path = tmp_path / "experiment.json"
-        path.write_text(json.dumps(experiment))
-        journal = tmp_path / "journal.json"
-        run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                              "run", "--journal-path", str(journal), str(path)],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                             stdin=subprocess.DEVNULL, env=dict(os.environ))
+        run, data = _chaos_run(tmp_path, experiment)
         assert run.returncode != 0, run.stdout + run.stderr
         assert "method['wait']: wait_job_verdict: verdicts must be" in \
             (tmp_path / "log").read_text()
-        data = json.loads(journal.read_text())
         assert data["status"] == "interrupted" and data["run"] == [], data["run"]
         assert target.poll() is None  # the SIGKILL was never sent
     finally:
@@ -292,17 +299,10 @@ def test_chaos_run_stops_before_a_freeze_when_a_later_stop_could_not_run(tmp_pat
                       {"tag": "x", "missing_ok": "sometimes"}, name="stop"),
             controls=[{"name": "pre-run", "provider": {"type": "python",
                                                        "module": "chaosgpu.validation"}}])
-        path = tmp_path / "experiment.json"
-        path.write_text(json.dumps(experiment))
-        journal = tmp_path / "journal.json"
-        run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                              "run", "--journal-path", str(journal), str(path)],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                             stdin=subprocess.DEVNULL, env=dict(os.environ))
+        run, data = _chaos_run(tmp_path, experiment)
         assert run.returncode != 0, run.stdout + run.stderr
         assert "method['stop']: stop_workload: missing_ok must be" in \
             (tmp_path / "log").read_text()
-        data = json.loads(journal.read_text())
         assert data["status"] == "interrupted" and data["run"] == [], data["run"]
         stat = Path(f"/proc/{target.pid}/stat").read_text()
         assert stat[stat.rindex(")") + 2] != "T"  # never frozen

@@ -204,6 +204,7 @@ def _start_workers(count: int, mib: int, pynvml: Any, handle: Any) -> tuple[list
 
 
 def _kill_and_reap(procs: list[Any]) -> tuple[float, float]:
+    """SIGKILL every worker's group at once, reap them all; when that began and ended."""
     killed = time.monotonic()
     for proc in procs:
         try:
@@ -260,13 +261,7 @@ def main() -> int:
             lines.append(f"  {'(the second before)':24s} {_window(memory, killed - 1.0, killed)}")
             print("\n".join(lines[first:]), flush=True)
     finally:
-        for proc in everyone:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for proc in everyone:
-            proc.wait()
+        _kill_and_reap(everyone)
         pynvml.nvmlShutdown()
     left = [proc.pid for proc in everyone if proc.returncode is None]
     lines += ["", f"workers left unreaped: {len(left)}"]
