@@ -28,6 +28,7 @@ from jobs.launch import (  # noqa: E402
     start_torchrun,
     wait_spawn_steps,
 )
+from proc_helpers import wait_until  # noqa: E402
 from test_catalog import REPO, outputs, run_experiment  # noqa: E402
 
 from chaosgpu.job import actions, probes  # noqa: E402
@@ -450,6 +451,10 @@ def test_resume_rank_any_resumes_only_what_this_run_froze(tmp_path: Path,
     wait_spawn_steps(job, 3)
     other = census_job(tag=job.tag)["ranks"][0]["pid"]
     os.kill(other, signal.SIGSTOP)  # stopped by someone else (a debugger, say)
+    # stopped before resume_rank looks: a rank still running when its stack is taken is read
+    # by py-spy attached with ptrace, whose detach can swallow a SIGSTOP that came meanwhile
+    # (seen once in CI: the rank ran on, though nothing resumed it)
+    assert wait_until(lambda: _state(other) == "T")
     faultlog.clear()  # this run has frozen nothing yet
     try:
         nothing = actions.resume_rank(rank="any", tag=job.tag)
