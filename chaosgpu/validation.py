@@ -19,7 +19,12 @@ the activities' own (`chaosgpu.arguments.checked`): a scope's keys, `missing_ok`
 phase, signal or mode name, a sandbox or pod name..., each checked by the same code the
 activity runs before it touches anything. The timeline control's arguments are checked as the
 control checks them when it starts (`chaosgpu.timeline.control.control_problem`: an unknown
-argument, a rate or source out of range, a bad scope or flag), with its `fault_activity`.
+argument, a rate or source out of range, a bad scope or flag), with its `fault_activity`, and
+so is a control given no scope while no activity names a tag, job or sandbox to track
+(`chaosgpu.timeline.control.no_scope_problem`, the decision the control makes when it starts,
+in its words): `chaosgpu validate` reports it; the pre-run check leaves it to the control's
+start. A target argument whose `${name}` only the run resolves (an environment variable, a
+secret) is left to the run; one the configuration or a `--var` sets to null names nothing.
 
 `unknown_vars` lists the `--var` names an experiment neither declares (configuration, secrets)
 nor uses as `${name}`, nor chaosgpu reads from the configuration itself (READ_KEYS):
@@ -168,12 +173,14 @@ def _activity_function(provider: Mapping[str, Any]) -> Any:
         return None
 
 
-def argument_problems(experiment: Mapping[str, Any],
-                      values: Mapping[str, Any] | None = None) -> list[str]:
+def argument_problems(experiment: Mapping[str, Any], values: Mapping[str, Any] | None = None,
+                      *, control_scope: bool = True) -> list[str]:
     """What is wrong with the arguments of the experiment's chaosgpu activities, each as
     "WHERE: FUNC: NAME must be ..., got VALUE", checked by the activity's own rules before
     anything runs; `values` are the configuration and `--var` values a whole `${name}`
-    argument takes (what only the run can resolve is left to the activity)."""
+    argument takes (what only the run can resolve is left to the activity). With
+    `control_scope`, a timeline control with nothing to track (no scope, and no activity names
+    a target) is one too; the pre-run check leaves that to the control's own start."""
     known = {key: value for key, value in (experiment.get("configuration") or {}).items()}
     known.update(values or {})
     problems = []
@@ -190,16 +197,23 @@ def argument_problems(experiment: Mapping[str, Any],
             problem = argument_problem(function, name, value) if resolved else None
             if problem:
                 problems.append(f"{where}: {provider.get('func')}: {problem}")
-    return problems + _control_problems(experiment, known)
+    return problems + _control_problems(experiment, known, control_scope)
 
 
-def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any]) -> list[str]:
+def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
+                      control_scope: bool = True) -> list[str]:
     """What is wrong with the timeline control's arguments: what would stop it from starting
     (control_problem: an unknown argument, a bad rate, source, scope or flag), and what only
     the experiment can tell, a `fault_activity` naming no action of the method (it was silently
-    ignored). An argument only the run can resolve is left to the control."""
-    from chaosgpu.timeline.control import control_problem, fault_activity_problem
+    ignored), and (with `control_scope`) no scope while no activity names a target to track
+    (no_scope_problem, the control's own decision). An argument only the run can resolve is
+    left to the control, and so is a target argument that uses a variable only the run
+    resolves (an environment variable or a secret)."""
+    from chaosgpu.timeline.control import control_problem, fault_activity_problem, no_scope_problem
 
+    plain = {name: value for name, value in known.items() if not isinstance(value, Mapping)}
+    pending = {name for _, text in _strings(experiment, "")
+               for name in _references(text)} - set(plain)
     problems = []
     for control in experiment.get("controls") or []:
         provider = control.get("provider") if isinstance(control, Mapping) else None
@@ -221,13 +235,20 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any]) -
         problem = fault_activity_problem(dict(experiment), values.get("fault_activity"))
         if problem:
             problems.append(f"{where}: {problem}")
+        if control_scope:
+            resolved, scope = _value(arguments.get("scope"), known)  # unresolved: a scope
+            problem = no_scope_problem(dict(experiment), scope if resolved else
+                                       arguments["scope"], plain, None, pending)
+            if problem:
+                problems.append(f"{where}: the timeline control cannot start ({problem})")
     return problems
 
 
 def ensure_arguments_valid(experiment: Mapping[str, Any],
-                           values: Mapping[str, Any] | None = None) -> None:
+                           values: Mapping[str, Any] | None = None, *,
+                           control_scope: bool = True) -> None:
     """Raise InvalidArgument naming every bad argument value (``argument_problems``)."""
-    problems = argument_problems(experiment, values)
+    problems = argument_problems(experiment, values, control_scope=control_scope)
     if problems:
         raise InvalidArgument("bad argument values, refused before anything runs: "
                               + "; ".join(problems))
@@ -246,7 +267,8 @@ def before_experiment_control(context: Any = None, configuration: Any = None,
             defined |= set(scope)
     try:
         ensure_variables_resolve(context or {}, defined)
-        ensure_arguments_valid(context or {}, configuration or {})
+        # a timeline control with nothing to track is refused by its own start, in its words
+        ensure_arguments_valid(context or {}, configuration or {}, control_scope=False)
     except (UnknownVariable, InvalidArgument) as error:
         raise InterruptExecution(str(error)) from None
 

@@ -10,7 +10,8 @@ Declare it in an experiment (or in the settings) as:
 Arguments (all optional): `rate_hz` (default 200), `process_every` (list processes every N
 samples, default 20), `scope` (which processes to track; default this run's own targets: the
 tags, jobs and sandboxes its chaosgpu activities name, `own_targets`; with none, the control
-cannot start: never every chaosgpu-tagged process on the node, other game-days' included),
+cannot start: never every chaosgpu-tagged process on the node, other game-days' included;
+`no_scope_problem` decides it, for the start and for `chaosgpu validate` alike),
 `source` ("auto" | "nvml" | "host-rss"), `inline_max_points` (default 50,000), `timeline_path`,
 `fail_on_missed_steady_state` (default false), `fail_on_failed_activity` (default false: stop
 the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carries on, so a
@@ -55,8 +56,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from string import Template
 from typing import Any
 
 from chaosgpu.arguments import checked, unknown_argument_problem
@@ -68,7 +70,7 @@ __all__ = [
     "configure_control", "control_problem", "before_experiment_control", "after_experiment_control",
     "before_hypothesis_control", "after_hypothesis_control", "before_method_control",
     "after_method_control", "before_rollback_control", "after_rollback_control",
-    "before_activity_control", "after_activity_control", "cleanup_control",
+    "before_activity_control", "after_activity_control", "cleanup_control", "no_scope_problem",
 ]
 
 logger = logging.getLogger("chaostoolkit")
@@ -220,23 +222,18 @@ def fault_activity_problem(experiment: Any, fault_activity: Any) -> str | None:
 TARGET_ARGUMENTS = {"tag": "tag", "job": "job", "sandbox": "sandbox"}
 
 
-def own_targets(experiment: Any, configuration: Any = None,
-                secrets: Any = None) -> list[dict[str, Any]]:
-    """The scopes this run's own chaosgpu activities target or start (steady-state probes,
-    method and rollbacks): each `tag`, `job` and `sandbox` argument, each `scope` argument, and
-    the `name` of a chaosgpu.sandbox activity, once `${name}` is substituted from the
-    configuration; one still unresolved, null or not a valid selection names nothing (the
-    activity itself refuses a bad one). The timeline control's default scope (it was every
-    chaosgpu-tagged process on the node, other game-days' included)."""
-    from chaosgpu.scope import ScopeError, validate_scope
-
+def _named_targets(experiment: Any, configuration: Any = None,
+                   secrets: Any = None) -> Iterator[dict[str, Any]]:
+    """Each selection an argument of the experiment's chaosgpu activities (steady-state probes,
+    method and rollbacks) names, once `${name}` is substituted from the configuration and
+    secrets, unchecked: {kind: value} for each `tag`, `job` and `sandbox` argument and the
+    `name` of a chaosgpu.sandbox activity, and each `scope` argument as given."""
     hypothesis = experiment.get("steady-state-hypothesis") if isinstance(
         experiment, dict) else None
     activities = [*((hypothesis or {}).get("probes") or [] if isinstance(hypothesis, dict)
                     else []),
                   *(experiment.get("method") or [] if isinstance(experiment, dict) else []),
                   *(experiment.get("rollbacks") or [] if isinstance(experiment, dict) else [])]
-    found: dict[str, dict[str, Any]] = {}
     for activity in activities:
         provider = activity.get("provider") if isinstance(activity, dict) else None
         if not isinstance(provider, dict) or provider.get("type") != "python":
@@ -249,21 +246,64 @@ def own_targets(experiment: Any, configuration: Any = None,
             from chaoslib import substitute
 
             arguments = substitute(arguments, configuration, secrets)
-        wanted = [{kind: arguments.get(name)} for name, kind in TARGET_ARGUMENTS.items()]
+        yield from ({kind: arguments.get(name)} for name, kind in TARGET_ARGUMENTS.items())
         if module.startswith("chaosgpu.sandbox.") and "sandbox" not in arguments:
-            wanted.append({"sandbox": arguments.get("name")})
+            yield {"sandbox": arguments.get("name")}
         if isinstance(arguments.get("scope"), dict):
-            wanted.append(dict(arguments["scope"]))
-        for scope in wanted:
-            if any(value is None or "${" in json.dumps(value, default=str)
-                   for value in scope.values()):
-                continue
-            try:
-                scope = validate_scope(scope)
-            except (ScopeError, ValueError, TypeError):
-                continue
-            found.setdefault(json.dumps(scope, sort_keys=True, default=str), scope)
+            yield dict(arguments["scope"])
+
+
+def own_targets(experiment: Any, configuration: Any = None,
+                secrets: Any = None) -> list[dict[str, Any]]:
+    """The scopes this run's own chaosgpu activities target or start (steady-state probes,
+    method and rollbacks): each `tag`, `job` and `sandbox` argument, each `scope` argument, and
+    the `name` of a chaosgpu.sandbox activity, once `${name}` is substituted from the
+    configuration; one still unresolved, null or not a valid selection names nothing (the
+    activity itself refuses a bad one). The timeline control's default scope (it was every
+    chaosgpu-tagged process on the node, other game-days' included)."""
+    from chaosgpu.scope import ScopeError, validate_scope
+
+    found: dict[str, dict[str, Any]] = {}
+    for scope in _named_targets(experiment, configuration, secrets):
+        if any(value is None or "${" in json.dumps(value, default=str)
+               for value in scope.values()):
+            continue
+        try:
+            scope = validate_scope(scope)
+        except (ScopeError, ValueError, TypeError):
+            continue
+        found.setdefault(json.dumps(scope, sort_keys=True, default=str), scope)
     return list(found.values())
+
+
+#: why the control cannot start without a scope: nothing of the run would be its to measure
+NO_SCOPE = ("chaosgpu timeline control: no scope given, and no activity of the experiment "
+            "names a tag, job or sandbox to track: give the control a scope (such as "
+            "{\"tag\": \"${tag}\"}); it never measures every chaosgpu-tagged process on the "
+            "node (other runs' included)")
+
+
+def no_scope_problem(experiment: Any, scope: Any, configuration: Any = None,
+                     secrets: Any = None, pending: Collection[str] = ()) -> str | None:
+    """Why the control, given `scope` (None: no scope given), cannot start for `experiment`:
+    no scope, and no activity names a target to track (`own_targets`, with `${name}`
+    substituted from `configuration` and `secrets`); None when it has something to track.
+    Any other `scope` (a `${name}` not yet resolved included) is a scope: whether it is a valid
+    one is `control_problem`'s question. `pending` names the variables whose values only the
+    run will know (an environment variable or a secret, before the run): while a target
+    argument still uses one, it may name a target then, and the decision is left to the run
+    (None). The one decision of the control's start (the run's configuration and secrets,
+    nothing pending) and of `chaosgpu validate` (chaosgpu.validation)."""
+    if scope is not None or own_targets(experiment, configuration, secrets):
+        return None
+    waiting = set(pending)
+    if waiting and any(
+            match.group("braced") in waiting
+            for target in _named_targets(experiment, configuration, secrets)
+            for value in target.values()
+            for match in Template.pattern.finditer(json.dumps(value, default=str))):
+        return None
+    return NO_SCOPE
 
 
 def _start(experiment: Any, configuration: Any = None, secrets: Any = None, /,
@@ -275,12 +315,9 @@ def _start(experiment: Any, configuration: Any = None, secrets: Any = None, /,
         raise InvalidArgument(problem)
     own = own_targets(experiment, configuration, secrets) if _settings["scope"] is None else []
     sampler = _new_sampler(_settings, own)
-    if _settings["scope"] is None and not own:
-        raise InvalidArgument(
-            "chaosgpu timeline control: no scope given, and no activity of the experiment "
-            "names a tag, job or sandbox to track: give the control a scope (such as "
-            "{\"tag\": \"${tag}\"}); it never measures every chaosgpu-tagged process on the "
-            "node (other runs' included)")
+    problem = no_scope_problem(experiment, _settings["scope"], configuration, secrets)
+    if problem:
+        raise InvalidArgument(problem)
     sampler.start()
     sampler_mod.install(sampler)
     sampler.mark("experiment", "start")
