@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional
 
 import requests
 
-from chaosgpu.arguments import INDEX, MIB, POSITIVE_SECONDS, TEXT, UNIX_TIME, checked
+from chaosgpu.arguments import BOOL, INDEX, MIB, POSITIVE_SECONDS, TEXT, UNIX_TIME, checked
 from chaosgpu.progress import Progress
 from chaosgpu.timeline.integral import gib_seconds
 
@@ -82,7 +82,7 @@ def _pod(pod_uid: str | None, pod: str | None, since: float | None) -> tuple[str
     return str(record["uid"]), since if since is not None else record.get("delete_sent_at")
 
 
-@checked(gpu=INDEX, timeout_s=POSITIVE_SECONDS)
+@checked(gpu=INDEX, timeout_s=POSITIVE_SECONDS, processes=BOOL)
 def agent_snapshot(url: Optional[str] = None, gpu: Optional[int] = None, processes: bool = True,
                    timeout_s: float = 5.0, configuration: Optional[Dict[str, Any]] = None,
                    secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
 from chaosgpu.arguments import (
+    BOOL,
     DEVICE,
     FRACTION,
     INDEX,
@@ -321,7 +322,7 @@ def inject_cuda_fault(fault: str = "alloc", count: int = 1, rank: Union[int, str
             "count": count, "delivered": True, "ack": ack}
 
 
-@checked(watch_s=SECONDS, timeout_s=POSITIVE_SECONDS, device=DEVICE, kind=XID_KIND)
+@checked(watch_s=SECONDS, timeout_s=POSITIVE_SECONDS, device=DEVICE, kind=XID_KIND, check=BOOL)
 def trigger_xid(device: Union[int, str] = 0, kind: str = "illegal-address",
                 watch_s: float = 10.0, check: bool = True, timeout_s: float = 60.0,
                 configuration: Optional[Dict[str, Any]] = None,

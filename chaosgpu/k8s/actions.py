@@ -59,7 +59,7 @@ SPEC_OVERRIDES = Rule.by_check("an object (a JSON merge patch of the pod's spec)
 
 
 @checked(spec_path=TEXT, ns=NAMESPACE, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
-         grace_period=GRACE_PERIOD, image=TEXT, spec_overrides=SPEC_OVERRIDES)
+         grace_period=GRACE_PERIOD, image=TEXT, spec_overrides=SPEC_OVERRIDES, wait_running=BOOL)
 def create_gpu_pod(spec_path: str, ns: str = "default", wait_running: bool = True,
                    timeout: float = 300.0, poll_interval: float = 1.0,
                    grace_period: int = -1, image: Optional[str] = None,
@@ -214,7 +214,7 @@ def _quantities_as_strings(manifest: dict[str, Any]) -> None:
 
 
 @checked(ns=NAMESPACE, qty=COUNT, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS,
-         grace_period=GRACE_PERIOD, missing_ok=BOOL)
+         grace_period=GRACE_PERIOD, missing_ok=BOOL, rand=BOOL, gpu_only=BOOL, wait=BOOL)
 def delete_gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                     ns: str = "default", grace_period: int = -1, qty: Optional[int] = None,
                     rand: bool = False, gpu_only: bool = True, wait: bool = True,
@@ -307,7 +307,8 @@ def _rank_action(signal: str, name: str, ns: str, rank: int, job: str | None,
     return result
 
 
-@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS, signal=SIGNAL_NAME)
+@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS, signal=SIGNAL_NAME,
+         allow_other_users=BOOL)
 def kill_rank_in_pod(name: str, ns: str = "default", rank: int = 0, job: Optional[str] = None,
                      container: Optional[str] = None, signal: str = "SIGKILL",
                      timeout: float = 60.0, allow_other_users: bool = False,
@@ -322,7 +323,7 @@ def kill_rank_in_pod(name: str, ns: str = "default", rank: int = 0, job: Optiona
                         python, secrets)
 
 
-@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS, allow_other_users=BOOL)
 def freeze_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                        job: Optional[str] = None, container: Optional[str] = None,
                        timeout: float = 60.0, allow_other_users: bool = False,
@@ -335,7 +336,7 @@ def freeze_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                         python, secrets)
 
 
-@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, rank=INDEX, timeout=POSITIVE_SECONDS, allow_other_users=BOOL)
 def thaw_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                      job: Optional[str] = None, container: Optional[str] = None,
                      timeout: float = 60.0, allow_other_users: bool = False,

@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
-from chaosgpu.arguments import MISSING_OK, POSITIVE_SECONDS, checked, missing_allowed
+from chaosgpu.arguments import BOOL, MISSING_OK, POSITIVE_SECONDS, checked, missing_allowed
 from chaosgpu.k8s import deletion, inpod, selection
 from chaosgpu.k8s.client import core_api
 from chaosgpu.k8s.selection import NAMESPACE, POD_NAME
@@ -19,7 +19,7 @@ __all__ = ["gpu_pods", "gpu_pod_count", "gpu_pods_terminating", "pod_deletion_ti
            "pod_census"]
 
 
-@checked(ns=NAMESPACE)
+@checked(ns=NAMESPACE, gpu_only=BOOL)
 def gpu_pods(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
              ns: str = "default", gpu_only: bool = True,
              configuration: Optional[Dict[str, Any]] = None,
@@ -52,7 +52,7 @@ def _counted(label_selector: str | None, name_pattern: str | None, ns: str, gpu_
         "before the method's first action)")
 
 
-@checked(ns=NAMESPACE, missing_ok=MISSING_OK)
+@checked(ns=NAMESPACE, missing_ok=MISSING_OK, gpu_only=BOOL)
 def gpu_pod_count(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                   ns: str = "default", gpu_only: bool = True,
                   missing_ok: Union[bool, str] = "before-method",
@@ -65,7 +65,7 @@ def gpu_pod_count(label_selector: Optional[str] = None, name_pattern: Optional[s
     return len(_counted(label_selector, name_pattern, ns, gpu_only, missing_ok, secrets))
 
 
-@checked(ns=NAMESPACE, missing_ok=MISSING_OK)
+@checked(ns=NAMESPACE, missing_ok=MISSING_OK, gpu_only=BOOL)
 def gpu_pods_terminating(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                          ns: str = "default", gpu_only: bool = True,
                          missing_ok: Union[bool, str] = "before-method",
@@ -79,7 +79,7 @@ def gpu_pods_terminating(label_selector: Optional[str] = None, name_pattern: Opt
     return sum(1 for pod in pods if pod["deletion_timestamp"])
 
 
-@checked(ns=NAMESPACE, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS)
+@checked(ns=NAMESPACE, timeout=POSITIVE_SECONDS, poll_interval=POSITIVE_SECONDS, wait=BOOL)
 def pod_deletion_timings(label_selector: Optional[str] = None, name_pattern: Optional[str] = None,
                          ns: str = "default", wait: bool = True, timeout: float = 120.0,
                          poll_interval: float = 0.2,
@@ -117,7 +117,7 @@ def pod_deletion_timings(label_selector: Optional[str] = None, name_pattern: Opt
             "max_containers_terminated_s": max(terminated) if terminated else None}
 
 
-@checked(name=POD_NAME, ns=NAMESPACE, timeout=POSITIVE_SECONDS)
+@checked(name=POD_NAME, ns=NAMESPACE, timeout=POSITIVE_SECONDS, full=BOOL)
 def pod_census(name: str, ns: str = "default", container: Optional[str] = None,
                timeout: float = 60.0, full: bool = False, python: str = "python3",
                configuration: Optional[Dict[str, Any]] = None,

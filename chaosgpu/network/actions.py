@@ -29,7 +29,7 @@ def _target(proc: dict[str, Any], rank: int | None = None,
             "comm": proc.get("comm")}
 
 
-@checked(rank=RANK, job=NAME, tag=TAG)
+@checked(rank=RANK, job=NAME, tag=TAG, then_kill=BOOL)
 def partition_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[str] = None,
                    then_kill: bool = False,
                    configuration: Optional[Dict[str, Any]] = None,

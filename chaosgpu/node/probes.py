@@ -11,7 +11,7 @@ reads as "no zombies" (chaosgpu.scope.resolve_observed).
 
 from typing import Any, Dict, List, Optional, Union
 
-from chaosgpu.arguments import MISSING_OK, POSITIVE_SECONDS, checked
+from chaosgpu.arguments import BOOL, MISSING_OK, POSITIVE_SECONDS, checked
 from chaosgpu.node import take_census
 from chaosgpu.scope import SCOPE
 
@@ -43,6 +43,7 @@ def _described(proc: dict[str, Any]) -> dict[str, Any]:
             "orphan_reason": proc.get("orphan_reason")}
 
 
+@checked(gpu=BOOL, env=BOOL, fds=BOOL)
 def node_snapshot(gpu: bool = True, env: bool = True, fds: bool = True,
                   configuration: Optional[Dict[str, Any]] = None,
                   secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

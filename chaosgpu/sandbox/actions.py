@@ -10,6 +10,7 @@ import os
 from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu.arguments import (
+    BOOL,
     COUNT,
     INDEX,
     MISSING_OK,
@@ -62,7 +63,7 @@ def create_sandbox(
 
 
 @checked(name=SANDBOX_NAME, count=COUNT, timeout_s=POSITIVE_SECONDS, argv=ARGV, user=USER,
-         env=ENV)
+         env=ENV, detached=BOOL)
 def exec_in_sandbox(
     name: str,
     argv: List[str],

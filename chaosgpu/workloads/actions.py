@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from chaosgpu import state
 from chaosgpu.arguments import (
+    BOOL,
     COUNT,
     INDEX,
     MISSING_OK,
@@ -205,7 +206,7 @@ def _record_process(pid: int, ns_pid: int | None = None, role: str = "worker") -
 
 
 @checked(count=HOLDER_COUNT, mib=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS, via=VIA,
-         on_sigterm=SIGTERM_MODE, sandbox=SANDBOX_NAME, tag=WORKLOAD_TAG)
+         on_sigterm=SIGTERM_MODE, sandbox=SANDBOX_NAME, tag=WORKLOAD_TAG, allow_host_fallback=BOOL)
 def start_holders(
     count: int = 1,
     mib: int = 256,
@@ -316,7 +317,7 @@ def _hold_argv(exe: str, mib: int, via: str, device: int, on_sigterm: str, ready
 
 @checked(pod=SANDBOX_NAME, init=INIT, count=HOLDER_COUNT, mib=INDEX, grace_s=SECONDS, uid=INDEX,
          gid=INDEX, device=INDEX, timeout_s=POSITIVE_SECONDS, via=VIA, on_sigterm=SIGTERM_MODE,
-         tag=WORKLOAD_TAG)
+         tag=WORKLOAD_TAG, allow_host_fallback=BOOL)
 def start_pod_with_holders(
     pod: str,
     init: str = "dumb-init",
