@@ -133,7 +133,7 @@ def test_py_spy_runs_without_the_runners_scope(runner_scope: dict[str, str],
                                env=helper_env(), stdin=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        sample = stacks.take_samples({sleeper.pid: False}, timeout_s=20)[sleeper.pid]
+        sample = stacks.take_samples([sleeper.pid], timeout_s=20)[sleeper.pid]
         assert sample.error is None, sample.error  # the real py-spy read the real process
     finally:
         sleeper.kill()

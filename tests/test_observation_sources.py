@@ -266,7 +266,7 @@ def test_stacks_are_read_with_the_py_spy_beside_this_python_when_path_lacks_it(
     sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
     try:
         time.sleep(0.5)
-        sample = stacks.take_samples({sleeper.pid: False}, timeout_s=20)[sleeper.pid]
+        sample = stacks.take_samples([sleeper.pid], timeout_s=20)[sleeper.pid]
         assert sample.error is None, sample.error
         assert any(f.function == "<module>" for t in sample.threads for f in t.frames)
     finally:
@@ -298,7 +298,7 @@ def test_where_a_rank_is_means_its_main_thread_not_a_helper() -> None:
     try:
         assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
         time.sleep(0.3)
-        sample = stacks.take_samples({rank.pid: False}, timeout_s=20)[rank.pid]
+        sample = stacks.take_samples([rank.pid], timeout_s=20)[rank.pid]
         assert sample.error is None, sample.error
         assert {t.name for t in sample.threads} >= {"MainThread", "helper"} or len(
             sample.threads) == 2, sample.threads

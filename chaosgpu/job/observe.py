@@ -435,16 +435,14 @@ class Observer:
         self._exits.forget(rank.pid, rank.starttime)
 
     def _take_stacks(self) -> None:
-        wanted: dict[int, bool] = {}
         owners: dict[int, tuple[JobTrack, RankTrack]] = {}
         for track in self.tracks.values():
             for rank in track.current_ranks():
                 if rank.live:
-                    wanted[rank.pid] = rank.state != "alive"
                     owners[rank.pid] = (track, rank)
-        if not wanted:
+        if not owners:
             return
-        samples = take_samples(wanted, timeout_s=min(3.0, max(1.0, self.window_s)))
+        samples = take_samples(owners, timeout_s=min(3.0, max(1.0, self.window_s)))
         now = time.time()
         for pid, sample in samples.items():
             track, rank = owners[pid]

@@ -1,7 +1,7 @@
 """Python stacks of training ranks, taken from outside with py-spy, and what they show.
 
 This module owns two things: taking a stack sample of every Python thread of a process
-(`py-spy dump --json`, `--nonblocking` for stopped processes, with a deadline) and reading a
+(`py-spy dump --json --nonblocking`, with a deadline) and reading a
 sample: where each thread waits (a collective, a barrier, a rendezvous, DDP's backward, the
 GPU) and a progress signature (frames and simple local values outside the innermost line)
 that changes when the rank moves on and stays the same while it is blocked. It decides no
@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +101,6 @@ class StackSample:
     taken_at: float
     threads: list[ThreadStack] = field(default_factory=list)
     error: str | None = None
-    nonblocking: bool = False
 
     def main_thread(self) -> ThreadStack | None:
         """The process's main thread (its thread id is the PID; py-spy may list it after
@@ -157,7 +157,7 @@ def py_spy_path() -> str | None:
     return found
 
 
-def _parse(pid: int, text: str, taken_at: float, nonblocking: bool) -> StackSample:
+def _parse(pid: int, text: str, taken_at: float) -> StackSample:
     data = json.loads(text)
     threads = []
     for thread in data:
@@ -171,36 +171,37 @@ def _parse(pid: int, text: str, taken_at: float, nonblocking: bool) -> StackSamp
                                 int(raw.get("line") or 0), values))
         threads.append(ThreadStack(thread.get("os_thread_id"), thread.get("thread_name"),
                                    frames))
-    return StackSample(pid, taken_at, threads, None, nonblocking)
+    return StackSample(pid, taken_at, threads, None)
 
 
-def take_samples(pids: dict[int, bool], timeout_s: float = 3.0,
+def take_samples(pids: Iterable[int], timeout_s: float = 3.0,
                  local_values: bool = True) -> dict[int, StackSample]:
-    """Take one stack sample of each PID at once (`pids` maps a PID to whether it is stopped:
-    a stopped process is read with `--nonblocking`, which does not wait for it to run), every
-    dump with the same deadline. A PID py-spy cannot read gets a sample with `error` (not
-    installed, no permission, not a Python process, gone, no answer in time). py-spy runs
-    without the runner's scope variables (helper_env): a kill by the runner's tag never hits
-    it."""
+    """Take one stack sample of each PID at once, every dump with the same deadline. py-spy
+    reads each process's memory without attaching to it (`--nonblocking`): the rank is never
+    ptrace-stopped, so sampling neither pauses a running rank nor races a stop signal sent to
+    it meanwhile (by a fault, a scheduler suspending the job, an operator), which a tracer
+    attached at that moment would receive and could swallow on detaching; a stopped rank is
+    read without waiting for it to run. A rank blocked in a call shows the same stack in
+    every read; a running one may be read between two of its steps, which is a move it made.
+    A PID py-spy cannot read gets a sample with `error` (not installed, no permission, not a
+    Python process, gone, no answer in time). py-spy runs without the runner's scope
+    variables (helper_env): a kill by the runner's tag never hits it."""
     exe = py_spy_path()
     now = time.time()
     if exe is None:
         missing = (f"py-spy was found neither on PATH nor beside {sys.executable} "
                    "(pip install py-spy)")
         return {pid: StackSample(pid, now, error=missing) for pid in pids}
-    running: dict[int, tuple[subprocess.Popen[str], bool]] = {}
-    for pid, stopped in pids.items():
-        argv = [exe, "dump", "--pid", str(pid), "--json"]
+    running: dict[int, subprocess.Popen[str]] = {}
+    for pid in pids:
+        argv = [exe, "dump", "--pid", str(pid), "--json", "--nonblocking"]
         if local_values:
             argv.append("--locals")
-        if stopped:
-            argv.append("--nonblocking")
-        running[pid] = (subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         stdin=subprocess.DEVNULL, text=True,
-                                         env=helper_env()), stopped)
+        running[pid] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL, text=True, env=helper_env())
     end = time.monotonic() + timeout_s
     samples = {}
-    for pid, (proc, stopped) in running.items():
+    for pid, proc in running.items():
         try:
             out, err = proc.communicate(timeout=max(0.05, end - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -213,7 +214,7 @@ def take_samples(pids: dict[int, bool], timeout_s: float = 3.0,
             samples[pid] = StackSample(pid, now, error=f"py-spy failed: {first[:300]}")
             continue
         try:
-            samples[pid] = _parse(pid, out, now, stopped)
+            samples[pid] = _parse(pid, out, now)
         except (ValueError, TypeError, AttributeError) as error:
             samples[pid] = StackSample(pid, now, error=f"unreadable py-spy output: {error}")
     return samples

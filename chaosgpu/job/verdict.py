@@ -559,8 +559,7 @@ class JobTrack:
                         else {"MainThread"})
         before = track.signature_prev
         track.signature_prev = sig
-        if (before is not None and sig != before and track.state == "alive"
-                and not sample.nonblocking):
+        if before is not None and sig != before and track.state == "alive":
             self._progress(track, now, f"its Python stack moved ({describe_move(before, sig)})")
 
     def update_flight_recorder(self, track: RankTrack, summary: dict[str, Any],
