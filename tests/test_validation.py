@@ -126,10 +126,20 @@ def test_every_shipped_experiment_validates_and_resolves_its_variables(tmp_path:
         (ROOT / "tests" / "experiments").glob("*.json"))
     assert paths
     for path in paths:
-        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", str(path)],
+        # An experiment on a job the user runs names it with --var (its configuration's tag
+        # and job are null): without one its timeline control has nothing to track, and both
+        # validate and the run refuse it.
+        existing = "target:existing-job" in json.loads(path.read_text()).get("tags", [])
+        names = ["--var", "tag:str=validate"] if existing else []
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", str(path),
+                               *names],
                               capture_output=True, text=True, timeout=120, cwd=tmp_path,
                               env=dict(os.environ, SMOKE_TAG="validate"))
         assert done.returncode == 0, (path, done.stderr)
+        if existing:
+            bare = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", str(path)],
+                                  capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            assert bare.returncode == 1 and "no scope given" in bare.stderr, (path, bare.stderr)
 
 
 def _typo_experiment(tmp_path: Path, pid: int, control: str = "chaosgpu.validation") -> Path:
