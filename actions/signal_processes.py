@@ -37,15 +37,23 @@ before the deadline, `exited_on` names the last signal before it), `alive` (stil
 deadline after the last signal), `refused` (with `reason_code` and `reason`) or `gone` (it
 exited or was reaped before any signal; a zombie counts as gone: it is dead and ignores signals).
 
-This program owns sending signals, waiting for exits and the identity checks that guard them.
-It must not decide which processes are in scope (chaosgpu.scope does) nor read more of /proc
-than those checks need.
+A stop signal sent is not a stop seen: a tracer attached to the target receives the signal
+first and may drop it, an uninterruptible call delays it, and SIGTSTP, SIGTTIN and SIGTTOU can be
+handled, ignored or blocked by the target, or discarded by the kernel in an orphaned process
+group (a session of its own). `wait_stopped` watches the targets until they are stopped (state
+T) and says, from /proc, why one is not; `signal_targets` does so with `wait_stopped_s`, and
+each sent result then says `stopped`.
+
+This program owns sending signals, waiting for exits and stops, and the identity checks that
+guard them. It must not decide which processes are in scope (chaosgpu.scope does) nor read more
+of /proc than those checks, and the account of a stop that did not happen, need.
 
 Command line: `python signal_processes.py SIGNAL[,SIGNAL...] [TARGETS_JSON] [--allow-other-users]
-[--allow-ns-init] [--grace-s=S] [--deadline-s=S]`; TARGETS_JSON (a list of targets, or
-`{"targets": [...]}`) is read from stdin when absent. One signal without --deadline-s signals
-and returns; otherwise it terminates (escalation, waits). Prints one JSON document; exit 0, or
-2 with `{"error": ...}` on bad input.
+[--allow-ns-init] [--grace-s=S] [--deadline-s=S] [--wait-stopped-s=S]`; TARGETS_JSON (a list of
+targets, or `{"targets": [...]}`) is read from stdin when absent. One signal without
+--deadline-s signals and returns, after watching the targets of a stop signal until they stop
+(at most --wait-stopped-s, STOP_WAIT_S by default; 0: not watched); otherwise it terminates
+(escalation, waits). Prints one JSON document; exit 0, or 2 with `{"error": ...}` on bad input.
 """
 
 import json
@@ -56,8 +64,9 @@ import signal
 import sys
 import time
 
-__all__ = ["SIGNALS", "FATAL_SIGNALS", "STOP_SIGNALS", "terminate", "signal_targets", "wait_exits",
-           "parse_signal", "ends_process", "stops_process", "protected_pids", "main"]
+__all__ = ["SIGNALS", "FATAL_SIGNALS", "STOP_SIGNALS", "STOP_WAIT_S", "terminate", "signal_targets",
+           "wait_exits", "wait_stopped", "parse_signal", "ends_process", "stops_process",
+           "protected_pids", "main"]
 
 SCHEMA = "chaosgpu.signal/1"
 PF_KTHREAD = 0x00200000
@@ -75,6 +84,9 @@ _STOPPING = frozenset(int(getattr(signal, name)) for name in STOP_SIGNALS)
 _NOT_ENDING = _STOPPING | frozenset(int(getattr(signal, name)) for name in
                                     ("SIGCONT", "SIGCHLD", "SIGURG", "SIGWINCH"))
 UNTIL = ("sent", "exit", "reaped")
+# How long the command line watches the targets of a stop signal until they are seen stopped
+# (`wait_stopped`), unless --wait-stopped-s says otherwise; chaosgpu's rank freezes wait as long.
+STOP_WAIT_S = 5.0
 # The longest one poll(2) call waits (a day): its timeout is an int of milliseconds, at most
 # 2**31 - 1 (about 24.8 days); a longer grace or deadline is waited for a day at a time.
 POLL_SLICE_S = 86400.0
@@ -127,15 +139,17 @@ FATAL_SIGNALS = tuple(name for name in SIGNALS if ends_process(int(getattr(signa
 
 
 def _read_stat(pid):
-    """Return (state, ppid, flags, starttime) from /proc/PID/stat, or None when it is gone."""
+    """Return (state, ppid, flags, starttime, pgrp, session) from /proc/PID/stat, or None when
+    it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             raw = handle.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = raw[raw.rindex(b")") + 2:].split()
-    # fields[0] is field 3 (state); ppid is field 4, flags field 9, starttime field 22.
-    return fields[0].decode(), int(fields[1]), int(fields[6]), int(fields[19])
+    # fields[0] is field 3 (state); ppid is field 4, pgrp 5, session 6, flags 9, starttime 22.
+    return (fields[0].decode(), int(fields[1]), int(fields[6]), int(fields[19]),
+            int(fields[2]), int(fields[3]))
 
 
 def _read_status(pid):
@@ -209,7 +223,7 @@ def _seconds(label, value):
 def _refusal(target, stat, status, rules):
     """The refusal that applies to a live, identified target (None when it may be signalled)."""
     pid = target["pid"]
-    state, _ppid, flags, _starttime = stat
+    state, flags = stat[0], stat[2]
     if flags & PF_KTHREAD:
         return _result(target, "refused", "kernel_thread", f"PID {pid} is a kernel thread")
     uids, nspid = status
@@ -461,8 +475,111 @@ def wait_exits(targets, deadline_s):
     return [{"pid": key[0], "starttime": key[1]} for key in fds if key not in exited]
 
 
+def _signal_status(pid):
+    """Return TracerPid and the SigBlk, SigIgn and SigCgt masks (ints) of /proc/PID/status
+    ({} when gone)."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key == "TracerPid":
+                    found[key] = int(value)
+                elif key in ("SigBlk", "SigIgn", "SigCgt"):
+                    found[key] = int(value.strip(), 16)
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    return found
+
+
+def _group_orphaned(pgrp, session):
+    """Whether process group `pgrp` of `session` is orphaned (POSIX: no member has a parent in
+    another group of the same session), as every member's and parent's /proc/PID/stat say."""
+    members, groups = [], {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _read_stat(int(name))
+            if stat is not None:
+                groups[int(name)] = (stat[4], stat[5])
+                if stat[4] == pgrp:
+                    members.append(stat[1])
+    for ppid in members:
+        parent = groups.get(ppid)
+        if parent is not None and parent[0] != pgrp and parent[1] == session:
+            return False
+    return True
+
+
+def _why_not_stopped(pid, signum, state):
+    """Why a process sent the stop signal `signum` is not stopped (state `state`): what its
+    /proc entries show of a tracer, an uninterruptible call, and for SIGTSTP, SIGTTIN and
+    SIGTTOU its own handling of the signal or an orphaned process group."""
+    name = name_of(signum)
+    bit = 1 << (signum - 1)
+    status = _signal_status(pid)
+    reasons = []
+    if status.get("TracerPid"):
+        reasons.append(f"it is traced by PID {status['TracerPid']}: a stop signal goes to the "
+                       "tracer first, which may hold it or drop it")
+    if state == "D":
+        reasons.append("it is in an uninterruptible call (state D, as in a driver or on a "
+                       "network file system): the stop takes effect when the call returns")
+    if signum != signal.SIGSTOP:
+        if status.get("SigIgn", 0) & bit:
+            reasons.append(f"it ignores {name}")
+        elif status.get("SigCgt", 0) & bit:
+            reasons.append(f"it handles {name} itself (its handler did not stop it)")
+        elif status.get("SigBlk", 0) & bit:
+            reasons.append(f"it blocks {name}: the signal stays pending")
+        else:
+            stat = _read_stat(pid)
+            if stat is not None and _group_orphaned(stat[4], stat[5]):
+                reasons.append(f"its process group {stat[4]} is orphaned (no member has a "
+                               "parent in another group of its session, as in a session of "
+                               f"its own): the kernel discards {name} for it")
+    if not reasons:
+        reasons.append("nothing in /proc says why (a SIGCONT from someone else may have "
+                       "resumed it)")
+    return "; ".join(reasons)
+
+
+def wait_stopped(targets, deadline_s, signal_name="SIGSTOP"):
+    """Wait up to `deadline_s` until each of `targets` ({"pid", "starttime"}) sent the stop
+    signal `signal_name` is stopped by it (state T: a group stop; state t is a tracer's stop,
+    whose signal the tracer may drop). Return one entry per target not seen stopped: its
+    `state` ("gone" once it ended, or its PID is another process's) and `reason`
+    (_why_not_stopped for a live one). SIGSTOP stops any process that no tracer holds nor an
+    uninterruptible call delays; SIGTSTP, SIGTTIN and SIGTTOU may be handled, ignored or
+    blocked by their target, and the kernel discards them in an orphaned process group."""
+    deadline = _seconds("deadline_s", deadline_s)
+    signum = parse_signal(signal_name)
+    pending = {}
+    for target in _validate_targets(targets):
+        pending[(target["pid"], target.get("starttime"))] = "?"
+    end = time.monotonic() + deadline
+    pause = 0.001
+    while True:
+        for key in list(pending):
+            stat = _read_stat(key[0])
+            if stat is None or stat[3] != key[1] or stat[0] in ("Z", "X"):
+                pending[key] = "gone"
+            elif stat[0] == "T":
+                del pending[key]
+            else:
+                pending[key] = stat[0]
+        if not [state for state in pending.values() if state != "gone"] \
+                or time.monotonic() >= end:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+    return [{"pid": pid, "starttime": starttime, "state": state,
+             "reason": "it ended before it was seen stopped" if state == "gone"
+             else _why_not_stopped(pid, signum, state)}
+            for (pid, starttime), state in pending.items()]
+
+
 def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=False,
-                   runner_pid=None, release=None):
+                   runner_pid=None, release=None, wait_stopped_s=0.0):
     """Signal each target once through a pidfd after the identity and refusal checks (the
     terminate primitive with one signal and no wait); return a report.
 
@@ -470,9 +587,15 @@ def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=
     {"schema", "signal", "results": [...], "sent", "refused", "gone"} (counts); a sent result
     has `sent_at`. `runner_pid` adds another process whose ancestors are protected (this
     process's always are). `release`: as for `terminate` (a target let out of a frozen cgroup
-    has `released_from`). Raises SignalInputError on bad input, before anything is sent.
+    has `released_from`). With a stop signal and `wait_stopped_s` > 0, every target sent it
+    is watched until it is stopped (`wait_stopped`), at most that long: each sent result says
+    `stopped` (true or false; when false, `state_after`, its state then, and `not_stopped`:
+    why), and the report
+    counts `stopped` and `not_stopped`. Raises SignalInputError on bad input, before anything
+    is sent.
     """
     signum = parse_signal(signal_name)
+    confirm = _seconds("wait_stopped_s", wait_stopped_s) > 0 and stops_process(signum)
     results = terminate(targets, [signal_name], deadline_s=0, until="sent",
                         allow_other_users=allow_other_users, allow_ns_init=allow_ns_init,
                         runner_pid=runner_pid, release=release)
@@ -484,6 +607,17 @@ def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=
               for name in ("sent", "refused", "gone")}
     report = {"schema": SCHEMA, "signal": name_of(signum), "results": results}
     report.update(counts)
+    if confirm:
+        sent = [r for r in results if r["result"] == "sent"]
+        left = {(e["pid"], e["starttime"]): e
+                for e in wait_stopped(sent, wait_stopped_s, signal_name)}
+        for result in sent:
+            missed = left.get((result["pid"], result["starttime"]))
+            result["stopped"] = missed is None
+            if missed is not None:
+                result.update(state_after=missed["state"], not_stopped=missed["reason"])
+        report["stopped"] = len(sent) - len(left)
+        report["not_stopped"] = len(left)
     return report
 
 
@@ -494,7 +628,7 @@ def _parse_args(args):
     for arg in args:
         if arg in flags:
             flags[arg] = True
-        elif arg.startswith(("--grace-s=", "--deadline-s=")):
+        elif arg.startswith(("--grace-s=", "--deadline-s=", "--wait-stopped-s=")):
             key, _, value = arg.partition("=")
             try:
                 seconds[key[2:].replace("-", "_")] = float(value)
@@ -505,7 +639,7 @@ def _parse_args(args):
     if not positional or len(positional) > 2:
         raise SignalInputError("usage: signal_processes.py SIGNAL[,SIGNAL...] [TARGETS_JSON] "
                                "[--allow-other-users] [--allow-ns-init] [--grace-s=S] "
-                               "[--deadline-s=S]")
+                               "[--deadline-s=S] [--wait-stopped-s=S]")
     return flags, seconds, positional
 
 
@@ -525,8 +659,14 @@ def main(argv=None):
         names = positional[0].split(",")
         rules = {"allow_other_users": flags["--allow-other-users"],
                  "allow_ns_init": flags["--allow-ns-init"]}
+        wait_stopped_s = seconds.pop("wait_stopped_s", None)
         if len(names) == 1 and "deadline_s" not in seconds:
-            report = signal_targets(targets, names[0], **rules)
+            report = signal_targets(
+                targets, names[0], wait_stopped_s=STOP_WAIT_S if wait_stopped_s is None
+                else wait_stopped_s, **rules)
+        elif wait_stopped_s is not None:
+            raise SignalInputError("--wait-stopped-s applies to one stop signal sent alone, "
+                                   "not to an escalation (--deadline-s or several signals)")
         else:
             report = {"schema": SCHEMA, "signals": names,
                       "results": terminate(targets, names, **seconds, **rules)}

@@ -38,8 +38,11 @@ from chaosgpu.job.verdict import rank_with_pid
 from chaosgpu.process.actions import (
     FREEZE_KINDS,
     FREEZE_METHOD,
+    STOP_WAIT_S,
     _freeze_with_freezer,
     _thaw_freezer_groups,
+    freeze_not_held,
+    not_stopped,
     send,
     wait_gone,
 )
@@ -199,17 +202,23 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
                     proc: dict[str, Any], signal: str, wait_s: float) -> dict[str, Any]:
     """Send `signal` to the rank's process; raise unless the kernel accepted it."""
     peers = watch_peers(census, found, proc)
-    report = send([proc], signal, {"job": found["id"]})
+    report = send([proc], signal, {"job": found["id"]}, STOP_WAIT_S)
     result = report["results"][0]
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
            "result": result["result"], "reason": result.get("reason"),
            "sent_at": result.get("sent_at"), "released_from": result.get("released_from")}
+    if "stopped" in result:  # a stop signal, watched until the rank is seen stopped
+        out["stopped"] = result["stopped"]
     if result["result"] != "sent":
         raise PermissionError(f"{signal} was not sent to {rank_with_pid(rank, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                     peers=peers, helpers=job_helpers(census, found))
+    missed = not_stopped(report)
+    if missed:  # recorded first: the rollback resumes the rank if the stop lands later
+        raise ActivityError(f"{signal} was sent to {rank_with_pid(rank, proc['pid'])}, but it "
+                            f"was not seen stopped within {STOP_WAIT_S:g} s: {missed[0]}")
     if wait_s > 0 and signal in ("SIGKILL", "SIGTERM"):
         out["wait"] = wait_gone([{"pid": proc["pid"], "starttime": proc["starttime"]}], wait_s)
         if signal == "SIGKILL" and not out["wait"].get("all_gone"):  # lives on: no kill
@@ -238,8 +247,10 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
     live rank (the highest number; where no process shows its number, as in a
     torch.multiprocessing.spawn or file:// job, the newest such rank); the result names the
     rank and PID hit. Fails when the signal could not be sent (gone, refused by the scope
-    rules, or by the kernel: the reason is given), or when a SIGKILL waited for (`wait_s` > 0)
-    left the rank alive."""
+    rules, or by the kernel: the reason is given), when a SIGKILL waited for (`wait_s` > 0)
+    left the rank alive, or when a stop signal (SIGSTOP, SIGTSTP) left it running for
+    STOP_WAIT_S (5 s): the result's `stopped` says it was seen stopped, and the failure why
+    not (a tracer, SIGTSTP handled or ignored, an orphaned process group)."""
     census, found, proc, number = rank_process(job, tag, rank, 2.0)
     return _signal_process(census, found, number, proc, signal, float(wait_s))
 
@@ -251,7 +262,10 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     """Freeze one rank of a training job (SIGSTOP, or the cgroup freezer with
     method="freezer"): a peer that stops answering while its connections stay open, so its
     peers wait in their next collective. `rank` is a number or "any" (as kill_rank takes it).
-    Resume it with resume_rank, or clean the job up with cleanup_hung_job."""
+    Resume it with resume_rank, or clean the job up with cleanup_hung_job. The freeze must be
+    seen to hold within 5 s (STOP_WAIT_S: the rank in state T, or its freezer group FROZEN),
+    else the activity fails and says why (a tracer holding the rank, an uninterruptible
+    call); what was done is recorded first, so resume_rank undoes it."""
     census, found, proc, number = rank_process(job, tag, rank, 5.0)
     if method == "sigstop":
         out = _signal_process(census, found, number, proc, "SIGSTOP", 0)
@@ -264,12 +278,17 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
                                   f"{check['result']}: {check.get('reason')}")
         version = "auto" if method == "freezer" else method[len("freezer-"):]
         which = f"rank{number}" if number is not None else f"pid{proc['pid']}"
-        frozen = _freeze_with_freezer({"job": f"{found['id']}-{which}"}, [proc], 5.0, version)
+        frozen = _freeze_with_freezer({"job": f"{found['id']}-{which}"}, [proc], STOP_WAIT_S,
+                                      version)
         faultlog.record("freezer", job=found["id"], tag=found.get("tag"), rank=number,
                         pid=proc["pid"],
                         starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                         peers=watch_peers(census, found, proc),
                         helpers=job_helpers(census, found))
+        missed = freeze_not_held(frozen, STOP_WAIT_S)
+        if missed:  # recorded first: resume_rank thaws what holds later
+            raise ActivityError(f"the freeze of {rank_with_pid(number, proc['pid'])} did not "
+                                f"hold: {missed[0]}")
         out = {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "frozen",
                **frozen}
     out["method"] = method

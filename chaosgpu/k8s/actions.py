@@ -331,7 +331,9 @@ def freeze_rank_in_pod(name: str, ns: str = "default", rank: int = 0,
                        secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Freeze one rank of the job in pod `ns/name` with SIGSTOP (a frozen peer: the survivors
     hang in their collective until their process-group timeout), found and signalled from inside
-    the pod like kill_rank_in_pod. Pair it with thaw_rank_in_pod in the rollbacks."""
+    the pod like kill_rank_in_pod, and watched there until it is stopped (at most 5 s: a rank
+    a tracer holds, or stuck in an uninterruptible call, fails the activity with the reason).
+    Pair it with thaw_rank_in_pod in the rollbacks."""
     return _rank_action("SIGSTOP", name, ns, rank, job, container, timeout, allow_other_users,
                         python, secrets)
 

@@ -93,7 +93,9 @@ def find_rank(document: dict[str, Any], rank: int, job: str | None = None) -> di
 def signal_rank(core: client.CoreV1Api, name: str, ns: str, rank: int, signal: str,
                 job: str | None = None, container: str | None = None, timeout: float = 60.0,
                 allow_other_users: bool = False, python: str = "python3") -> dict[str, Any]:
-    """Find `rank` with an in-pod census, then signal it from inside the pod; return both."""
+    """Find `rank` with an in-pod census, then signal it from inside the pod; return both. A
+    stop signal's target is watched there until it is stopped (the program's STOP_WAIT_S):
+    one that does not stop raises, with what its /proc said."""
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ExecError(f"rank must be a non-negative integer, not {rank!r}")
     document = census(core, name, ns, container=container, timeout=timeout,
@@ -109,6 +111,11 @@ def signal_rank(core: client.CoreV1Api, name: str, ns: str, rank: int, signal: s
     if outcome.get("result") == "refused":
         raise ExecError(f"{signal} to rank {rank} (pid {target['pid']} in pod {ns}/{name}) "
                         f"refused: {outcome.get('reason')}", document=report)
+    if outcome.get("stopped") is False and outcome.get("state_after") != "gone":
+        raise ExecError(f"{signal} was sent to rank {rank} (pid {target['pid']} in pod "
+                        f"{ns}/{name}), but it was not seen stopped within the signalling "
+                        f"program's wait: {outcome.get('not_stopped')}", document=report)
     return {"pod": f"{ns}/{name}", "container": container, **target,
             "signal": report.get("signal"), "result": outcome.get("result"),
+            "stopped": outcome.get("stopped"),
             "census_ms": document.get("duration_ms"), "signal_report": report}

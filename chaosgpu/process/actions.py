@@ -16,7 +16,16 @@ import time
 from typing import Any, Dict, Optional, Union
 
 from chaosgpu import faultlog
-from chaosgpu.arguments import MISSING_OK, POSITIVE_SECONDS, SECONDS, Rule, checked, one_of
+from chaosgpu.arguments import (
+    BOOL,
+    MISSING_OK,
+    POSITIVE_SECONDS,
+    SECONDS,
+    Rule,
+    checked,
+    one_of,
+)
+from chaosgpu.errors import ActivityError
 from chaosgpu.process import freezer
 from chaosgpu.process.terminate import NULL_SIGNAL, Target, release_frozen, wait_exits
 from chaosgpu.scope import (
@@ -47,6 +56,18 @@ def _stop_signals() -> tuple[str, ...]:
 #: The fault log's kinds for a stop by signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU): a SIGCONT
 #: resumes it.
 STOP_KINDS = _stop_signals()
+
+
+def _stop_wait_s() -> float:
+    """How long a stop signal's targets are watched until they are seen stopped, by default
+    (the signalling program's STOP_WAIT_S)."""
+    from chaosgpu.intarget import load
+
+    return float(load("actions", "signal_processes").STOP_WAIT_S)
+
+
+#: How long a freeze by a stop signal waits to see its target stopped (state T), by default.
+STOP_WAIT_S = _stop_wait_s()
 #: The fault log's kinds for a freeze: what resume_processes may undo.
 FREEZE_KINDS = (*STOP_KINDS, "freezer")
 
@@ -98,22 +119,36 @@ def wait_gone(targets: list[dict[str, Any]], deadline_s: float) -> dict[str, Any
 
 
 def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | None = None,
-         ) -> dict[str, Any]:
+         wait_stopped_s: float = 0.0) -> dict[str, Any]:
     """Send `signal` to census processes through the in-target program; return its report. A
     process in one of chaosgpu's frozen cgroups is let out of it first when the signal ends
     processes (its result has `released_from`; chaosgpu.process.terminate.release_frozen), and
-    one in a frozen cgroup chaosgpu did not make is refused ("frozen")."""
+    one in a frozen cgroup chaosgpu did not make is refused ("frozen"). With a stop signal and
+    `wait_stopped_s` > 0 each process sent it is watched until it is stopped, at most that
+    long: its result says `stopped`, and when not, why (`not_stopped`)."""
     scope = scope or {}
     targets = [{"pid": p["pid"], "starttime": p.get("starttime")} for p in processes]
     return _signaller().signal_targets(  # type: ignore[no-any-return]
         targets, signal,
         allow_other_users=bool(scope.get("include_other_users")),
-        allow_ns_init=bool(scope.get("include_ns_init")), release=release_frozen)
+        allow_ns_init=bool(scope.get("include_ns_init")), release=release_frozen,
+        wait_stopped_s=wait_stopped_s)
 
 
-@checked(scope=SCOPE, signal=SIGNAL, wait_gone_s=SECONDS)
+def not_stopped(report: dict[str, Any]) -> list[str]:
+    """The processes of a stop signal's report (`send` with `wait_stopped_s`) that were sent it
+    and live on without being seen stopped, each as "PID p: why" (one that ended meanwhile has
+    nothing left to stop)."""
+    return [f"PID {r['pid']}: {r.get('not_stopped')}" for r in report["results"]
+            if r["result"] == "sent" and r.get("stopped") is False
+            and r.get("state_after") != "gone"]
+
+
+@checked(scope=SCOPE, signal=SIGNAL, wait_gone_s=SECONDS, require_match=BOOL,
+         wait_stopped_s=POSITIVE_SECONDS)
 def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                      wait_gone_s: float = 0.0, require_match: bool = True,
+                     wait_stopped_s: float = STOP_WAIT_S,
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Send a signal (SIGKILL, SIGTERM, SIGSTOP, SIGCONT, ...) to every process of a declared
@@ -125,7 +160,11 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     (every one refused, or already dead), and `require_match` is true: nothing sent is never a
     success. A stop signal sent (SIGSTOP, SIGTSTP: any whose default action stops the process)
     is recorded in the fault log, under the signal's name, as this run's freeze
-    (resume_processes resumes it; a SIGCONT sent here ends it); a signal that ends a process
+    (resume_processes resumes it; a SIGCONT sent here ends it), and each process sent it is
+    watched until it is stopped, at most `wait_stopped_s`: a sent stop is not a stop (a tracer
+    may drop it; SIGTSTP may be handled or ignored, and the kernel discards it in an orphaned
+    process group); each result says `stopped`, and `not_stopped` why not; the activity fails
+    when none of them stopped (with `require_match`); a signal that ends a process
     (any whose default action terminates it or dumps core: SIGKILL, SIGTERM, SIGUSR1, SIGHUP
     ...; not SIGCONT nor a stop signal) to a process in one of chaosgpu's frozen cgroups lets it
     out of the freeze first (its result has `released_from`: a frozen process keeps the signal
@@ -144,7 +183,7 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
         for proc in detail["processes"]:
             if (stopped := _stopped_how(proc)) is not None:
                 before[proc["pid"]] = stopped
-    report = send(detail["processes"], signal, checked)
+    report = send(detail["processes"], signal, checked, wait_stopped_s if stops else 0.0)
     report.update(scope=checked, excluded=detail["excluded"], missing=detail["missing"])
     if require_match and not report["sent"]:
         why = "; ".join(f"PID {r['pid']}: {r['result']} ({r.get('reason')})"
@@ -154,6 +193,16 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     sent = [r for r in report["results"] if r["result"] == "sent"]
     if stops:
         _record_stops(sent, before, describe_scope(checked), report)
+        # One stopped or frozen before it is left as found: its state is not this signal's.
+        missed = not_stopped({"results": [r for r in report["results"]
+                                          if r["pid"] not in before]})
+        if require_match and missed and report.get("stopped") == 0:
+            raise ActivityError(f"{report['signal']} was sent to {len(sent)} process(es) of "
+                                f"scope {describe_scope(checked)}, and none was seen stopped "
+                                f"within {wait_stopped_s:g} s (wait_stopped_s): "
+                                + "; ".join(missed))
+        for line in missed:
+            logger.warning("chaosgpu: %s sent, not seen stopped: %s", report["signal"], line)
     elif report["signal"] == "SIGCONT":  # this run's stops of them are over (a resume)
         resumed_at = time.time()
         for key, kinds in _frozen_by_this_run(sent).items():
@@ -243,7 +292,11 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
     "freezer-v1" or "freezer-v2" choose). Same refusal rules as signal_processes. A process
     already stopped (state T) or in a frozen cgroup is left as found (`already_stopped` says
     why). Each process frozen is recorded in the fault log, and resume_processes resumes only
-    those; a frozen process ignores SIGKILL until thawed. Returns what was frozen and how."""
+    those; a frozen process ignores SIGKILL until thawed. The freeze must be seen to hold
+    within `deadline_s`: every process sent SIGSTOP stopped (state T; each result says
+    `stopped`), or the freezer group FROZEN; otherwise the activity fails and says why, from
+    /proc (a tracer holding the process, an uninterruptible call). Returns what was frozen and
+    how."""
     checked = validate_scope(scope)
     version = "auto" if method in ("sigstop", "freezer") else method[len("freezer-"):]
     if method != "sigstop":
@@ -264,7 +317,7 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
             already.append({"pid": proc["pid"], "starttime": proc.get("starttime"),
                             "reason": f"{how} before this freeze: left as found"})
     if method == "sigstop":
-        report = send(targets, "SIGSTOP", checked)
+        report = send(targets, "SIGSTOP", checked, deadline_s)
         report["method"] = "sigstop"
         frozen = [r for r in report["results"] if r["result"] == "sent"]
     else:
@@ -282,7 +335,22 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
         faultlog.record(kind, pid=proc["pid"], starttime=proc["starttime"],
                         scope=describe_scope(checked))
     report.update(scope=checked, excluded=detail["excluded"], already_stopped=already)
+    missed = freeze_not_held(report, deadline_s)
+    if missed:  # recorded first: the rollback resumes whatever of it holds later
+        raise ActivityError(f"the freeze of scope {describe_scope(checked)} did not hold within "
+                            f"{deadline_s:g} s (deadline_s): " + "; ".join(missed))
     return report
+
+
+def freeze_not_held(report: dict[str, Any], deadline_s: float) -> list[str]:
+    """What of a freeze did not hold: each live process sent SIGSTOP and not seen stopped ("PID
+    p: why"), or, for the freezer, its group not FROZEN by the deadline."""
+    if report.get("method") == "sigstop":
+        return not_stopped(report)
+    if report.get("frozen") and report.get("freezer_state") != "FROZEN":
+        return [f"the freezer group is still {report.get('freezer_state')} after "
+                f"{deadline_s:g} s (a process in an uninterruptible call delays it)"]
+    return []
 
 
 @checked(scope=SCOPE, missing_ok=MISSING_OK)
