@@ -109,18 +109,40 @@ def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts(launc
         actions.stop_workload(tag, grace_s=0, missing_ok=True)
 
 
-def test_a_torch_holder_on_a_gpu_that_is_not_there_is_refused_before_any_worker_starts() -> None:
+@pytest.mark.parametrize("via", ["torch", "driver", "auto"])
+def test_a_gpu_holder_on_a_gpu_that_is_not_there_is_refused_before_any_worker_starts(
+        via: str) -> None:
+    """via torch, driver or auto (without allow_host_fallback) on a GPU that is not there: refused
+    at once, naming what to do instead; before, driver and auto workers started and failed."""
     tag = _unique("nogpu-hold")
     device = gpu_count()  # one past the last GPU: none on a machine without a GPU
+    instead = "on a machine without a GPU" if via == "torch" else "or allow_host_fallback: true"
     try:
         took = _refused_at_once(
-            tag, lambda: actions.start_holders(count=2, mib=1, via="torch", device=device,
+            tag, lambda: actions.start_holders(count=2, mib=1, via=via, device=device,
                                                tag=tag, timeout_s=60),
-            rf"^via 'torch' holds GPU memory on GPU {device} \(device\), and "
-            r"(no GPU is visible|only \d+ GPU\(s\) are visible) here")
-        print(f"start_holders(via='torch') refused in {took:.4f} s")
+            rf"^via '{via}' holds GPU memory on GPU {device} \(device\), and "
+            r"(no GPU is visible|only \d+ GPU\(s\) are visible) here.*no worker was started; "
+            rf"use via 'host'.*{instead}")
+        print(f"start_holders(via={via!r}) refused in {took:.4f} s")
     finally:
         actions.stop_workload(tag, grace_s=0, missing_ok=True)
+
+
+@pytest.mark.parametrize("via", ["driver", "auto"])
+def test_a_holder_allowed_to_fall_back_to_host_memory_starts_without_the_gpu(via: str) -> None:
+    """allow_host_fallback lets driver and auto hold host memory where the GPU is not there:
+    not refused; the workers say they hold host memory."""
+    if gpu_count() > 0:
+        pytest.skip("a GPU is usable here: the workers would hold GPU memory")
+    tag = _unique("fallback-hold")
+    try:
+        started = actions.start_holders(count=1, mib=1, via=via, allow_host_fallback=True,
+                                        tag=tag, timeout_s=60)
+        assert [d["via"] for d in started["ready"]] == ["host"], started
+    finally:
+        actions.stop_workload(tag, grace_s=0, missing_ok=True)
+    assert not tagged(tag)
 
 
 def test_a_pod_of_torch_holders_without_the_gpu_is_refused_before_the_pod_exists() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import require_tool
 from proc_helpers import alive as _alive
+from proc_helpers import tagged
 
 from chaosgpu import state
 from chaosgpu.arguments import TAG
@@ -82,13 +83,12 @@ def test_holders_in_a_sandbox_are_orphans_of_its_pid1() -> None:
 
 
 def test_a_worker_that_cannot_start_leaves_nothing() -> None:
-    from chaosgpu.workloads.cuda_driver import gpu_count
-
-    if gpu_count() > 0:
-        pytest.skip("a GPU is usable here")
-    with pytest.raises(RuntimeError, match="did not get ready.*no GPU|did not get ready.*libcuda"):
-        actions.start_holders(count=2, mib=4, via="driver", tag="h-fail", timeout_s=60)
+    """Workers that start and fail (a PiB of host memory: mmap refuses it) fail the action with
+    the worker's own words, and leave no record and no process."""
+    with pytest.raises(RuntimeError, match="did not get ready.*Cannot allocate memory"):
+        actions.start_holders(count=2, mib=2**30, via="host", tag="h-fail", timeout_s=60)
     assert state.read_record("workloads", "h-fail") is None
+    assert actions.list_workloads() == [] and not tagged("h-fail")
 
 
 @pytest.mark.parametrize(
@@ -96,7 +96,7 @@ def test_a_worker_that_cannot_start_leaves_nothing() -> None:
     [({"count": 0}, "count"), ({"mib": -1}, "mib"), ({"via": "magic"}, "via"),
      ({"on_sigterm": "pray"}, "on_sigterm"), ({"tag": "no spaces"}, "invalid tag"),
      ({"tag": ""}, "invalid tag ''"), ({"tag": "x\n"}, r"invalid tag 'x\\n'"),
-     ({"sandbox": "no-such-box"}, "no sandbox"), ({"timeout_s": 0}, "timeout")],
+     ({"sandbox": "no-such-box", "via": "host"}, "no sandbox"), ({"timeout_s": 0}, "timeout")],
 )  # fmt: skip
 def test_start_holders_bad_input(kwargs: dict, message: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=message):

@@ -223,14 +223,15 @@ def start_holders(
     """Start `count` hold workers of `mib` MiB each and wait (up to `timeout_s`) until all hold it.
 
     `via`: torch, driver (CUDA driver API, no torch), host (host memory, no GPU needed) or auto.
-    `via="torch"` needs GPU `device`: where fewer GPUs are visible (counted as backend "auto" of
+    `via="torch"` needs GPU `device`, as `"driver"` and `"auto"` do without
+    `allow_host_fallback`: where fewer GPUs are visible (counted as backend "auto" of
     start_ring counts them) it is InvalidArgument before any worker starts.
     `on_sigterm`: ignore (the field report's workers), exit or cleanup (free and exit at once).
     Without `sandbox` they run on the host in their own sessions; with `sandbox` (a local pod's
     name) they are started inside it as backgrounded exec'd shells, so they become orphans of the
     pod's PID 1 like the report's. Returns the tag, host and namespace PIDs and readiness documents.
     """
-    _require_gpu_for_via(via, device)
+    _require_gpu_for_via(via, device, allow_host_fallback)
     owner: tuple[int, int] | None = None
     exe, extra_env = sys.executable, dict[str, str]()
     if sandbox is not None:
@@ -339,10 +340,11 @@ def start_pod_with_holders(
     hold their memory. Unlike exec'd workers, these are the pod's own processes: with `init`
     "dumb-init" they share its child's process group, so SIGTERM to the pod reaches them (the
     report's remediation); "tini" forwards to the shell that started them; "none" makes a single
-    worker PID 1; "sleep" falls back to exec'd workers (orphans, as in the report). `via="torch"`
-    without GPU `device` is refused before the pod is created, as start_holders refuses it.
+    worker PID 1; "sleep" falls back to exec'd workers (orphans, as in the report). A `via` that
+    needs GPU `device` where it is not visible is refused before the pod is created, as
+    start_holders refuses it.
     Returns the tag, pod, host and namespace PIDs, readiness documents."""
-    _require_gpu_for_via(via, device)
+    _require_gpu_for_via(via, device, allow_host_fallback)
     runtime = _proc()
     if init == "sleep":
         runtime.create(pod, init="sleep", uid=uid, gid=gid, grace_s=grace_s, owner_pid=os.getpid())
@@ -415,23 +417,25 @@ def start_pod_with_holders(
     }
 
 
-def _require_gpu_for_via(via: str, device: int) -> None:
-    """InvalidArgument, before any worker starts, when `via` "torch" asks for GPU `device` and
-    fewer GPUs are visible (a worker would start, import torch and exit 3: "no usable CUDA
-    device"). GPUs are counted as ring.resolve_backend counts them for backend "auto"
-    (cuda_driver.gpu_count: NVML, else the CUDA driver API), which never counts fewer than
-    torch sees. "driver" and "auto" are left to the worker (allow_host_fallback decides)."""
-    if via != "torch":
+def _require_gpu_for_via(via: str, device: int, allow_host_fallback: bool) -> None:
+    """InvalidArgument, before any worker starts, when `via` needs GPU `device` and fewer GPUs
+    are visible: "torch" always, "driver" and "auto" unless `allow_host_fallback` lets them
+    hold host memory instead (a worker would start, find no GPU and exit 3 after seconds). GPUs are
+    counted as ring.resolve_backend counts them for backend "auto" (cuda_driver.gpu_count:
+    NVML, else the CUDA driver API), which never counts fewer than torch or the driver API
+    sees: a GPU counted here may still fail its worker, which then says why."""
+    if via == "host" or (via in ("auto", "driver") and allow_host_fallback):
         return
     from chaosgpu.workloads.cuda_driver import gpu_count
 
     gpus = gpu_count()
     if device >= gpus:
         seen = "no GPU is visible here" if gpus == 0 else f"only {gpus} GPU(s) are visible here"
+        way = ("use via 'host' on a machine without a GPU" if via == "torch"
+               else "use via 'host', or allow_host_fallback: true")
         raise InvalidArgument(
-            f"via 'torch' holds GPU memory on GPU {device} (device), and {seen} (NVML, else "
-            "the CUDA driver API): no worker was started; use via 'host' on a machine without "
-            "a GPU")
+            f"via {via!r} holds GPU memory on GPU {device} (device), and {seen} (NVML, else "
+            f"the CUDA driver API): no worker was started; {way}")
 
 
 def _tail(path: Path, limit: int = 400) -> str:
