@@ -1769,7 +1769,8 @@ def _new_job(job_id: str) -> Dict[str, Any]:
             "launcher_pid": None, "launcher_starttime": None, "ranks": [],
             "expected_ranks": None, "restart_count": None, "max_restarts": None,
             "survivors": [], "dead": [], "frozen": [], "stopped": [], "tag": None,
-            "found_by": FOUND_BY_ENV, "_lws": None, "_group": None, "_base_id": job_id}
+            "found_by": FOUND_BY_ENV, "orphaned_helpers": [], "_lws": None, "_group": None,
+            "_base_id": job_id}
 
 
 def _rank_state(proc: Dict[str, Any], cgroup_root: str, proc_root: str) -> str:
@@ -1907,28 +1908,96 @@ def _adopted(proc: Dict[str, Any], processes: Dict[int, Dict[str, Any]]) -> bool
                                    or parent["comm"] in KNOWN_SUBREAPERS)
 
 
-def _orphaned_copy(proc: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
-                   markers: Dict[int, Optional[Tuple[int, int]]], proc_root: str) -> bool:
-    """Whether ``proc``, a candidate adopted by init or a subreaper (``_adopted``), is a helper
-    left behind by a rank that died, not a rank: remembered as a copy by an earlier census; a
-    multiprocessing child carrying a rank number (a spawn-context DataLoader worker: a rank
-    gets its number as an argument or from its launcher, never by multiprocessing); a forked
-    copy (the same argv and environment placement as another candidate of that same rank: a
-    fork shares them, an exec draws new ones); or, with torchrun's run id, outside a session of
-    its own whose leader is gone (torchrun starts each rank as a session's leader; a
-    DataLoader worker lives in its rank's session)."""
-    if _remembered(proc, proc_root) is not None:
-        return True
+#: The name torch gives a DataLoader worker's main thread, so /proc/PID/comm of the worker
+#: process (torch 2.4 and later; fork, spawn and forkserver workers alike). It never trains.
+DATA_WORKER_COMM = "pt_data_worker"
+
+#: Why a process carrying a rank's environment is a helper left behind under no rank (a job's
+#: ``orphaned_helpers``, each with its ``why``).
+LEFT_DATA_WORKER = DATA_WORKER_COMM      # named so by torch: a DataLoader worker
+LEFT_SEEN = "seen as a helper"           # an earlier census of this process judged it one
+LEFT_SIDECAR = "sidecar"                 # remembered as a wrapper's sidecar; no trainer beside it
+LEFT_SPAWNED = "multiprocessing child"   # a spawn/forkserver child carrying a rank number
+LEFT_FORKED = "forked copy"              # shares argv and environment placement with another
+LEFT_SESSION = "session leader gone"     # torchrun's run id, in a dead leader's session
+_LEFT_REASONS = frozenset((LEFT_DATA_WORKER, LEFT_SEEN, LEFT_SPAWNED, LEFT_FORKED, LEFT_SESSION))
+
+
+def _data_worker(proc: Dict[str, Any]) -> bool:
+    """Whether ``proc``, a job's candidate, is a DataLoader worker by its name (torch names the
+    worker's main thread ``pt_data_worker``) carrying a rank's number: never a rank, whether
+    its rank lives or not (a fresh census has no memory to tell it otherwise)."""
+    return proc["comm"] == DATA_WORKER_COMM and _numbering(proc.get("env") or {}) is not None
+
+
+def _left_behind(proc: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                 markers: Dict[int, Optional[Tuple[int, int]]], proc_root: str) -> Optional[str]:
+    """Why ``proc``, a candidate adopted by init or a subreaper (``_adopted``) that has no copy
+    of itself below it, is a helper left behind by a rank that died (``LEFT_*``), or None:
+    remembered as a helper by an earlier census (``LEFT_SIDECAR`` for a wrapper's sidecar,
+    which stays its trainer's helper where that trainer is left beside it); a multiprocessing
+    child carrying a rank number (a spawn-context DataLoader worker: a rank gets its number as
+    an argument or from its launcher, never by multiprocessing); a forked copy (the same argv
+    and environment placement as another candidate of that same rank: a fork shares them, an
+    exec draws new ones). A process with copies of itself below it (a trainer's DataLoader
+    workers share its placement) is their original and is not asked: before, a trainer whose
+    wrapper died was taken for its workers' fellow copy and the job had no rank left."""
+    seen = _remembered(proc, proc_root)
+    if seen is not None:  # the reason an earlier census gave, else what it judged it
+        return seen if seen in _LEFT_REASONS else (
+            LEFT_SIDECAR if seen == "sidecar" else LEFT_SEEN)
     env = proc.get("env") or {}
     if _spawned_child(proc) and _numbering(env) is not None:
-        return True
+        return LEFT_SPAWNED
     mine = markers.get(proc["pid"])
     if mine is not None and any(marker == mine and _rank_keys(processes[pid]) == _rank_keys(proc)
                                 for pid, marker in markers.items() if pid != proc["pid"]):
-        return True
+        return LEFT_FORKED
+    return None
+
+
+def _session_gone(proc: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
+                  proc_root: str) -> bool:
+    """Whether ``proc`` carries torchrun's run id and lives outside a session of its own whose
+    leader is gone: torchrun starts each rank as a session's leader, and a DataLoader worker
+    lives in its rank's session. So does a trainer its per-rank wrapper ran (``torchrun
+    --no-python bash wrap.sh``): this is asked only of a lone orphan (``_left_together``)."""
     sid = proc.get("sid") or 0
-    return "TORCHELASTIC_RUN_ID" in env and sid > 0 and sid != proc["pid"] \
-        and sid not in processes and not os.path.exists("%s/%d" % (proc_root, sid))
+    return "TORCHELASTIC_RUN_ID" in (proc.get("env") or {}) and sid > 0 \
+        and sid != proc["pid"] and sid not in processes \
+        and not os.path.exists("%s/%d" % (proc_root, sid))
+
+
+def _left_together(orphans: List[Dict[str, Any]], processes: Dict[int, Dict[str, Any]],
+                   helper_of: Dict[int, int], left: Dict[int, str],
+                   originals: Any, proc_root: str) -> None:
+    """Judge the adopted candidates that no ``_left_behind`` reason made helpers. Those of one
+    rank left together by one dead parent (the same adopter and session: a per-rank wrapper
+    that ran a sidecar and the trainer, SIGKILLed) are judged as that wrapper's children were
+    (``_sidecars``): the trainer stays the rank, the others are its helpers. Before, a fresh
+    census made the sidecar a second rank of that number. A remembered sidecar with no trainer
+    beside it, and a lone orphan outside its own session whose leader is gone
+    (``_session_gone``, unless it has copies of itself below it), are helpers left behind."""
+    groups = {}  # type: Dict[Tuple[Any, ...], List[Dict[str, Any]]]
+    for proc in orphans:
+        key = _rank_keys(proc) + (proc["ppid"], proc.get("sid"))
+        groups.setdefault(key, []).append(proc)
+    for group in groups.values():
+        sidecar = [p for p in group if _remembered(p, proc_root) == "sidecar"]
+        trainer = _sidecars(group, helper_of, proc_root) if len(sidecar) < len(group) \
+            else None  # sidecars only: their trainer is gone
+        for proc in group:
+            pid = proc["pid"]
+            if pid in helper_of or proc is trainer:
+                continue
+            if proc in sidecar:
+                left[pid] = LEFT_SIDECAR
+            elif pid not in originals and _session_gone(proc, processes, proc_root):
+                left[pid] = LEFT_SESSION
+                _remember(proc, proc_root, LEFT_SESSION)
+            else:
+                continue
+            helper_of[pid] = pid  # a helper of no live rank
 
 
 def _marker_of(proc: Dict[str, Any], proc_root: str) -> Optional[Tuple[int, int]]:
@@ -1955,7 +2024,7 @@ def _trainer(children: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str, Any]],
                  proc_root: str = "/proc"
-                 ) -> Tuple[List[Dict[str, Any]], Dict[int, List[int]]]:
+                 ) -> Tuple[List[Dict[str, Any]], Dict[int, List[int]], Dict[int, str]]:
     """Split a job's candidate processes into its ranks and their helpers. A candidate whose
     parent is a candidate of the same rank (the same RANK, or none in both) is that parent's
     helper when it is a copy of it (forked without exec: the same command line; or a
@@ -1966,23 +2035,33 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
     command line, or runs training in a multiprocessing child) makes that parent a wrapper
     too. Of a wrapper's several such children (a per-rank script that starts a sidecar, then
     the trainer), the trainer is the rank: the only multi-threaded Python one, else the only
-    multi-threaded one, else the only Python one; the others are its helpers. A candidate
-    adopted by init or a subreaper that is a helper left behind by a dead rank
-    (``_orphaned_copy``) is no rank. Returns (ranks, {rank pid: [helper pids]})."""
+    multi-threaded one, else the only Python one; the others are its helpers. A DataLoader
+    worker named so by torch (``_data_worker``) is never a rank: without a parent of its rank
+    it is a helper left behind. A candidate adopted by init or a subreaper that is a helper
+    left behind by a dead rank (``_left_behind``, ``_left_together``) is no rank; the trainer
+    of a wrapper that died stays the rank. Returns (ranks, {rank pid: [helper pids]},
+    {pid of a helper left behind, under no rank: why}: ``LEFT_*``)."""
     by_pid = {p["pid"]: p for p in candidates}
     helper_of = {}  # type: Dict[int, int]
+    left = {}  # type: Dict[int, str]
     wrappers = set()
     under = {}  # type: Dict[int, List[Dict[str, Any]]]  # wrapper pid -> the children it runs
     orphans = []  # type: List[Dict[str, Any]]
+    originals = set()  # of copies that are their helpers (a trainer's DataLoader workers)
     for proc in candidates:
         parent = by_pid.get(proc["ppid"])
         if parent is None or _rank_keys(parent) != _rank_keys(proc):
-            if _adopted(proc, processes):
+            if _data_worker(proc):
+                helper_of[proc["pid"]] = proc["pid"]  # a helper of no live rank
+                left[proc["pid"]] = LEFT_DATA_WORKER
+            elif _adopted(proc, processes):
                 orphans.append(proc)
             continue
-        if _is_copy_of(proc, parent):  # a trainer's copy, unless it trains under a supervisor
+        copy = _is_copy_of(proc, parent)
+        if copy:  # a trainer's copy, unless it trains under a supervisor
             wrapper = parent.get("threads", 1) <= 1 and proc.get("threads", 1) > 1 \
-                and _python_named(proc) and not _resource_tracker(proc)
+                and _python_named(proc) and not _resource_tracker(proc) \
+                and not _data_worker(proc)
         else:
             wrapper = _wraps(parent, proc)
         if wrapper:
@@ -1990,15 +2069,23 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
             under.setdefault(parent["pid"], []).append(proc)
         else:
             helper_of[proc["pid"]] = parent["pid"]
+            if copy:
+                originals.add(parent["pid"])
     for children in under.values():
         _sidecars(children, helper_of, proc_root)
     if orphans:
         markers = {p["pid"]: _marker_of(p, proc_root) for p in candidates}
+        together = []  # type: List[Dict[str, Any]]
         for proc in orphans:
-            if proc["pid"] not in helper_of and _orphaned_copy(proc, processes, markers,
-                                                               proc_root):
+            why = None if proc["pid"] in originals else _left_behind(proc, processes, markers,
+                                                                      proc_root)
+            if why is None or why == LEFT_SIDECAR:
+                together.append(proc)
+            else:
                 helper_of[proc["pid"]] = proc["pid"]  # a helper of no live rank
-                _remember(proc, proc_root, "copy")
+                left[proc["pid"]] = why
+                _remember(proc, proc_root, why)
+        _left_together(together, processes, helper_of, left, originals, proc_root)
     pending = [p for p in candidates if p["ppid"] in helper_of and p["pid"] not in helper_of]
     while pending:  # what a helper runs (a trainer's `sh -c "sleep 1"`) is a helper too
         proc = pending.pop()
@@ -2008,23 +2095,47 @@ def _job_members(processes: Dict[int, Dict[str, Any]], candidates: List[Dict[str
             pending.extend(p for p in candidates if p["ppid"] == proc["pid"]
                            and p["pid"] not in helper_of)
     ranks = [p for p in candidates if p["pid"] not in helper_of and p["pid"] not in wrappers]
-    return ranks, _helpers_by_rank(helper_of, by_pid, proc_root)
+    return ranks, _helpers_by_rank(helper_of, by_pid, proc_root), left
 
 
 def _sidecars(children: List[Dict[str, Any]], helper_of: Dict[int, int],
-              proc_root: str) -> None:
+              proc_root: str) -> Optional[Dict[str, Any]]:
     """Of one wrapper's children that would be ranks, make all but the trainer (``_trainer``;
-    a child remembered as a sidecar never is) the trainer's helpers in ``helper_of``."""
+    a child remembered as a sidecar never is) the trainer's helpers in ``helper_of``; return
+    that trainer, None where there is none to tell (a single child, or two alike)."""
     if len(children) < 2:
-        return
+        return None
     sidecars = [c for c in children if _remembered(c, proc_root) == "sidecar"]
     trainer = _trainer([c for c in children if c not in sidecars] or children)
     if trainer is None:
-        return  # which one trains cannot be told: all stay ranks
+        return None  # which one trains cannot be told: all stay ranks
     for child in children:
         if child is not trainer:
             helper_of[child["pid"]] = trainer["pid"]
             _remember(child, proc_root, "sidecar")
+    return trainer
+
+
+def _orphaned_helper(proc: Dict[str, Any], why: str) -> Dict[str, Any]:
+    """A job's entry for a helper left behind under no rank: its PID, start time, the rank
+    number it carries (null where none or not a number) and why it is no rank (``LEFT_*``)."""
+    keys = _numbering(proc.get("env") or {})
+    value = (proc.get("env") or {}).get(keys[0]) if keys else None
+    return {"pid": proc["pid"], "starttime": proc["starttime"],
+            "rank": int(value) if value is not None and value.isdigit() else None, "why": why}
+
+
+def _job_shape(job: Dict[str, Any], env: Dict[str, str], pid: int) -> None:
+    """Fill the job's world size and this node's group (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``),
+    where no rank gave them, from ``env``, a helper left behind by a dead rank: the job's
+    expected ranks are then listed, the dead one ``missing``. Malformed values are the
+    ranks' to report (``_add_rank``): here they are skipped."""
+    numbering = _numbering(env) or TORCH_RANK_KEYS
+    world = "WORLD_SIZE" if "WORLD_SIZE" in env else numbering[1]
+    for field, key, minimum in (("world_size", world, 1), ("_lws", "LOCAL_WORLD_SIZE", 1),
+                                ("_group", "GROUP_RANK", 0)):
+        if job[field] is None:
+            job[field] = _int_value(env, key, pid, [], minimum)[0]
 
 
 def _helpers_by_rank(helper_of: Dict[int, int], by_pid: Dict[int, Dict[str, Any]],
@@ -2482,6 +2593,8 @@ def _store_jobs(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, 
             for pid in [rank["pid"], job["launcher_pid"]] + list(rank.get("helpers") or []):
                 if pid is not None:
                     member_of[pid] = job["id"]
+        for left in job["orphaned_helpers"]:  # a dead rank's workers hold its sockets
+            member_of[left["pid"]] = job["id"]
     by_netns = {}  # type: Dict[int, List[Dict[str, Any]]]
     for proc in candidates:
         try:
@@ -2638,13 +2751,17 @@ def _jobs(processes: Dict[int, Dict[str, Any]], gpu_by_pid: Dict[int, float],
     launchers = {}  # type: Dict[int, Dict[str, Any]]
     candidates = _job_candidates(processes, jobs, launchers, proc_root)
     for job_id, members in candidates.items():
-        ranks, helpers = _job_members(processes, sorted(members, key=lambda p: p["pid"]),
-                                      proc_root)
+        ranks, helpers, left = _job_members(processes,
+                                            sorted(members, key=lambda p: p["pid"]), proc_root)
         job = jobs[job_id]
         for proc in ranks:
             _add_rank(job, proc, proc.get("env") or {}, gpu_by_pid, errors, cgroup_root,
                       proc_root)
             job["ranks"][-1]["helpers"] = helpers.get(proc["pid"], [])
+        job["orphaned_helpers"] = [_orphaned_helper(processes[pid], why)
+                                   for pid, why in sorted(left.items())]
+        for pid in sorted(left):  # a job whose ranks are gone: what its helpers carry
+            _job_shape(job, processes[pid].get("env") or {}, pid)
         _place_ranks(job, processes, ranks, proc_root, gpu_by_pid, errors, cgroup_root)
     attached = set()
     for job in jobs.values():
