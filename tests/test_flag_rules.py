@@ -18,17 +18,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from experiment_helpers import CHAOS, chaos_run
+from experiment_helpers import activity as _activity
+from experiment_helpers import experiment as _experiment
+from experiment_helpers import validate as _validate
 
 from chaosgpu import ACTIVITY_MODULES
 from chaosgpu.arguments import rules_of
 from chaosgpu.errors import InvalidArgument
-
-CHAOS = str(Path(sys.executable).with_name("chaos"))
 
 #: A name no sandbox, namespace, pod or job of a test machine has.
 NONE = "flag-rule-none"
@@ -72,26 +73,6 @@ FLAGS = [
 ]
 IDS = [f"{func}-{flag}" for _, func, flag, _ in FLAGS]
 
-
-
-def _activity(module: str, func: str, arguments: dict[str, Any],
-              name: str = "act") -> dict[str, Any]:
-    return {"type": "probe" if module.endswith("probes") else "action", "name": name,
-            "provider": {"type": "python", "module": module, "func": func,
-                         "arguments": arguments}}
-
-
-def _experiment(*method: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"title": "t", "description": "d", "method": list(method), **extra}
-
-
-def _validate(tmp_path: Path, experiment: dict[str, Any]) -> "subprocess.CompletedProcess[str]":
-    """`chaosgpu validate` of `experiment`, written to tmp_path: the finished process."""
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment))
-    return subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", str(path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          stdin=subprocess.DEVNULL)
 
 
 def _bool_flags() -> set[tuple[str, str, str]]:
@@ -164,19 +145,6 @@ def test_the_activity_refuses_a_bad_flag_before_its_body(
     assert str(refused.value) == f"{func}: {flag} must be true or false, got {bad!r}"
 
 
-def _chaos_run(tmp_path: Path, experiment: dict[str, Any]
-               ) -> tuple["subprocess.CompletedProcess[str]", dict[str, Any]]:
-    """`chaos run` of `experiment` in tmp_path (log in tmp_path/log): the process and journal."""
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment))
-    journal = tmp_path / "journal.json"
-    run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                          "run", "--journal-path", str(journal), str(path)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         stdin=subprocess.DEVNULL, env=dict(os.environ))
-    return run, json.loads(journal.read_text())
-
-
 def test_chaos_run_stops_before_its_method_on_a_flag_given_as_text(tmp_path: Path) -> None:
     """The method SIGKILLs a process, then partitions a rank with `then_kill: "false"` (a
     truthy text that would have killed the rank too): the validation control refuses the run
@@ -190,7 +158,7 @@ def test_chaos_run_stops_before_its_method_on_a_flag_given_as_text(tmp_path: Pat
                       {"rank": 0, "tag": NONE, "then_kill": "false"}, name="partition"),
             controls=[{"name": "pre-run", "provider": {"type": "python",
                                                        "module": "chaosgpu.validation"}}])
-        run, journal = _chaos_run(tmp_path, experiment)
+        run, journal, _ = chaos_run(tmp_path, experiment)
         assert run.returncode != 0, run.stdout + run.stderr
         assert ("method['partition']: partition_rank: then_kill must be true or false, got "
                 "'false'") in (tmp_path / "log").read_text()

@@ -10,38 +10,17 @@ ran, after earlier activities had changed the node. The real CLIs run on experim
 here; `chaos run` is shown to stop before its method (a SIGKILL it would have sent first is
 never sent)."""
 
-import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-CHAOS = str(Path(sys.executable).with_name("chaos"))
-
-
-def _activity(module: str, func: str, arguments: dict[str, Any],
-              name: str = "act") -> dict[str, Any]:
-    return {"type": "probe" if module.endswith("probes") else "action", "name": name,
-            "provider": {"type": "python", "module": module, "func": func,
-                         "arguments": arguments}}
-
-
-def _experiment(*method: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"title": "t", "description": "d", "method": list(method), **extra}
-
-
-def _validate(tmp_path: Path, experiment: dict[str, Any],
-              *options: str) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment))
-    return subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", *options,
-                           str(path)], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
-
+from experiment_helpers import activity as _activity
+from experiment_helpers import chaos_run
+from experiment_helpers import experiment as _experiment
+from experiment_helpers import validate as _validate
 
 # (module, function, arguments, the argument refused, what the error must say)
 REFUSED = [
@@ -162,20 +141,6 @@ def test_a_var_value_is_checked_by_the_same_rule(tmp_path: Path) -> None:
     assert _validate(tmp_path, experiment, "--var", "missing:bool=true").returncode == 0
 
 
-def _chaos_run(tmp_path: Path, experiment: dict[str, Any]
-               ) -> tuple["subprocess.CompletedProcess[str]", dict[str, Any]]:
-    """`chaos run` of `experiment` in `tmp_path` (log in tmp_path/log): the finished process
-    and its journal."""
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment))
-    journal = tmp_path / "journal.json"
-    run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                          "run", "--journal-path", str(journal), str(path)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         stdin=subprocess.DEVNULL, env=dict(os.environ))
-    return run, json.loads(journal.read_text())
-
-
 def _timeline_control(**arguments: Any) -> list[dict[str, Any]]:
     return [{"name": "chaosgpu-timeline",
              "provider": {"type": "python", "module": "chaosgpu.timeline.control",
@@ -233,7 +198,7 @@ def test_chaos_run_stops_before_its_method_on_a_value_only_a_later_activity_refu
                 "type": "python", "module": control,
                 **({"arguments": {"scope": {"pids": [target.pid]}, "rate_hz": 20}}
                    if control == "chaosgpu.timeline.control" else {})}}])
-        run, data = _chaos_run(tmp_path, experiment)
+        run, data, _ = chaos_run(tmp_path, experiment)
         assert run.returncode != 0, run.stdout + run.stderr
         assert "method['wait']: wait_job_verdict: verdicts must be" in \
             (tmp_path / "log").read_text()
@@ -299,7 +264,7 @@ def test_chaos_run_stops_before_a_freeze_when_a_later_stop_could_not_run(tmp_pat
                       {"tag": "x", "missing_ok": "sometimes"}, name="stop"),
             controls=[{"name": "pre-run", "provider": {"type": "python",
                                                        "module": "chaosgpu.validation"}}])
-        run, data = _chaos_run(tmp_path, experiment)
+        run, data, _ = chaos_run(tmp_path, experiment)
         assert run.returncode != 0, run.stdout + run.stderr
         assert "method['stop']: stop_workload: missing_ok must be" in \
             (tmp_path / "log").read_text()

@@ -10,29 +10,20 @@ environment variable, a secret) is left to the run, which then decides with its 
 CLIs run on experiments written here; every process they start is waited for and shown gone.
 """
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import processes_with_test_id
+from experiment_helpers import activity as _activity
+from experiment_helpers import chaos_run as _chaos_run
+from experiment_helpers import experiment
+from experiment_helpers import validate as _validate
 
 from chaosgpu.timeline.control import NO_SCOPE
 
-CHAOS = str(Path(sys.executable).with_name("chaos"))
 CONTROL = "controls['chaosgpu-timeline']: the timeline control cannot start ("
-
-
-def _activity(module: str, func: str, arguments: dict[str, Any] | None = None,
-              name: str = "act") -> dict[str, Any]:
-    provider: dict[str, Any] = {"type": "python", "module": module, "func": func}
-    if arguments is not None:
-        provider["arguments"] = arguments
-    return {"type": "probe" if module.endswith("probes") else "action", "name": name,
-            "provider": provider}
 
 
 def _experiment(*method: dict[str, Any], scope: Any = None, **extra: Any) -> dict[str, Any]:
@@ -40,11 +31,9 @@ def _experiment(*method: dict[str, Any], scope: Any = None, **extra: Any) -> dic
     arguments: dict[str, Any] = {"rate_hz": 20, "source": "host-rss"}
     if scope is not None:
         arguments["scope"] = scope
-    return {"title": "t", "description": "d",
-            "controls": [{"name": "chaosgpu-timeline", "provider": {
-                "type": "python", "module": "chaosgpu.timeline.control",
-                "arguments": arguments}}],
-            "method": list(method), **extra}
+    return experiment(*method, controls=[{"name": "chaosgpu-timeline", "provider": {
+        "type": "python", "module": "chaosgpu.timeline.control", "arguments": arguments}}],
+        **extra)
 
 
 #: a method whose only activity names no tag, job or sandbox
@@ -54,29 +43,6 @@ NOTHING_NAMED = _activity("chaosgpu.node.probes", "jobs")
 def _gone(test_id: str) -> None:
     """No process the test started (each carries its CHAOSGPU_TEST_ID) is alive."""
     assert not [p for p in processes_with_test_id(test_id) if p[1] != "Z"]
-
-
-def _validate(tmp_path: Path, experiment: dict[str, Any], *options: str,
-              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment))
-    return subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", *options,
-                           str(path)], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, stdin=subprocess.DEVNULL,
-                          env=dict(os.environ, **(env or {})))
-
-
-def _chaos_run(tmp_path: Path, experiment: dict[str, Any], env: dict[str, str] | None = None
-               ) -> tuple["subprocess.CompletedProcess[str]", dict[str, Any], str]:
-    """`chaos run` of `experiment` in `tmp_path`: the finished process, its journal, its log."""
-    path = tmp_path / "experiment.json"
-    path.write_text(json.dumps(experiment))
-    journal = tmp_path / "journal.json"
-    run = subprocess.run([CHAOS, "--no-version-check", "--log-file", str(tmp_path / "log"),
-                          "run", "--journal-path", str(journal), str(path)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                         stdin=subprocess.DEVNULL, env=dict(os.environ, **(env or {})))
-    return run, json.loads(journal.read_text()), (tmp_path / "log").read_text()
 
 
 def _refused(done: subprocess.CompletedProcess[str]) -> None:
