@@ -181,9 +181,15 @@ def test_chaosgpu_validate_and_chaos_run_refuse_a_typo_d_variable(tmp_path: Path
         assert "${requier_match} in method['kill'].provider.arguments.require_match" \
             in done.stderr
         done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
-                               "requier_match=true", str(path)],
+                               "requier_match:bool=true", str(path)],
                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
+        # untyped, a --var is text, as chaos run reads it: "true" is no flag
+        done = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "validate", "--var",
+                               "requier_match=true", str(path)],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 1 and "signal_processes: require_match must be true or " \
+            "false, got 'true'" in done.stderr, done.stdout + done.stderr
 
         _assert_run_refused(tmp_path, path, target)
     finally:
