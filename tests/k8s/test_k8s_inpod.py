@@ -136,6 +136,8 @@ def test_freeze_then_thaw_a_rank(report_pod: dict[str, Any]) -> None:
     frozen = actions.freeze_rank_in_pod(name="trainer-0", rank=1, job=report_pod["job"],
                                         secrets=report_pod["secrets"])
     assert frozen["signal"] == "SIGSTOP" and frozen["result"] == "sent"
+    # seen stopped inside the pod by the signalling program before it answered
+    assert frozen["stopped"] is True and frozen["signal_report"]["stopped"] == 1, frozen
     census = _wait_ranks(report_pod, {0: "alive", 1: "stopped"})
     assert _ranks(census, report_pod["job"])[1] == "stopped"
     thawed = actions.thaw_rank_in_pod(name="trainer-0", rank=1, job=report_pod["job"],
