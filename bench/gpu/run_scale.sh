@@ -2,8 +2,9 @@
 # Run the scale benches and the GPU tests of the observed verdicts and the agent on a GPU
 # machine, and keep every result.
 #
-#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env nvml census census-venv timeline tests
-#                                             (default: all but census-venv)
+#   bench/gpu/run_scale.sh OUT [STEP ...]     STEP: env nvml census census-venv teardown
+#                                             timeline tests (default: all but census-venv
+#                                             and teardown)
 #
 # Needs chaosgpu importable (PYTHONPATH=<checkout> is set here), torch with CUDA, nvidia-ml-py,
 # and py-spy on PATH or importable for the verdict tests. Keeps results/ (one file per step,
@@ -14,7 +15,7 @@
 # system Python (the GPU machine has no network) and compiled; CENSUS_BENCH_ARGS replaces the
 # census bench's arguments (default: --repeat 5).
 set -u
-out=${1:?usage: run_scale.sh OUT [env|nvml|census|timeline|tests ...]}
+out=${1:?usage: run_scale.sh OUT [env|nvml|census|census-venv|teardown|timeline|tests ...]}
 shift
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(env nvml census timeline tests)
@@ -94,6 +95,16 @@ PY
         ${CENSUS_BENCH_ARGS:---repeat 5} "${other[@]}" --out "$results/census-venv.txt" 2>&1 \
         | tail -40
     fi
+    ;;
+  teardown)
+    # NVML while the driver tears down 100 CUDA contexts at once: the modes round 23 measured
+    # (memory, memory+list) and those it could not (four readers, a second process, nvidia-smi)
+    {
+      header "python3 bench/gpu/nvml_teardown.py --no-write --modes memory memory+list memory-4threads memory+list-elsewhere smi"
+      timeout 480 python3 bench/gpu/nvml_teardown.py --no-write --modes memory memory+list \
+        memory-4threads memory+list-elsewhere smi 2>&1
+    } >"$results/nvml-teardown.txt" 2>&1
+    tail -40 "$results/nvml-teardown.txt"
     ;;
   timeline)
     python3 bench/timeline_bench.py --gpu-workers 100 --mib 256 --seconds 8 --rates 100 \
