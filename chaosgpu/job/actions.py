@@ -42,11 +42,10 @@ from chaosgpu.process.actions import (
     _freeze_with_freezer,
     _thaw_freezer_groups,
     freeze_not_held,
-    not_stopped,
     send,
     wait_gone,
 )
-from chaosgpu.process.terminate import NULL_SIGNAL
+from chaosgpu.process.terminate import NULL_SIGNAL, not_stopped
 from chaosgpu.scope import remember, seen_in_this_run, validate_scope
 
 __all__ = ["kill_rank", "freeze_rank", "resume_rank", "fail_rank", "cleanup_hung_job"]

@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client
 
 from chaosgpu.k8s.exec import ExecError, run_program
+from chaosgpu.process.terminate import not_stopped
 
 __all__ = ["census", "summarize_census", "find_rank", "signal_rank"]
 
@@ -111,10 +112,11 @@ def signal_rank(core: client.CoreV1Api, name: str, ns: str, rank: int, signal: s
     if outcome.get("result") == "refused":
         raise ExecError(f"{signal} to rank {rank} (pid {target['pid']} in pod {ns}/{name}) "
                         f"refused: {outcome.get('reason')}", document=report)
-    if outcome.get("stopped") is False and outcome.get("state_after") != "gone":
+    missed = not_stopped({"results": results})
+    if missed:
         raise ExecError(f"{signal} was sent to rank {rank} (pid {target['pid']} in pod "
                         f"{ns}/{name}), but it was not seen stopped within the signalling "
-                        f"program's wait: {outcome.get('not_stopped')}", document=report)
+                        f"program's wait: {missed[0]}", document=report)
     return {"pod": f"{ns}/{name}", "container": container, **target,
             "signal": report.get("signal"), "result": outcome.get("result"),
             "stopped": outcome.get("stopped"),

@@ -27,7 +27,13 @@ from chaosgpu.arguments import (
 )
 from chaosgpu.errors import ActivityError
 from chaosgpu.process import freezer
-from chaosgpu.process.terminate import NULL_SIGNAL, Target, release_frozen, wait_exits
+from chaosgpu.process.terminate import (
+    NULL_SIGNAL,
+    Target,
+    not_stopped,
+    release_frozen,
+    wait_exits,
+)
 from chaosgpu.scope import (
     SCOPE,
     ScopeError,
@@ -46,40 +52,25 @@ FREEZE_METHODS = ("sigstop", "freezer", "freezer-v1", "freezer-v2")
 FREEZE_METHOD = one_of(FREEZE_METHODS)
 
 
-def _stop_signals() -> tuple[str, ...]:
-    """The stop signals, as the one signalling program names them (its STOP_SIGNALS)."""
+def _signaller() -> Any:
+    """The one signalling program (actions/signal_processes.py), loaded once."""
     from chaosgpu.intarget import load
 
-    return tuple(load("actions", "signal_processes").STOP_SIGNALS)
+    return load("actions", "signal_processes")
 
 
-#: The fault log's kinds for a stop by signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU): a SIGCONT
-#: resumes it.
-STOP_KINDS = _stop_signals()
-
-
-def _stop_wait_s() -> float:
-    """How long a stop signal's targets are watched until they are seen stopped, by default
-    (the signalling program's STOP_WAIT_S)."""
-    from chaosgpu.intarget import load
-
-    return float(load("actions", "signal_processes").STOP_WAIT_S)
-
-
-#: How long a freeze by a stop signal waits to see its target stopped (state T), by default.
-STOP_WAIT_S = _stop_wait_s()
+#: The fault log's kinds for a stop by signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU), as the
+#: signalling program names them (its STOP_SIGNALS): a SIGCONT resumes it.
+STOP_KINDS = tuple(_signaller().STOP_SIGNALS)
+#: How long a stop signal's targets are watched until they are seen stopped (state T), by
+#: default: the signalling program's STOP_WAIT_S.
+STOP_WAIT_S = float(_signaller().STOP_WAIT_S)
 #: The fault log's kinds for a freeze: what resume_processes may undo.
 FREEZE_KINDS = (*STOP_KINDS, "freezer")
 
 #: (PID, start time) -> when resume_processes last resumed it: a freeze recorded before then is
 #: over, so a second resume leaves alone what someone else stopped since.
 _RESUMED_AT: dict[tuple[int, int], float] = {}
-
-
-def _signaller() -> Any:
-    from chaosgpu.intarget import load
-
-    return load("actions", "signal_processes")
 
 
 def _parse_signal(name: Any) -> int:
@@ -133,15 +124,6 @@ def send(processes: list[dict[str, Any]], signal: str, scope: dict[str, Any] | N
         allow_other_users=bool(scope.get("include_other_users")),
         allow_ns_init=bool(scope.get("include_ns_init")), release=release_frozen,
         wait_stopped_s=wait_stopped_s)
-
-
-def not_stopped(report: dict[str, Any]) -> list[str]:
-    """The processes of a stop signal's report (`send` with `wait_stopped_s`) that were sent it
-    and live on without being seen stopped, each as "PID p: why" (one that ended meanwhile has
-    nothing left to stop)."""
-    return [f"PID {r['pid']}: {r.get('not_stopped')}" for r in report["results"]
-            if r["result"] == "sent" and r.get("stopped") is False
-            and r.get("state_after") != "gone"]
 
 
 @checked(scope=SCOPE, signal=SIGNAL, wait_gone_s=SECONDS, require_match=BOOL,

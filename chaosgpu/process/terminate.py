@@ -20,7 +20,7 @@ from typing import Any
 from chaosgpu.arguments import SECONDS
 
 __all__ = ["Target", "Rules", "SignalSent", "Outcome", "terminate", "signal_once", "wait_exits",
-           "release_frozen", "NULL_SIGNAL"]
+           "not_stopped", "release_frozen", "NULL_SIGNAL"]
 
 NULL_SIGNAL = "0"  # checks that a signal could be sent, sends nothing
 
@@ -149,3 +149,12 @@ def wait_exits(targets: Sequence[Target], deadline_s: float) -> list[Target]:
     SECONDS.require("deadline_s", deadline_s)
     left = _program().wait_exits(_plain(targets), deadline_s)
     return [Target(int(t["pid"]), int(t["starttime"])) for t in left]
+
+
+def not_stopped(report: dict[str, Any]) -> list[str]:
+    """The processes of a stop signal's report (the program's signal_targets with
+    `wait_stopped_s`, here or inside a pod) that were sent it and live on without being seen
+    stopped, each as "PID p: why" (one that ended meanwhile has nothing left to stop)."""
+    return [f"PID {r['pid']}: {r.get('not_stopped')}" for r in report["results"]
+            if r.get("result") == "sent" and r.get("stopped") is False
+            and r.get("state_after") != "gone"]
