@@ -36,6 +36,7 @@ from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
 from chaosgpu.process.actions import (
+    _RESUMED_AT,
     FREEZE_KINDS,
     FREEZE_METHOD,
     STOP_WAIT_S,
@@ -45,6 +46,7 @@ from chaosgpu.process.actions import (
     send,
     wait_gone,
 )
+from chaosgpu.process.actions import _frozen_by_this_run as _not_resumed_yet
 from chaosgpu.process.terminate import NULL_SIGNAL, not_stopped
 from chaosgpu.scope import remember, seen_in_this_run, validate_scope
 
@@ -92,14 +94,15 @@ ANY_RANK = "any"
 
 def _frozen_by_this_run(live: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Of a job's `live` rank entries, the one this runner froze last (a stop signal or the
-    freezer), by PID and start time; None when none."""
+    freezer), by PID and start time, one still frozen by this run (not resumed since) before
+    one it resumed already; None when none."""
     by_key = {(r.get("pid"), r.get("starttime")): r for r in live}
-    for fault in reversed(faultlog.recent()):
-        if fault.get("kind") in FREEZE_KINDS:
-            entry = by_key.get((fault.get("pid"), fault.get("starttime")))
-            if entry is not None:
-                return entry
-    return None
+    outstanding = _not_resumed_yet([r for r in live if r.get("starttime") is not None])
+    frozen = [by_key[key] for fault in reversed(faultlog.recent())
+              if fault.get("kind") in FREEZE_KINDS
+              and (key := (fault.get("pid"), fault.get("starttime"))) in by_key]
+    return next((r for r in frozen if (r["pid"], r["starttime"]) in outstanding),
+                frozen[0] if frozen else None)
 
 
 def _pick_rank(found: dict[str, Any], rank: Union[int, str],
@@ -303,7 +306,9 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     run froze last (by PID and start time). Where this run froze no rank at all (a run
     interrupted before its method) there is nothing to undo: `"result": "none frozen by this
     run"`; a numbered rank this run did not freeze is left as it is: `"result": "not frozen
-    by this run"` (its state in `state`). Nothing is sent then. Fails when the SIGCONT could
+    by this run"` (its state in `state`); one this run resumed since (the method resumed it,
+    this is the rollback) is not resumed again: `"result": "already resumed by this run"`, so
+    a stop by someone else in between stays. Nothing is sent then. Fails when the SIGCONT could
     not be sent, or, for "any", when the ranks this run froze are none of the job's live
     ones."""
     if rank == ANY_RANK and not any(f.get("kind") in FREEZE_KINDS for f in faultlog.recent()):
@@ -316,12 +321,19 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
         return {"job": found["id"], "rank": number, "pid": proc["pid"],
                 "result": "not frozen by this run", "state": proc.get("state"),
                 "thawed_cgroups": []}
+    key = (proc["pid"], proc["starttime"])
+    if key not in _not_resumed_yet([proc]):  # this run resumed it since (the method did):
+        # a stop seen now is someone else's (an operator, a debugger), left as found
+        return {"job": found["id"], "rank": number, "pid": proc["pid"],
+                "result": "already resumed by this run", "state": proc.get("state"),
+                "thawed_cgroups": []}
     thawed = _thaw_freezer_groups({proc["pid"]})
     report = send([proc], "SIGCONT", {"job": found["id"]})
     result = report["results"][0]
     if result["result"] != "sent":
         raise PermissionError(f"SIGCONT was not sent to {rank_with_pid(number, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
+    _RESUMED_AT[key] = time.time()  # resume_processes and a later resume_rank send nothing
     return {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "sent",
             "thawed_cgroups": thawed}
 
