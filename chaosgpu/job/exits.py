@@ -192,11 +192,15 @@ class ExitWatch:
         return found
 
     def forget(self, pid: int, starttime: int) -> None:
-        """Close the pidfd of a process no longer watched."""
-        fd = self._fds.pop((pid, starttime), None)
-        self._mine.discard((pid, starttime))
-        self._watched.discard((pid, starttime))
-        self._ended_at.pop((pid, starttime), None)
+        """Stop watching a process; close its pidfd if this watch opened it. One a fault
+        action opened (keep_watch) stays pooled: the probes that follow in the same run read
+        how that rank ended from it too (closing it here made the next probe report the exit
+        the first one had seen as "not visible")."""
+        key = (pid, starttime)
+        fd = self._fds.pop(key, None) if key in self._mine else None
+        self._mine.discard(key)
+        self._watched.discard(key)
+        self._ended_at.pop(key, None)
         if fd is not None:
             os.close(fd)
 
