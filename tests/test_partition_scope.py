@@ -313,7 +313,8 @@ def test_a_node_loss_in_another_namespace_is_healed_there(servers: Servers, held
             assert [r["id"] for r in healed["removed"]] == [cut["partition"]]
             result = healed["removed"][0]
         else:  # a crashed runner's partition, healed by cleanup: found by its namespace
-            partitions._release_netns(cut["partition"])
+            partitions._stop_watch(cut["partition"])  # a crashed runner: no watcher,
+            partitions._release_netns(cut["partition"])  # nothing held open
             result = _heal_in_another_process(cut["partition"])
         assert result.get("removed") is True, result
         assert cut["table"] not in _tables(prefix)
@@ -339,6 +340,7 @@ def test_a_namespace_nothing_holds_is_never_reported_gone_unverified(servers: Se
     prefix, drop = _netns_held_by_process(servers)
     target, _ = servers.start("127.0.0.1", 0, "self", prefix=prefix)
     cut = network.partition_processes({"pids": [target.pid]})
+    partitions._stop_watch(cut["partition"])  # a crashed runner: no watcher, nothing held open
     partitions._release_netns(cut["partition"])
     servers.stop_all()
     drop()

@@ -3,11 +3,12 @@ network, and heal the partition (a rollback).
 
 A partition silently drops every TCP packet of the target's connections in both directions, and
 new connections to its listening sockets (address and port, never a port number alone; those
-rules end with the target), with nftables in the target's network namespace: its peers see no
-connection reset, only silence,
-which is how a lost host looks to them, and a gloo or NCCL peer then hangs instead of failing
-fast. `partition_rank(..., then_kill=True)` is a node loss: the rank is partitioned, then
-SIGKILLed, and its death stays invisible to its peers. This module owns these actions' public
+rules end with the target: while the runner lives it withdraws them as soon as the target has
+exited, and the result's `listen_watch` says how), with nftables in the target's network
+namespace: its peers see no connection reset, only silence, which is how a lost host looks to
+them, and a gloo or NCCL peer then hangs instead of failing fast.
+`partition_rank(..., then_kill=True)` is a node loss: the rank is partitioned, then SIGKILLed,
+and its death stays invisible to its peers. This module owns these actions' public
 face; the rules are chaosgpu.network.partitions, ranks are found through chaosgpu.job.observe's
 selection, processes through the declared scope (chaosgpu.scope), and the kill goes through the
 job actions' one signal path.
@@ -67,7 +68,7 @@ def partition_found_rank(census: Dict[str, Any], found: Dict[str, Any], proc: Di
     out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": number,
                            "pid": proc["pid"], "connections": record["connections"],
                            "listening": record["listening"], "table": record["table"],
-                           "at": record["created_at"]}
+                           "listen_watch": record["listen_watch"], "at": record["created_at"]}
     if then_kill:
         out["kill"] = _signal_process(census, found, number, proc, "SIGKILL", 2.0)
     return out
@@ -96,7 +97,8 @@ def partition_processes(scope: Dict[str, Any],
                         partition=record["id"])
     return {"partition": record["id"], "pids": [t["pid"] for t in targets],
             "connections": record["connections"], "listening": record["listening"],
-            "table": record["table"], "at": record["created_at"]}
+            "table": record["table"], "listen_watch": record["listen_watch"],
+            "at": record["created_at"]}
 
 
 #: heal_partition's `partition`: the id a partition action returned

@@ -16,11 +16,17 @@ that still holds it (the target itself may be dead: a node loss). Tables of othe
 touched.
 
 The listening-socket rules last as long as their targets: once every target has ended, the
-partition's liveness check (`active()`, used by the probes, the job observer, and every heal)
-withdraws them, since the port may be reused by anyone; the connection rules stay until healed
-(a dead rank's peers must keep seeing silence, not a reset), and a partition left with no rule
-is healed. Each record names its runner; `remove_all` heals this runner's partitions unless told
-to heal every one.
+partition's liveness check withdraws them, since the port may be reused by anyone; the connection
+rules stay until healed (a dead rank's peers must keep seeing silence, not a reset), and a
+partition left with no rule is healed. While the runner that made a partition with listening
+rules lives, a watcher thread of its own (daemon, `chaosgpu-partition-watch-<id>`) waits on
+pidfds of the targets (each opened, then its start time checked: a reused PID counts as ended)
+and runs that check as soon as every target has exited; it stops when the partition is healed.
+Its errors are logged and kept in the record (`listen_watch_error`), never raised into another
+thread. Where pidfds cannot be opened (an old kernel, no permission), the record says so
+(`listen_watch`) and the check runs at the next look: `active()`, used by the probes, the job
+observer, and every heal (as it also does after the runner has ended). Each record names its
+runner; `remove_all` heals this runner's partitions unless told to heal every one.
 
 This module owns writing, listing and removing those rules. Which processes it may target is
 decided by the callers (chaosgpu.network.actions, through the experiment's scope); it signals no
@@ -30,9 +36,12 @@ runner's scope variables (chaosgpu.process.environment.helper_env).
 
 import contextlib
 import json
+import logging
 import os
+import select
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -49,6 +58,14 @@ __all__ = ["PartitionError", "NamespaceGone", "nft_path", "connections_of", "cre
 KIND = "partitions"
 TABLE_PREFIX = "chaosgpu_"
 NFT_TIMEOUT_S = 10.0
+WATCH_THREAD = "chaosgpu-partition-watch-"  # + the partition's id: its watcher thread's name
+WATCH_RECHECK_S = 5.0  # how often a watcher looks whether another process healed its partition
+
+logger = logging.getLogger("chaostoolkit")
+
+# This runner's changes to existing records and tables (a watcher's withdraw, active()'s, heals):
+# one at a time, so a heal and a withdraw never interleave (a healed record written back).
+_LOCK = threading.RLock()
 
 
 class PartitionError(ActivityError):
@@ -185,9 +202,10 @@ def _hold_netns(ident: str, pid: int, netns: str) -> None:
 
 
 def _release_netns(ident: str) -> None:
-    fd = _HELD.pop(ident, None)
-    if fd is not None:
-        os.close(fd)
+    with _LOCK:  # never under a withdraw that is using it
+        fd = _HELD.pop(ident, None)
+        if fd is not None:
+            os.close(fd)
 
 
 class NamespaceGone(PartitionError):
@@ -417,24 +435,188 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
                                 if left_out else ""))
     ident = uuid.uuid4().hex[:10]
     table = TABLE_PREFIX + ident
+    pidfds, watch = _target_pidfds(targets) if listen_rules else ([], None)
     record = {"id": ident, "table": table, "netns": netns, "netns_pid": netns_pid,
               "targets": targets, "connections": sorted(set(connections)),
               "listening": sorted(set(listening)), "listening_sockets": sorted(set(bound)),
               "left_out": left_out, "rules": rules, "connection_rules": connection_rules,
               "listen_rules": listen_rules, "created_at": time.time(), "reason": reason,
-              "runner": runner_identity()}
+              "runner": runner_identity(), "listen_watch": watch}
     _CREATED.add(ident)
     if netns_pid is not None and netns is not None:
         _hold_netns(ident, netns_pid, netns)
-    write_record(KIND, ident, record)  # first: a crash after nft still leaves a record
-    with _netns_fd(record) as fd:
-        out = _run_nft(["-f", "-"], fd, _script(table, rules))
+    try:
+        write_record(KIND, ident, record)  # first: a crash after nft still leaves a record
+        with _netns_fd(record) as fd:
+            out = _run_nft(["-f", "-"], fd, _script(table, rules))
+    except BaseException:
+        _close(pidfds)
+        raise
     if out.returncode != 0:
+        _close(pidfds)
         remove_record(KIND, ident)
         _release_netns(ident)
         raise PartitionError(f"nft refused the partition rules: {out.stderr.strip()[-400:]}"
                              + (" (needs root: CAP_NET_ADMIN)" if os.geteuid() != 0 else ""))
+    if watch is not None and watch["by"] == "pidfd":
+        _start_watch(ident, pidfds)
     return record
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _target_pidfds(targets: list[dict[str, Any]]) -> tuple[list[int], dict[str, Any]]:
+    """Pidfds of the targets that still run, each opened and then its start time checked (a
+    target gone, or whose PID is another process's now, has ended: it gets none), and how the
+    listening rules will be withdrawn (the record's `listen_watch`): by this runner's watcher
+    on those pidfds, or, where pidfds cannot be opened here, by the liveness check at the next
+    look (none opened then)."""
+    from chaosgpu.node import process_starttime
+
+    fds: list[int] = []
+    for target in targets:
+        pid, starttime = target.get("pid"), target.get("starttime")
+        if pid is None or starttime is None:
+            continue  # no identity to check: never watched (the liveness check counts it ended)
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone already
+        except (OSError, AttributeError) as error:  # ENOSYS (before Linux 5.3), EPERM ...
+            _close(fds)
+            return [], {"by": "liveness check", "note": (
+                f"pidfd_open is unavailable here ({error}): the listening rules are withdrawn "
+                "by the liveness check at the next look once every target has ended (a probe, "
+                "the job observer, a heal), not as soon as they end")}
+        if process_starttime(pid) != starttime:  # gone, or its PID reused: never watch that
+            os.close(fd)
+            continue
+        fds.append(fd)
+    return fds, {"by": "pidfd", "note": (
+        "this runner's watcher withdraws the listening rules as soon as every target has "
+        "ended (while the runner lives; after it, the liveness check at the next look)")}
+
+
+class _Watch:
+    """One partition's watcher: its thread, and the pipe end whose closing stops it."""
+
+    def __init__(self, thread: threading.Thread, stop: threading.Event, wake: int) -> None:
+        self.thread, self.stop, self.wake = thread, stop, wake
+
+
+_WATCHES: dict[str, _Watch] = {}  # partition id -> its watcher in this runner
+
+
+def _start_watch(ident: str, pidfds: list[int]) -> None:
+    """Start partition `ident`'s watcher on `pidfds` (it owns and closes them)."""
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+    stop = threading.Event()
+    thread = threading.Thread(target=_watch, args=(ident, pidfds, wake_r, stop),
+                              name=WATCH_THREAD + ident, daemon=True)
+    _WATCHES[ident] = _Watch(thread, stop, wake_w)
+    try:
+        thread.start()
+    except BaseException:
+        _WATCHES.pop(ident, None)
+        _close([*pidfds, wake_r, wake_w])
+        raise
+
+
+def _stop_watch(ident: str) -> None:
+    """Stop partition `ident`'s watcher (its partition is healed), and wait for it to end
+    unless it is the caller."""
+    watch = _WATCHES.pop(ident, None)
+    if watch is None:
+        return
+    watch.stop.set()
+    os.close(watch.wake)  # its read end turns readable: the watcher wakes and ends
+    if watch.thread is not threading.current_thread():
+        watch.thread.join(timeout=NFT_TIMEOUT_S)
+
+
+def _watch(ident: str, pidfds: list[int], wake: int, stop: threading.Event) -> None:
+    """A watcher thread: wait until every target's pidfd is readable (it exited: a zombie's
+    sockets are closed already), then run the liveness check on the record as it is now.
+    Ends when the partition is healed (`wake` readable, or its record gone). Never raises: an
+    error is logged and kept in the record (`listen_watch_error`), where active() reports it."""
+    try:
+        if _wait_ended(ident, pidfds, wake, stop):
+            _check_after_exit(ident, stop)
+    except Exception as error:  # kept for active() and logged, never lost in this thread
+        _keep_watch_error(ident, f"{type(error).__name__}: {error}", stop)
+    finally:
+        _close([*pidfds, wake])
+
+
+def _wait_ended(ident: str, pidfds: list[int], wake: int, stop: threading.Event) -> bool:
+    """Whether every pidfd turned readable before the partition was healed."""
+    poller = select.poll()
+    for fd in (*pidfds, wake):
+        poller.register(fd, select.POLLIN)
+    waiting = set(pidfds)
+    while waiting:
+        ready = poller.poll(int(WATCH_RECHECK_S * 1000))
+        if stop.is_set() or any(fd == wake for fd, _ in ready):
+            return False
+        if not ready and read_record(KIND, ident) is None:  # healed by another process
+            return False
+        for fd, _ in ready:
+            poller.unregister(fd)
+            waiting.discard(fd)
+    return True
+
+
+def _check_after_exit(ident: str, stop: threading.Event) -> None:
+    """The liveness check on the freshly read record, under this runner's lock (given up to a
+    heal that stops this watcher meanwhile). The kernel tells a pidfd before /proc may show the
+    exit: the check is tried again for up to a second before its failure is kept."""
+    for _ in range(20):
+        if not _acquire(stop):
+            return
+        try:
+            record = read_record(KIND, ident)
+            if stop.is_set() or record is None:
+                return
+            checked = _withdraw_listen_rules(record)
+            if checked is None or checked.get("listen_withdrawn_at") is not None:
+                return
+        finally:
+            _LOCK.release()
+        time.sleep(0.05)
+    _keep_watch_error(ident, "every target's pidfd says it ended, yet a target still looks "
+                             "alive in /proc: the listening rules are left to the liveness "
+                             "check at the next look", stop)
+
+
+def _acquire(stop: threading.Event) -> bool:
+    """Take this runner's lock for a watcher, unless its partition is healed meanwhile (a heal
+    holding the lock waits for the watcher to end)."""
+    while not _LOCK.acquire(timeout=0.05):
+        if stop.is_set():
+            return False
+    return True
+
+
+def _keep_watch_error(ident: str, error: str, stop: threading.Event) -> None:
+    """Log a watcher's failure and keep it in the partition's record (if it still has one)."""
+    logger.warning("chaosgpu: the watcher of partition %s could not withdraw its listening "
+                   "rules once its targets ended: %s (the liveness check at the next look "
+                   "tries again)", ident, error)
+    if not _acquire(stop):
+        return
+    try:
+        record = read_record(KIND, ident)
+        if record is not None and not stop.is_set():
+            write_record(KIND, ident, dict(record, listen_watch_error=error))
+    except (OSError, ValueError) as failure:
+        logger.warning("chaosgpu: partition %s: its watcher's error could not be recorded: %s",
+                       ident, failure)
+    finally:
+        _LOCK.release()
 
 
 def table_exists(record: dict[str, Any]) -> bool | None:
@@ -471,7 +653,14 @@ def _withdraw_listen_rules(record: dict[str, Any]) -> dict[str, Any] | None:
     """The liveness check: once every target has ended, drop the listening-socket rules (the
     port is anyone's now); keep the connection rules (the dead target's peers must keep seeing
     silence); heal a partition left with no rule. Returns the record as it is now (None: healed,
-    record removed). Raises PartitionError when nft refuses."""
+    record removed). Raises PartitionError when nft refuses. Run by active() and by the
+    partition's watcher (create), one at a time in this runner, on the record as it is then."""
+    with _LOCK:
+        current = read_record(KIND, str(record.get("id")))  # a watcher or heal may have run
+        return None if current is None else _withdraw_locked(current)
+
+
+def _withdraw_locked(record: dict[str, Any]) -> dict[str, Any] | None:
     if record.get("listen_withdrawn_at") is not None or targets_alive(record):
         return record
     if "connection_rules" not in record:  # an older record: its rules mix both kinds
@@ -508,7 +697,15 @@ def remove(ident: str) -> dict[str, Any]:
     partition's own network namespace through anything that still holds it; the record goes only
     once the table is verified gone, or once nothing on the node holds the namespace any more.
     An unknown id is reported, not raised (the callers decide whether that is an error). Raises
-    PartitionError when nft refuses or the table may still be in place."""
+    PartitionError when nft refuses or the table may still be in place. Once the record is gone,
+    the partition's watcher in this runner is stopped."""
+    with _LOCK:
+        out = _remove_locked(ident)
+        _stop_watch(ident)
+        return out
+
+
+def _remove_locked(ident: str) -> dict[str, Any]:
     record = read_record(KIND, ident)
     if record is None:
         _release_netns(ident)  # healed by another process (cleanup) meanwhile
@@ -565,7 +762,8 @@ def active() -> list[dict[str, Any]]:
     """The recorded partitions (their tables are assumed in place: checking costs an nft run;
     use table_exists for that), after the liveness check: a partition whose targets have all
     ended has its listening-socket rules withdrawn, or is healed when nothing else is left (a
-    failure to do so is kept in the entry's `liveness_error`)."""
+    failure to do so is kept in the entry's `liveness_error`; one of the partition's watcher in
+    its `watch_error`). `listen_watch` says how its listening rules are withdrawn."""
     records = []
     for record in list_records(KIND).values():
         error = None
@@ -581,8 +779,11 @@ def active() -> list[dict[str, Any]]:
                      "targets": checked.get("targets", []),
                      "created_at": checked.get("created_at"),
                      "runner": checked.get("runner"),
-                     "listening_withdrawn_at": checked.get("listen_withdrawn_at")}
+                     "listening_withdrawn_at": checked.get("listen_withdrawn_at"),
+                     "listen_watch": checked.get("listen_watch")}
             if error:
                 entry["liveness_error"] = error
+            if checked.get("listen_watch_error"):
+                entry["watch_error"] = checked["listen_watch_error"]
             records.append(entry)
     return records
