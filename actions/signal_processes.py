@@ -20,12 +20,13 @@ A signal that ends a process stays pending, with no effect, while its target sit
 cgroup. Which signals end a process is decided here, once (`ends_process`): every signal whose
 default action (signal(7)) terminates the process or dumps core, i.e. all but SIGCONT, the stop
 signals (STOP_SIGNALS: SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) and those ignored by default (SIGCHLD,
-SIGURG, SIGWINCH); SIGUSR1, SIGHUP or SIGALRM end a process that does not handle them just as
-SIGTERM does (FATAL_SIGNALS: those of SIGNALS). The caller may pass `release`, a function that is
-given the identified targets before the first such signal and lets them out of the freezes it
-owns (chaosgpu passes its freezer's; this program does not touch cgroups itself): a target let out
-carries `released_from` in its outcome; one it could not let out is refused (`reason_code`
-"frozen") and gets no signal, rather than one that would stay pending until a later thaw.
+SIGURG, SIGWINCH); SIGUSR1, SIGHUP, SIGALRM, SIGPIPE, SIGSEGV or SIGBUS end a process that
+does not handle them just as SIGTERM does (FATAL_SIGNALS: those of SIGNALS). The caller may pass
+`release`, a function that is given the identified targets before the first such signal and lets
+them out of the freezes it owns (chaosgpu passes its freezer's; this program does not touch
+cgroups itself): a target let out carries `released_from` in its outcome; one it could not let
+out is refused (`reason_code` "frozen") and gets no signal, rather than one that would stay
+pending until a later thaw.
 
 Refused, always: PID 1 of the observer's namespace (the host's init when run on the host), this
 program's own process and every ancestor (the runner that called it), kernel threads, and a
@@ -50,7 +51,10 @@ of /proc than those checks, and the account of a stop that did not happen, need.
 
 Command line: `python signal_processes.py SIGNAL[,SIGNAL...] [TARGETS_JSON] [--allow-other-users]
 [--allow-ns-init] [--grace-s=S] [--deadline-s=S] [--wait-stopped-s=S]`; TARGETS_JSON (a list of
-targets, or `{"targets": [...]}`) is read from stdin when absent. One signal without
+targets, or `{"targets": [...]}`) is read from stdin when absent. SIGNAL is one of SIGNALS
+(SIGKILL, SIGTERM, SIGSTOP, SIGCONT, SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2, SIGABRT, SIGTSTP,
+SIGTTIN, SIGTTOU, SIGALRM, SIGPIPE, SIGSEGV, SIGBUS; with or without "SIG", any case) or "0", the
+null signal; any other name is refused (exit 2, nothing sent). One signal without
 --deadline-s signals and returns, after watching the targets of a stop signal until they stop
 (at most --wait-stopped-s, STOP_WAIT_S by default; 0: not watched); otherwise it terminates
 (escalation, waits). Prints one JSON document; exit 0, or 2 with `{"error": ...}` on bad input.
@@ -72,8 +76,13 @@ SCHEMA = "chaosgpu.signal/1"
 PF_KTHREAD = 0x00200000
 # The signals a chaos experiment has a reason to send. Anything else is refused as bad input.
 # "0" is the null signal: the kernel checks that the signal could be sent and sends nothing.
+# By default action (signal(7)): SIGSTOP, SIGTSTP, SIGTTIN and SIGTTOU stop the process
+# (STOP_SIGNALS), SIGCONT resumes it, every other one ends it (FATAL_SIGNALS): SIGALRM a stray
+# timer, SIGPIPE a broken pipe, SIGSEGV and SIGBUS a crash (a segfault; a bus error, as a bad
+# GPU or mmap access gives), dumping core as SIGQUIT and SIGABRT do.
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGCONT", "SIGINT", "SIGQUIT", "SIGHUP",
-           "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP")
+           "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGALRM",
+           "SIGPIPE", "SIGSEGV", "SIGBUS")
 NULL_SIGNAL = "0"
 # The signals whose default action (signal(7)) stops the process; SIGCONT resumes it.
 STOP_SIGNALS = ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU")

@@ -175,7 +175,7 @@ def test_bad_and_vacuous_job_input_is_refused_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="signal must be"):
         actions.kill_rank(tag="x", rank=0, signal="SIGNOPE")
     with pytest.raises(ValueError, match="signal must be"):  # the signal program's own set
-        actions.kill_rank(tag="x", rank=0, signal="SIGSEGV")
+        actions.kill_rank(tag="x", rank=0, signal="SIGSYS")
     with pytest.raises(JobError, match="not running"):
         actions.kill_rank(job=nope, rank=0)
     with pytest.raises(ValueError, match="how must be"):

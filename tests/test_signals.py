@@ -195,6 +195,7 @@ def test_other_users_refused_unless_allowed() -> None:
     "targets, name, message",
     [
         ([{"pid": 1}], "SIGNOPE", "unsupported signal"),
+        ([{"pid": 1}], "SIGALARM", "unsupported signal 'SIGALARM'; expected one of .*SIGALRM"),
         ([{"pid": 1}], "", "signal must be a name"),
         ({"pid": 1}, "SIGKILL", "targets must be a list"),
         ([{"pid": "12"}], "SIGKILL", "pid must be a positive integer"),

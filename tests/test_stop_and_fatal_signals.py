@@ -1,9 +1,10 @@
 """Which signals stop a process and which end it, decided once by the signalling program and
-checked against the kernel on real processes: every stop signal signal_processes sends (SIGTSTP
-as well as SIGSTOP) is this run's freeze, which resume_processes undoes; every signal whose
-default action ends a process (SIGUSR1 and SIGUSR2 as well as SIGKILL and SIGTERM) lets its
-target out of chaosgpu's frozen v1 freezer group first, where it would otherwise stay pending
-until a thaw; SIGCONT and the stop signals leave a frozen target frozen."""
+checked against the kernel on real processes: every stop signal signal_processes sends (SIGTSTP,
+SIGTTIN and SIGTTOU as well as SIGSTOP) is this run's freeze, which resume_processes undoes;
+every signal whose default action ends a process (SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE, SIGSEGV and
+SIGBUS as well as SIGKILL and SIGTERM) lets its target out of chaosgpu's frozen v1 freezer group
+first, where it would otherwise stay pending until a thaw; SIGCONT and the stop signals leave a
+frozen target frozen."""
 
 import os
 import resource
@@ -102,14 +103,16 @@ def test_which_signals_stop_or_end_a_process_is_what_the_kernel_does(tmp_path: P
             _finish(proc)
     assert wrong == []
     assert set(program.STOP_SIGNALS) == {"SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"}
+    assert set(program.STOP_SIGNALS) <= set(program.SIGNALS)  # each can be sent
     assert not program.ends_process(0) and not program.stops_process(0)  # the null signal
-    assert set(program.FATAL_SIGNALS) == set(program.SIGNALS) - {"SIGSTOP", "SIGTSTP",
-                                                                "SIGCONT"}
+    assert set(program.FATAL_SIGNALS) == set(program.SIGNALS) - set(program.STOP_SIGNALS) \
+        - {"SIGCONT"}
+    assert {"SIGALRM", "SIGPIPE", "SIGSEGV", "SIGBUS"} <= set(program.FATAL_SIGNALS)
 
 
-# -- every stop signal is this run's freeze (SIGSTOP, and SIGTSTP alike) -------------------------
+# -- every stop signal is this run's freeze (SIGSTOP, and SIGTSTP, SIGTTIN, SIGTTOU alike) --------
 
-@pytest.mark.parametrize("stop", ["SIGSTOP", "SIGTSTP"])
+@pytest.mark.parametrize("stop", ["SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"])
 def test_a_stop_through_signal_processes_is_resumed_and_a_foreign_stop_is_left(stop: str) -> None:
     tag = _unique("stop-" + stop.lower())
     ours, theirs = _sleeper(tag), _sleeper(tag)
@@ -188,20 +191,24 @@ def test_every_stop_signal_reads_as_a_freeze_in_the_report() -> None:
 # -- every signal that ends a process lets its target out of chaosgpu's freezer ------------------
 
 @needs_v1_freezer
-@pytest.mark.parametrize("name", ["SIGUSR1", "SIGUSR2"])
-def test_a_signal_that_ends_a_process_lets_its_target_out_of_the_freeze(name: str) -> None:
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE", "SIGSEGV",
+                                  "SIGBUS"])
+def test_a_signal_that_ends_a_process_lets_its_target_out_of_the_freeze(name: str,
+                                                                        tmp_path: Path) -> None:
     tag = _unique("fatal-usr")
-    proc = _sleeper(tag)
+    proc = _sleeper(tag, cwd=tmp_path)
     try:
+        resource.prlimit(proc.pid, resource.RLIMIT_CORE, (0, 0))  # SIGSEGV, SIGBUS: no core
         scope = {"tag": tag}
         assert wait_until(lambda: resolve_scope_detail(scope)["processes"])
         frozen = process_actions.freeze_processes(scope, method="freezer-v1")
         assert frozen["frozen"] == [proc.pid] and freezer.frozen_now(proc.pid)
         # A stop signal and SIGCONT do not end it: it is left in the freeze, where they stay
-        # pending (the SIGCONT discards the pending SIGTSTP: a process stopped once let out
-        # would act on no signal but SIGKILL until continued).
-        for harmless in ("SIGTSTP", "SIGCONT"):
-            left = process_actions.signal_processes(scope, signal=harmless)
+        # pending (the SIGCONT discards the pending stop signals: a process stopped once let
+        # out would act on no signal but SIGKILL until continued). A short wait_stopped_s
+        # spares the 5 s watch of a stop that cannot land while the target is frozen.
+        for harmless in ("SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGCONT"):
+            left = process_actions.signal_processes(scope, signal=harmless, wait_stopped_s=0.2)
             assert "released_from" not in left["results"][0], left
             assert freezer.frozen_now(proc.pid) and alive(proc.pid)
         report = process_actions.signal_processes(scope, signal=name, wait_gone_s=5)

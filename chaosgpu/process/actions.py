@@ -80,7 +80,8 @@ def _parse_signal(name: Any) -> int:
 
 
 #: The rule of signal_processes' `signal`: the signalling program's own parsing (a name such as
-#: "SIGKILL" or "KILL", any case, of its SIGNALS, or "0", the null signal: a check only).
+#: "SIGKILL" or "KILL", any case, of its SIGNALS, or "0", the null signal: a check only; any
+#: other name, a misspelled "SIGALARM" too, is refused with the list it accepts).
 SIGNAL = Rule.by_check("a signal the signalling program sends", _parse_signal)
 
 
@@ -133,22 +134,26 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
                      wait_stopped_s: float = STOP_WAIT_S,
                      configuration: Optional[Dict[str, Any]] = None,
                      secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Send a signal (SIGKILL, SIGTERM, SIGSTOP, SIGCONT, ...) to every process of a declared
-    scope (`{"tag": ...}`, `{"sandbox": ...}`, `{"job": ...}`, `{"pids": [...]}`), through
-    pidfds after checking each process's identity; the host's PID 1, the runner, kernel threads,
-    other users' processes and namespace inits (unless the scope allows them) are refused. With
+    """Send a signal to every process of a declared scope (`{"tag": ...}`, `{"sandbox": ...}`,
+    `{"job": ...}`, `{"pids": [...]}`): one of SIGKILL, SIGTERM, SIGSTOP, SIGCONT, SIGINT,
+    SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2, SIGABRT, SIGTSTP, SIGTTIN, SIGTTOU, SIGALRM, SIGPIPE,
+    SIGSEGV, SIGBUS (with or without "SIG", any case), or "0" (checks only; any other name is
+    refused before anything is sent), through pidfds after checking each process's identity;
+    the host's PID 1, the runner, kernel threads, other users' processes and namespace inits
+    (unless the scope allows them) are refused. With
     `wait_gone_s` > 0 it waits up to that long for the signalled processes to die. Raises when
     the scope matches nothing, or when the signal reached none of the processes it matched
     (every one refused, or already dead), and `require_match` is true: nothing sent is never a
-    success. A stop signal sent (SIGSTOP, SIGTSTP: any whose default action stops the process)
-    is recorded in the fault log, under the signal's name, as this run's freeze
-    (resume_processes resumes it; a SIGCONT sent here ends it), and each process sent it is
-    watched until it is stopped, at most `wait_stopped_s`: a sent stop is not a stop (a tracer
-    may drop it; SIGTSTP may be handled or ignored, and the kernel discards it in an orphaned
-    process group); each result says `stopped`, and `not_stopped` why not; the activity fails
-    when none of them stopped (with `require_match`); a signal that ends a process
-    (any whose default action terminates it or dumps core: SIGKILL, SIGTERM, SIGUSR1, SIGHUP
-    ...; not SIGCONT nor a stop signal) to a process in one of chaosgpu's frozen cgroups lets it
+    success. A stop signal sent (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU: those whose default action
+    stops the process) is recorded in the fault log, under the signal's name, as this run's
+    freeze (resume_processes resumes it; a SIGCONT sent here ends it), and each process sent it
+    is watched until it is stopped, at most `wait_stopped_s`: a sent stop is not a stop (a
+    tracer may drop it; SIGTSTP, SIGTTIN and SIGTTOU may be handled or ignored, and the kernel
+    discards them in an orphaned process group); each result says `stopped`, and `not_stopped`
+    why not; the activity fails when none of them stopped (with `require_match`); a signal that
+    ends a process (any whose default action terminates it or dumps core: SIGKILL, SIGTERM,
+    SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2, SIGABRT, SIGALRM, SIGPIPE, SIGSEGV, SIGBUS; not
+    SIGCONT nor a stop signal) to a process in one of chaosgpu's frozen cgroups lets it
     out of the freeze first (its result has `released_from`: a frozen process keeps the signal
     pending until thawed), and one in a frozen cgroup chaosgpu did not make is refused. Returns
     the per-process results."""
@@ -202,8 +207,8 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
 
 
 def _stops(signal: str) -> bool:
-    """Whether `signal` is a stop signal (SIGSTOP, SIGTSTP ...), as the one signalling program
-    decides it (its `stops_process`)."""
+    """Whether `signal` is a stop signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU), as the one
+    signalling program decides it (its `stops_process`)."""
     program = _signaller()
     return bool(program.stops_process(program.parse_signal(signal)))
 

@@ -159,9 +159,9 @@ def test_rank_faults_refuse_bad_input(report_pod: dict[str, Any], cluster: Clust
         actions.kill_rank_in_pod(name="trainer-0", rank=-1, secrets=secrets)
     with pytest.raises(ValueError, match="invalid pod name"):
         actions.kill_rank_in_pod(name="Trainer_0", rank=0, secrets=secrets)
-    with pytest.raises(ValueError, match="kill_rank_in_pod: signal must be one of .*got 'SIGSEGV'"):
+    with pytest.raises(ValueError, match="kill_rank_in_pod: signal must be one of .*got 'SIGSYS'"):
         actions.kill_rank_in_pod(name="trainer-0", rank=0, job=report_pod["job"],
-                                 signal="SIGSEGV", secrets=secrets)
+                                 signal="SIGSYS", secrets=secrets)
     census = _wait_ranks(report_pod, {0: "alive", 1: "alive"})  # nothing was signalled
     assert census["zombie_count"] == 0
 
