@@ -58,7 +58,8 @@ logger = logging.getLogger("chaostoolkit")
 
 def _sendable_signals() -> tuple[str, ...]:
     """The signals the one signalling program sends (actions/signal_processes.py's SIGNALS):
-    kill_rank takes no other (it took SIGSEGV, which that program then refused)."""
+    kill_rank takes no other (it once took SIGSEGV while that program refused it; SIGSEGV is
+    one of them now)."""
     from chaosgpu.intarget import load
 
     return tuple(load("actions", "signal_processes").SIGNALS)
@@ -242,17 +243,22 @@ def kill_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[st
               signal: str = "SIGKILL", wait_s: float = 2.0,
               configuration: Optional[Dict[str, Any]] = None,
               secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Kill one rank of a training job (by job id or the ranks' tag) with `signal` (SIGKILL, a
-    crash, by default; SIGTERM for a polite stop) through a pidfd, and wait up to `wait_s` for
-    it to die. The other ranks are untouched: gloo peers see the connection close and fail
-    fast; NCCL peers hang in their next collective. `rank` is a number, or "any": the last
+    """Kill one rank of a training job (by job id or the ranks' tag) with `signal` through a
+    pidfd: SIGKILL (a crash) by default, SIGTERM for a polite stop, SIGSEGV or SIGBUS for a
+    crash as a segfault or a bus error shows it (core dumped), or any other the signalling
+    program sends (SIGINT, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2, SIGABRT, SIGALRM, SIGPIPE; the stop
+    signals SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU; SIGCONT). After a SIGKILL or SIGTERM it waits
+    up to `wait_s` for the rank to die (another signal is sent, not waited for). The other
+    ranks are untouched: gloo peers see the connection close and fail fast; NCCL peers hang
+    in their next collective. `rank` is a number, or "any": the last
     live rank (the highest number; where no process shows its number, as in a
     torch.multiprocessing.spawn or file:// job, the newest such rank); the result names the
     rank and PID hit. Fails when the signal could not be sent (gone, refused by the scope
     rules, or by the kernel: the reason is given), when a SIGKILL waited for (`wait_s` > 0)
-    left the rank alive, or when a stop signal (SIGSTOP, SIGTSTP) left it running for
-    STOP_WAIT_S (5 s): the result's `stopped` says it was seen stopped, and the failure why
-    not (a tracer, SIGTSTP handled or ignored, an orphaned process group)."""
+    left the rank alive, or when a stop signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) left it
+    running for STOP_WAIT_S (5 s): the result's `stopped` says it was seen stopped, and the
+    failure why not (a tracer, SIGTSTP, SIGTTIN or SIGTTOU handled or ignored, an orphaned
+    process group)."""
     census, found, proc, number = rank_process(job, tag, rank, 2.0)
     return _signal_process(census, found, number, proc, signal, float(wait_s))
 
