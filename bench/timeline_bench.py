@@ -324,6 +324,11 @@ def main() -> int:
 
         deadline = time.monotonic() + (600 if gpu else 30)
         while len(nvml_gpu_processes()) < count and time.monotonic() < deadline:
+            ended = [p.returncode for p in procs if p.poll() is not None]
+            if ended:  # a worker that cannot start (no torch, no CUDA): do not wait 10 min
+                raise SystemExit(f"{len(ended)} of {count} workers exited before NVML listed "
+                                 f"them all (exit codes {sorted(set(ended))}): see their "
+                                 "stderr above")
             time.sleep(0.5)
         lines.append(f"GPU processes listed by NVML: {len(nvml_gpu_processes())}")
         if gpu:

@@ -186,6 +186,10 @@ def _start_workers(count: int, mib: int, pynvml: Any, handle: Any) -> tuple[list
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         alive = sum(proc.poll() is None for proc in procs)
+        if alive < count:  # a worker that cannot start (no torch, no CUDA): stop here
+            _kill_and_reap(procs)
+            raise SystemExit(f"{count - alive} of {count} workers exited while starting "
+                             "(run HOLD_GPU by hand to see why)")
         listed = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
         if listed >= alive:
             break
