@@ -25,6 +25,10 @@ so is a control given no scope while no activity names a tag, job or sandbox to 
 in its words): `chaosgpu validate` reports it; the pre-run check leaves it to the control's
 start. A target argument whose `${name}` only the run resolves (an environment variable, a
 secret) is left to the run; one the configuration or a `--var` sets to null names nothing.
+A refused text that a type would make good says how to write it: Chaos Toolkit reads an untyped
+`--var rank=1` as the text "1" ("got '1' (text): --var rank=1 gives text; write --var
+rank:int=1"; `var_texts` reads how each `--var` was given: `chaosgpu validate`'s own, `chaos
+run`'s command line for the pre-run check), and a "1" in the experiment file is written 1.
 
 `unknown_vars` lists the `--var` names an experiment neither declares (configuration, secrets)
 nor uses as `${name}`, nor chaosgpu reads from the configuration itself (READ_KEYS):
@@ -50,8 +54,8 @@ from chaosgpu.arguments import argument_problem
 from chaosgpu.errors import InvalidArgument, UnknownVariable
 
 __all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve", "unknown_vars",
-           "ensure_vars_known", "READ_KEYS", "argument_problems", "ensure_arguments_valid",
-           "before_experiment_control", "main"]
+           "ensure_vars_known", "READ_KEYS", "var_texts", "argument_problems",
+           "ensure_arguments_valid", "before_experiment_control", "main"]
 
 # The experiment's own declarations of variables: not places where variables are used.
 DECLARATIONS = ("configuration", "secrets")
@@ -173,14 +177,92 @@ def _activity_function(provider: Mapping[str, Any]) -> Any:
         return None
 
 
+def var_texts(argv: list[str]) -> dict[str, str | None]:
+    """The `--var` options of a command line (`--var NAME=VALUE`, `--var=NAME=VALUE`), read as
+    chaoslib's convert_vars reads them: NAME -> the VALUE text for one given without a type
+    (Chaos Toolkit passes it as that text), None for one given with a type (`NAME:TYPE=VALUE`);
+    the last one given for a name counts."""
+    found: dict[str, str | None] = {}
+    for index, word in enumerate(argv):
+        if word == "--var" and index + 1 < len(argv):
+            text = argv[index + 1]
+        elif word.startswith("--var="):
+            text = word[len("--var="):]
+        else:
+            continue
+        if "=" not in text:
+            continue
+        key, value = text.split("=", 1)
+        if ":" in key:
+            found[key.rsplit(":", 1)[0]] = None
+        else:
+            found[key] = value
+    return found
+
+
+#: The types a `--var` text may be given (chaoslib's convert_to_type), in the order tried when
+#: a text is refused: "1" is an int before a float.
+_TYPED = (("int", int), ("float", float),
+          ("bool", lambda text: {"true": True, "false": False}[text.strip().lower()]))
+
+
+def _typed_fix(function: Any, name: str, text: str) -> tuple[str, Any] | None:
+    """(type, value) of the first type that makes the refused text `text` of argument `name`
+    a value its rule accepts ("1" an int, "0.5" a float, "true" a bool), or None when no type
+    would help."""
+    for type_name, convert in _TYPED:
+        try:
+            value = convert(text)
+        except (ValueError, KeyError):
+            continue
+        if argument_problem(function, name, value) is None:
+            return type_name, value
+    return None
+
+
+def _text_hint(function: Any, name: str, raw: Any, value: Any, experiment: Mapping[str, Any],
+               cli_vars: Mapping[str, str | None]) -> str:
+    """How to give the refused text `value` of argument `name` (written `raw` in the experiment)
+    as the typed value its rule takes, or "" when typing would not help or the text's source is
+    unknown: an untyped `--var rank=1` is written `--var rank:int=1`; a "1" in the experiment
+    (the argument itself, or the configuration key its whole `${name}` takes) is written 1."""
+    if not isinstance(value, str):
+        return ""
+    fix = _typed_fix(function, name, value)
+    if fix is None:
+        return ""
+    type_name, typed = fix
+    written = f"write {json.dumps(typed)}, not {json.dumps(value)},"
+    references = list(_references(raw)) if isinstance(raw, str) else []
+    if not references:
+        return f" (text): {written} in the experiment"
+    variable = references[0]
+    if variable in cli_vars:
+        if cli_vars[variable] != value:  # a typed --var (`:str`), or a value changed since
+            return ""
+        return (f" (text): --var {variable}={value} gives text; write "
+                f"--var {variable}:{type_name}={value}")
+    configuration = experiment.get("configuration")
+    if isinstance(configuration, Mapping) and configuration.get(variable) == value:
+        return f" (text): {written} for configuration key {variable!r} in the experiment"
+    return ""
+
+
 def argument_problems(experiment: Mapping[str, Any], values: Mapping[str, Any] | None = None,
-                      *, control_scope: bool = True) -> list[str]:
+                      *, control_scope: bool = True,
+                      cli_vars: Mapping[str, str | None] | None = None) -> list[str]:
     """What is wrong with the arguments of the experiment's chaosgpu activities, each as
     "WHERE: FUNC: NAME must be ..., got VALUE", checked by the activity's own rules before
     anything runs; `values` are the configuration and `--var` values a whole `${name}`
     argument takes (what only the run can resolve is left to the activity). With
     `control_scope`, a timeline control with nothing to track (no scope, and no activity names
-    a target) is one too; the pre-run check leaves that to the control's own start."""
+    a target) is one too; the pre-run check leaves that to the control's own start.
+
+    `cli_vars` (var_texts: each `--var` given, NAME -> its text when untyped, None when typed),
+    where the caller knows them, adds to a refused text that a type would make good how to
+    write it: "got '1' (text): --var rank=1 gives text; write --var rank:int=1" for an untyped
+    `--var`, "got '1' (text): write 1, not "1", in the experiment" for a text the experiment
+    file holds; nothing for a typed `--var` or a text no type would make good."""
     known = {key: value for key, value in (experiment.get("configuration") or {}).items()}
     known.update(values or {})
     problems = []
@@ -192,10 +274,12 @@ def argument_problems(experiment: Mapping[str, Any], values: Mapping[str, Any] |
         arguments = provider.get("arguments")
         if function is None or not isinstance(arguments, Mapping):
             continue
-        for name, value in arguments.items():
-            resolved, value = _value(value, known)
+        for name, raw in arguments.items():
+            resolved, value = _value(raw, known)
             problem = argument_problem(function, name, value) if resolved else None
             if problem:
+                if cli_vars is not None:
+                    problem += _text_hint(function, name, raw, value, experiment, cli_vars)
                 problems.append(f"{where}: {provider.get('func')}: {problem}")
     return problems + _control_problems(experiment, known, control_scope)
 
@@ -246,9 +330,11 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
 
 def ensure_arguments_valid(experiment: Mapping[str, Any],
                            values: Mapping[str, Any] | None = None, *,
-                           control_scope: bool = True) -> None:
+                           control_scope: bool = True,
+                           cli_vars: Mapping[str, str | None] | None = None) -> None:
     """Raise InvalidArgument naming every bad argument value (``argument_problems``)."""
-    problems = argument_problems(experiment, values, control_scope=control_scope)
+    problems = argument_problems(experiment, values, control_scope=control_scope,
+                                 cli_vars=cli_vars)
     if problems:
         raise InvalidArgument("bad argument values, refused before anything runs: "
                               + "; ".join(problems))
@@ -268,14 +354,18 @@ def before_experiment_control(context: Any = None, configuration: Any = None,
     try:
         ensure_variables_resolve(context or {}, defined)
         # a timeline control with nothing to track is refused by its own start, in its words
-        ensure_arguments_valid(context or {}, configuration or {}, control_scope=False)
+        # `chaos run`'s own --var options: an untyped one is text (configuration holds the
+        # values merged, not how each was given)
+        ensure_arguments_valid(context or {}, configuration or {}, control_scope=False,
+                               cli_vars=var_texts(sys.argv))
     except (UnknownVariable, InvalidArgument) as error:
         raise InterruptExecution(str(error)) from None
 
 
-def _var(text: str) -> tuple[str, Any]:
+def _var(text: str) -> tuple[str, Any, str]:
     """The argparse type of `--var`: `NAME=VALUE` or `NAME:TYPE=VALUE`, converted as
-    `chaos run --var` converts it (chaoslib's convert_vars: str, int, float, bool, bytes, json)."""
+    `chaos run --var` converts it (chaoslib's convert_vars: str, int, float, bool, bytes, json):
+    (NAME, the value, the option's text)."""
     from chaoslib import convert_vars
 
     usage = f"expects NAME=VALUE or NAME:TYPE=VALUE, got {text!r}"
@@ -287,7 +377,7 @@ def _var(text: str) -> tuple[str, Any]:
         raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
     if not key:
         raise argparse.ArgumentTypeError(usage)
-    return key, value
+    return key, value, text
 
 
 def _load(source: str) -> Any:
@@ -329,13 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     from chaoslib.exceptions import ChaosException
     from chaoslib.experiment import ensure_experiment_is_valid
 
-    extra = dict(args.var)
+    extra = {key: value for key, value, _ in args.var}
+    given = var_texts([word for _, _, text in args.var for word in ("--var", text)])
     try:
         experiment = _load(args.experiment)
         ensure_experiment_is_valid(experiment)
         ensure_vars_known(experiment, set(extra))
         ensure_variables_resolve(experiment, set(extra))
-        ensure_arguments_valid(experiment, extra)
+        ensure_arguments_valid(experiment, extra, cli_vars=given)
     except ChaosException as error:
         print(f"chaosgpu validate: {args.experiment}: {error}", file=sys.stderr)
         return 1

@@ -22,7 +22,8 @@ reads instead of guessing from activity names:
   where the survivors were blocked, and the detection time after the fault.
 
 Times: `at` is a unix time, `t` seconds since the timeline's t0 (when a sampler ran). This module
-only reshapes what it is given: it reads nothing and signals nothing.
+only reshapes what it is given: it reads nothing and signals nothing (the signal names are the
+signalling program's own list, SIGNAL_NAMES, loaded once).
 """
 
 from dataclasses import dataclass, field
@@ -32,8 +33,18 @@ __all__ = ["FORMAT", "ActivityRecord", "typed_section", "output_signals", "verdi
 
 FORMAT = 2  # journal["chaosgpu"]["format"]: 2 = typed events (absent in older journals)
 VERDICT_SCHEMA = "chaosgpu.job.verdict/1"
-SIGNAL_NAMES = ("SIGTERM", "SIGKILL", "SIGSTOP", "SIGCONT", "SIGINT", "SIGHUP", "SIGUSR1",
-                "SIGUSR2", "SIGQUIT", "SIGABRT")
+
+
+def _signal_names() -> tuple[str, ...]:
+    """The signals the one signalling program sends (actions/signal_processes.py's SIGNALS):
+    a fault log entry or a cleanup step of one of them is a signal sent."""
+    from chaosgpu.intarget import load
+
+    return tuple(load("actions", "signal_processes").SIGNALS)
+
+
+SIGNAL_NAMES = _signal_names()
+
 # An output's own records of a signal sent (unix time) -> the signal.
 OUTPUT_SIGNAL_KEYS = {"sigterm_sent": "SIGTERM", "delete_sent_at": "SIGTERM",
                       "sigkill_sent": "SIGKILL"}
