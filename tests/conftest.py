@@ -193,6 +193,20 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
 
 
 @pytest.fixture
+def servers() -> Iterator[Any]:
+    """Real TCP server processes (partition_helpers.Servers); every one is killed and reaped at
+    the end."""
+    from partition_helpers import Servers
+
+    started = Servers()
+    try:
+        yield started
+    finally:
+        started.stop_all()
+    assert all(p.poll() is not None for p in started.procs)
+
+
+@pytest.fixture
 def jobs() -> Iterator[list[Any]]:
     """Training jobs a test starts (tests/jobs/launch.py's Job): each is stopped afterwards,
     whatever happened (SIGCONT + SIGKILL to its process group and to its tag)."""

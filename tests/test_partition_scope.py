@@ -11,38 +11,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import require_tool
+from partition_helpers import Servers, connect
 
 CHAOS = shutil.which("chaos") or str(Path(sys.executable).with_name("chaos"))
 
-# a server: listens on ADDR:PORT (0: any free port), optionally also connects to itself and
-# keeps that connection, prints its port, then accepts and keeps whatever connects
-SERVER = r"""
-import socket, sys, time
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-if ":" in host:
-    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-s.bind((host, port)); s.listen(16)
-kept = []
-if "self" in sys.argv[3:]:
-    kept.append(socket.create_connection(("127.0.0.1", s.getsockname()[1])))
-    kept.append(s.accept()[0])
-print(s.getsockname()[1], flush=True)
-while True:
-    kept.append(s.accept()[0])
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -52,51 +33,6 @@ def _root_and_nft() -> None:
         pytest.skip("needs root to add nftables rules")
 
 
-class Servers:
-    """The processes a test starts; all killed and reaped at the end."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, host: str, port: int = 0, *extra: str, prefix: tuple[str, ...] = ()
-              ) -> tuple[subprocess.Popen[str], int]:
-        proc = subprocess.Popen([*prefix, sys.executable, "-c", SERVER, host, str(port), *extra],
-                                stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.isdigit(), f"server on {host}:{port} did not start ({line!r})"
-        return proc, int(line)
-
-    def kill(self, proc: subprocess.Popen[str]) -> None:
-        proc.kill()
-        proc.wait(timeout=10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                self.kill(proc)
-
-
-@pytest.fixture
-def servers() -> Iterator[Servers]:
-    started = Servers()
-    try:
-        yield started
-    finally:
-        started.stop_all()
-    assert all(p.poll() is not None for p in started.procs)
-
-
-def _connect(host: str, port: int, timeout: float = 1.0) -> str:
-    """connected, timeout (dropped silently) or refused."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return "connected"
-    except TimeoutError:
-        return "timeout"
-    except ConnectionRefusedError:
-        return "refused"
 
 
 def _tables(prefix: tuple[str, ...] = ()) -> list[str]:
@@ -130,16 +66,16 @@ def test_a_listening_rule_never_drops_the_same_port_on_another_address(
     cut = network.partition_processes({"pids": [target.pid]})
     cut_all = network.partition_processes({"pids": [wildcard.pid]})
     try:
-        assert _connect("127.0.0.2", port) == "connected"  # the stranger is untouched
-        assert _connect("127.0.0.1", port) == "timeout"  # the target is cut
-        assert _connect("127.0.0.1", wport) == "timeout"  # a wildcard listener on every
-        assert _connect("127.0.0.7", wport) == "timeout"  # local address of the namespace
+        assert connect("127.0.0.2", port) == "connected"  # the stranger is untouched
+        assert connect("127.0.0.1", port) == "timeout"  # the target is cut
+        assert connect("127.0.0.1", wport) == "timeout"  # a wildcard listener on every
+        assert connect("127.0.0.7", wport) == "timeout"  # local address of the namespace
         rules = partitions.read_record(partitions.KIND, cut["partition"])["rules"]
         assert rules == [f"ip daddr 127.0.0.1 tcp dport {port} drop"], rules
     finally:
         healed = network.heal_all_partitions()
     assert healed["count"] == 2 and healed["left"] == []
-    assert _connect("127.0.0.1", port) == "connected"
+    assert connect("127.0.0.1", port) == "connected"
     for done in (cut, cut_all):
         _gone(done["table"])
 
@@ -152,7 +88,7 @@ def test_a_port_shared_with_a_stranger_is_left_out_not_dropped(servers: Servers)
     servers.start("::", port)  # a stranger on the IPv6 wildcard, same port number
     cut = network.partition_processes({"pids": [target.pid]})
     try:
-        assert _connect("::1", port) == "connected"
+        assert connect("::1", port) == "connected"
         record = partitions.read_record(partitions.KIND, cut["partition"])
         assert record["listen_rules"] == [] and record["connection_rules"], record
         assert "outside the partition" in record["left_out"][0]["reason"]
@@ -171,7 +107,7 @@ def test_the_listening_rules_end_with_their_targets(servers: Servers) -> None:
     cut = network.partition_processes({"pids": [lonely.pid]})
     cut_talker = network.partition_processes({"pids": [talker.pid]})
     try:
-        assert _connect("127.0.0.1", port) == "timeout"
+        assert connect("127.0.0.1", port) == "timeout"
         servers.kill(lonely)
         servers.kill(talker)
         in_place = {p["id"]: p for p in net_probes.partitions_in_place()}
@@ -189,8 +125,8 @@ def test_the_listening_rules_end_with_their_targets(servers: Servers) -> None:
         _, again = servers.start("127.0.0.1", port)
         _, again_t = servers.start("127.0.0.1", tport)
         assert (again, again_t) == (port, tport)
-        assert _connect("127.0.0.1", port) == "connected"
-        assert _connect("127.0.0.1", tport) == "connected"
+        assert connect("127.0.0.1", port) == "connected"
+        assert connect("127.0.0.1", tport) == "connected"
     finally:
         healed = network.heal_all_partitions()
     assert [r["id"] for r in healed["removed"]] == [cut_talker["partition"]]
@@ -215,7 +151,7 @@ def test_a_target_that_exited_unreaped_has_ended(servers: Servers) -> None:
         assert [p["id"] for p in net_probes.partitions_in_place()] == []
         assert cut["table"] not in _tables()
         _, again = servers.start("127.0.0.1", port)
-        assert _connect("127.0.0.1", again) == "connected"
+        assert connect("127.0.0.1", again) == "connected"
     finally:
         target.wait(timeout=10)
         network.heal_all_partitions()
@@ -365,7 +301,7 @@ def test_heal_partition_refuses_an_id_this_run_never_made(servers: Servers) -> N
         with pytest.raises(partitions.PartitionError) as refused:
             network.heal_partition("partition-1")
         assert "'partition-1'" in str(refused.value) and cut["partition"] in str(refused.value)
-        assert _connect("127.0.0.1", port) == "timeout"  # still partitioned
+        assert connect("127.0.0.1", port) == "timeout"  # still partitioned
         assert network.heal_partition("partition-1", missing_ok=True)["removed"] is False
         with pytest.raises(ValueError):
             network.heal_partition("partition-1", missing_ok="sometimes")
@@ -374,7 +310,7 @@ def test_heal_partition_refuses_an_id_this_run_never_made(servers: Servers) -> N
     assert healed["removed"] is True
     again = network.heal_partition(cut["partition"])  # this run's, healed already: a success
     assert again["removed"] is False and "already" in again["note"]
-    assert _connect("127.0.0.1", port) == "connected"
+    assert connect("127.0.0.1", port) == "connected"
     _gone(cut["table"])
 
 
@@ -437,7 +373,7 @@ def test_the_routine_rollback_heals_this_runs_partitions_only(tmp_path: Path,
         assert [r["id"] for r in heal["removed"]] == [ours["partition"]], heal
         assert [(x["id"], x["runner_alive"]) for x in heal["left"]] == [(their_id, True)]
         assert their_table in _tables() and ours["table"] not in _tables()
-        assert _connect("127.0.0.1", their_port) == "timeout"  # their fault is still on
+        assert connect("127.0.0.1", their_port) == "timeout"  # their fault is still on
         # this process made none: its heal leaves theirs; the explicit opt-in heals it
         assert network.heal_all_partitions()["removed"] == []
         everything = network.heal_all_partitions(every=True)

@@ -9,7 +9,6 @@ gone afterwards."""
 import errno
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,23 +18,10 @@ from typing import Any
 
 import pytest
 from conftest import require_tool
+from partition_helpers import SERVER, Servers, connect
 
-# listens on ADDR:PORT (0: any free port), with "self" also holds a connection to itself,
-# prints its port, then accepts and keeps whatever connects
-SERVER = r"""
-import socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(16)
-kept = []
-if "self" in sys.argv[3:]:
-    kept.append(socket.create_connection((host, s.getsockname()[1])))
-    kept.append(s.accept()[0])
-print(s.getsockname()[1], flush=True)
-while True:
-    kept.append(s.accept()[0])
-"""
+HOST = "127.0.0.1"
+
 
 BOUND_S = 5.0  # how long the watcher may take to withdraw a rule (it takes milliseconds)
 
@@ -53,50 +39,6 @@ def _root_and_nft() -> Iterator[None]:
     assert _watchers() == [], "a partition watcher thread was left behind"
 
 
-class Servers:
-    """The processes a test starts; all killed and reaped at the end."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, port: int = 0, *extra: str) -> tuple[subprocess.Popen[str], int]:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, "127.0.0.1", str(port), *extra],
-                                stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        self.procs.append(proc)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.isdigit(), f"server on port {port} did not start ({line!r})"
-        return proc, int(line)
-
-    def kill(self, proc: subprocess.Popen[str]) -> None:
-        proc.kill()
-        proc.wait(timeout=10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                self.kill(proc)
-
-
-@pytest.fixture
-def servers() -> Iterator[Servers]:
-    started = Servers()
-    try:
-        yield started
-    finally:
-        started.stop_all()
-    assert all(p.poll() is not None for p in started.procs)
-
-
-def _connect(port: int, timeout: float = 1.0) -> str:
-    """connected, timeout (dropped silently) or refused."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
-            return "connected"
-    except TimeoutError:
-        return "timeout"
-    except ConnectionRefusedError:
-        return "refused"
 
 
 def _drops(table: str) -> list[str] | None:
@@ -132,7 +74,7 @@ def test_the_listening_rule_goes_when_its_target_dies_with_nothing_looking(
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
-    target, port = servers.start(0, "self")  # listens, and holds a connection
+    target, port = servers.start(HOST, 0, "self")  # listens, and holds a connection
     cut = network.partition_processes({"pids": [target.pid]})
     ident, table = cut["partition"], cut["table"]
     try:
@@ -140,7 +82,7 @@ def test_the_listening_rule_goes_when_its_target_dies_with_nothing_looking(
         assert before is not None and f"ip daddr 127.0.0.1 tcp dport {port} drop" in before
         connection_drops = [r for r in before if " saddr " in r]
         assert connection_drops
-        assert _connect(port) == "timeout"
+        assert connect(HOST, port) == "timeout"
 
         servers.kill(target)  # from here on, nothing looks at the partition
         took = _until(lambda: not any(" saddr " not in r for r in _drops(table) or [""]))
@@ -151,8 +93,8 @@ def test_the_listening_rule_goes_when_its_target_dies_with_nothing_looking(
         assert "listen_watch_error" not in record, record
         _until(lambda: _watchers() == [], 2.0)  # its work done, the watcher has ended
 
-        stranger, again = servers.start(port)  # an innocent process, same address and port
-        assert again == port and _connect(port) == "connected", took
+        stranger, again = servers.start(HOST, port)  # an innocent process, same address and port
+        assert again == port and connect(HOST, port) == "connected", took
         assert _drops(table) == connection_drops  # the stranger is not partitioned
         assert stranger.poll() is None
     finally:
@@ -166,15 +108,15 @@ def test_a_partition_with_only_a_listening_rule_is_healed_when_its_target_dies(
     from chaosgpu.network import actions as network
     from chaosgpu.network import partitions
 
-    target, port = servers.start(0)  # listens, no connection: only a listening rule
+    target, port = servers.start(HOST, 0)  # listens, no connection: only a listening rule
     cut = network.partition_processes({"pids": [target.pid]})
-    assert _connect(port) == "timeout"
+    assert connect(HOST, port) == "timeout"
     servers.kill(target)
     _until(lambda: _drops(cut["table"]) is None)  # nothing left to drop: healed, table gone
     assert partitions.read_record(partitions.KIND, cut["partition"]) is None
     _until(lambda: _watchers() == [], 2.0)
-    _, again = servers.start(port)
-    assert _connect(again) == "connected"
+    _, again = servers.start(HOST, port)
+    assert connect(HOST, again) == "connected"
     assert network.heal_all_partitions()["removed"] == []
 
 
@@ -183,16 +125,16 @@ def test_healing_stops_the_watcher(servers: Servers) -> None:
     returns: no thread is left behind."""
     from chaosgpu.network import actions as network
 
-    target, port = servers.start(0)
+    target, port = servers.start(HOST, 0)
     cut = network.partition_processes({"pids": [target.pid]})
-    other = network.partition_processes({"pids": [servers.start(0)[0].pid]})
+    other = network.partition_processes({"pids": [servers.start(HOST, 0)[0].pid]})
     assert sorted(_watchers()) == sorted(WATCH_THREAD + c["partition"]
                                          for c in (cut, other))
     assert network.heal_partition(cut["partition"])["removed"] is True
     assert _watchers() == [WATCH_THREAD + other["partition"]]  # at once: joined
     assert network.heal_all_partitions()["count"] == 1
     assert _watchers() == []
-    assert _connect(port) == "connected" and target.poll() is None  # healed, never killed
+    assert connect(HOST, port) == "connected" and target.poll() is None  # healed, never killed
 
 
 # Runs as PID 1 of a PID namespace of its own, where the next PID can be chosen
@@ -270,7 +212,7 @@ def test_a_target_whose_pid_was_reused_has_ended_and_is_not_watched(servers: Ser
 
     # the same check on this node: a live process named with another start time is not
     # watched and no pidfd is left open
-    live, _ = servers.start(0)
+    live, _ = servers.start(HOST, 0)
     fds = len(os.listdir("/proc/self/fd"))
     opened, watch = partitions._target_pidfds(
         [{"pid": live.pid, "starttime": process_starttime(live.pid) + 1}])
@@ -287,7 +229,7 @@ def test_without_pidfds_the_record_says_so_and_the_next_look_withdraws(
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(os, "pidfd_open", unavailable)
-    target, port = servers.start(0, "self")
+    target, port = servers.start(HOST, 0, "self")
     cut = network.partition_processes({"pids": [target.pid]})
     monkeypatch.undo()
     assert cut["listen_watch"]["by"] == "liveness check", cut
@@ -301,8 +243,8 @@ def test_without_pidfds_the_record_says_so_and_the_next_look_withdraws(
         assert entry["listening_withdrawn_at"] is not None, entry
         assert entry["listen_watch"]["by"] == "liveness check"
         assert all(" saddr " in r for r in _drops(cut["table"]) or ["none"])
-        _, again = servers.start(port)
-        assert _connect(again) == "connected"
+        _, again = servers.start(HOST, port)
+        assert connect(HOST, again) == "connected"
     finally:
         network.heal_all_partitions()
     assert _drops(cut["table"]) is None
@@ -315,7 +257,7 @@ def test_a_watchers_error_is_kept_for_active_not_lost_in_its_thread(
 
     raised: list[Any] = []
     monkeypatch.setattr(threading, "excepthook", raised.append)
-    target, _ = servers.start(0, "self")
+    target, _ = servers.start(HOST, 0, "self")
     cut = network.partition_processes({"pids": [target.pid]})
     real_run = partitions._run_nft
 
