@@ -12,7 +12,7 @@ from typing import Any
 
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, option
 from chaosgpu.job.observe import JobError, Observer, not_found_message
-from chaosgpu.job.verdict import DEFAULT_WINDOW_S, rank_name
+from chaosgpu.job.verdict import DEFAULT_WINDOW_S, culprit_text, rank_name
 
 __all__ = ["main", "render"]
 
@@ -73,8 +73,7 @@ def render(jobs: list[dict[str, Any]], note: str | None = None) -> str:
             lines.append(f"    {rank_name(rank['rank'], rank['pid'])}  pid {rank['pid']}  "
                          f"{rank['state']}{wait}{ended}")
         for culprit in job["culprit_ranks"]:
-            lines.append(f"    culprit: {rank_name(culprit['rank'], culprit['pid'])} "
-                         f"{culprit['why']}")
+            lines.append(f"    culprit: {culprit_text(culprit)}")
     if note:
         lines.append(f"note: {note}")
     return "\n".join(lines)

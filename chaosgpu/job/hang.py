@@ -3,9 +3,10 @@
 This module owns finding a job's processes (ranks, launcher, tagged helpers) in a census, the
 backend a job uses, and the rollback that removes a job: thaw, SIGTERM, grace, SIGKILL, wait for
 death and GPU release (a process the signal rules refuse, such as another user's, is neither
-signalled nor waited for; a cleanup that removed none of what it found raises). Whether a job is
-hung is not decided here: that is a verdict observed over time (chaosgpu.job.observe and
-chaosgpu.job.verdict). It reads the node only through the census (chaosgpu.node) and signals
+signalled nor waited for; a cleanup that removed none of what it found raises; a stopped or
+frozen launcher is sent its SIGTERM before anything resumes, so it restarts no rank). Whether
+a job is hung is not decided here: that is a verdict observed over time (chaosgpu.job.observe
+and chaosgpu.job.verdict). It reads the node only through the census (chaosgpu.node) and signals
 only through chaosgpu.process.actions.send (the in-target signal program). It must not start
 workloads. Every function that waits has its own deadline.
 """
@@ -144,6 +145,8 @@ def _refusal(result: dict[str, Any]) -> str:
 def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0,
             deadline_s: float = 30.0) -> dict[str, Any]:
     """Thaw, SIGTERM, wait `grace_s`, SIGKILL, wait for death and GPU release; report honestly.
+    A launcher that is stopped or frozen gets its SIGTERM first, while it cannot act: resumed
+    before it, an elastic agent would start a new attempt's ranks this cleanup never saw.
     Idempotent: finding nothing is a normal outcome. A process the signal rules refuse
     (another user's, a namespace init, the runner) is sent nothing more, not waited for, and
     listed once in `not_removed` with the reason. Raises ActivityError when processes were
@@ -186,6 +189,14 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
         return [{"pid": p["pid"], "starttime": p.get("starttime")} for p in procs
                 if p["pid"] not in refused]
 
+    # 0. a launcher that cannot act (stopped, or frozen) gets its SIGTERM before anything is
+    # resumed: resumed first, an elastic agent restarts the ranks (a new attempt, processes
+    # this cleanup never saw) before it learns it is to end; pending, the SIGTERM is the first
+    # thing it handles once it runs again
+    held = _held_launcher(processes, found)
+    report["steps"] += [{"step": "sigterm_held_launcher", "pids": [p["pid"] for p in held],
+                         "sent": send_to(held, "SIGTERM")["sent"],
+                         "t": round(time.monotonic() - started, 4)}] if held else []
     # 1. thaw: a frozen process ignores SIGKILL until thawed (freezer) and SIGTERM until SIGCONT
     thawed = _thaw_freezer_groups(set(all_pids))
     cont = send_to(processes, "SIGCONT")
@@ -236,6 +247,23 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
     if zombies:
         logger.info("chaosgpu: dead, awaiting their parent's reap: %s", [z["pid"] for z in zombies])
     return report
+
+
+def _held_launcher(processes: list[dict[str, Any]],
+                   found: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The job's launcher among `processes` when it is stopped (state T, t) or in a frozen
+    cgroup (as the census reads a rank's freezer state): it can start nothing until resumed."""
+    from chaosgpu.node import process_state
+    from chaosgpu.process import freezer
+
+    pid = (found or {}).get("launcher_pid")
+    for proc in processes:
+        if proc["pid"] == pid:
+            state = process_state(pid, starttime=proc.get("starttime"))
+            if state in ("T", "t") or (state not in (None, "Z", "X")
+                                        and freezer.frozen_now(pid)):
+                return [proc]
+    return []
 
 
 def _account(processes: list[dict[str, Any]], refused: dict[int, dict[str, Any]]

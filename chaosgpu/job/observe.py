@@ -218,6 +218,7 @@ class Observer:
             for rank in entry.get("ranks") or []:
                 if rank.get("pid") is not None and rank.get("starttime") is not None:
                     self._frozen[(rank["pid"], rank["starttime"])] = rank.get("state") == "frozen"
+        self._launchers_frozen()
         if self.job is None and self.tag is not None:
             return
         if self.job is not None and self.job not in self.tracks:
@@ -226,6 +227,18 @@ class Observer:
                 key = (entry.get("launcher_pid"), entry.get("launcher_starttime"))
                 if key in self._by_launcher and self._by_launcher[key] == self.job:
                     self.tracks[self.job].update_census(entry, processes, now)
+
+    def _launchers_frozen(self) -> None:
+        """Whether each watched job's live launcher is in a frozen cgroup, read with the census
+        as a rank's freezer state is (the census program's reading, through
+        chaosgpu.process.freezer.frozen_now: the census's job entry gives no launcher state)."""
+        from chaosgpu.process import freezer
+
+        for track in self.tracks.values():
+            launcher = track.launcher or {}
+            if track.launcher_alive and launcher.get("starttime") is not None:
+                self._frozen[(launcher["pid"], launcher["starttime"])] = \
+                    freezer.frozen_now(launcher["pid"])
 
     def _track_for(self, entry: dict[str, Any], now: float) -> JobTrack:
         job_id = entry["id"]
@@ -275,7 +288,7 @@ class Observer:
 
     def _observe_processes(self, track: JobTrack, sockets: dict[int, dict[str, Any]] | None,
                            now: float) -> None:
-        from chaosgpu.node import process_activity, process_starttime
+        from chaosgpu.node import process_activity, process_state
 
         # every live rank is read first: whose socket is at the other end of a connection,
         # and whether that rank can read, is known for this reading before any byte counts
@@ -303,18 +316,20 @@ class Observer:
         if track.launcher is not None and track.launcher.get("starttime") is not None:
             pid, start = track.launcher["pid"], track.launcher["starttime"]
             self._exits.watch(pid, start)
-            alive = process_starttime(pid) == start
-            from chaosgpu.node import process_state
-
-            if alive and process_state(pid) in ("Z", "X"):
-                alive = False
+            # one read of its stat, start time checked (None: gone, or its PID reused)
+            state = process_state(pid, starttime=start)
+            alive = state is not None and state not in ("Z", "X")
             exit_info = None if alive else self._exits.exit_of(pid, start)
-            track.update_launcher(alive, exit_info, now)
+            # whether the agent can act: stopped (T, t) from this stat, frozen as a rank's
+            # freeze is known (the census's freezer state, or a freeze this runner recorded)
+            can_act = None if not alive else "stopped" if state in ("T", "t") \
+                else "frozen" if self._is_frozen(track, (pid, start)) else "alive"
+            track.update_launcher(alive, exit_info, now, state=can_act, stat=state)
 
     def _is_frozen(self, track: JobTrack, key: tuple[int, int]) -> bool:
-        """Whether a rank is frozen by a cgroup freezer: as the last census saw it, or frozen
-        by this runner (its fault log) since that census began (a frozen process's /proc
-        state does not show it, and the census that will is still to come)."""
+        """Whether a rank (or the launcher) is frozen by a cgroup freezer: as the last census
+        saw it, or frozen by this runner (its fault log) since that census began (a frozen
+        process's /proc state does not show it, and the census that will is still to come)."""
         if self._frozen.get(key, False):
             return True
         return any(f.get("kind") == "freezer" and (f.get("pid"), f.get("starttime")) == key
@@ -381,15 +396,20 @@ class Observer:
 
     def _adopt_gone(self, track: JobTrack, who: dict[str, Any], fault: dict[str, Any],
                     faults: list[dict[str, Any]], now: float) -> None:
-        from chaosgpu.node import process_starttime, process_state
+        from chaosgpu.node import process_activity, process_state
 
         key = (who["pid"], who["starttime"])
         if key in track.ranks:
             return
         target = who is fault
         env = {"TORCHELASTIC_ERROR_FILE": who["error_file"]} if who.get("error_file") else {}
-        if process_starttime(who["pid"]) == who["starttime"] \
-                and process_state(who["pid"]) not in ("Z", "X"):
+        state = process_state(who["pid"], starttime=who["starttime"])
+        if state == "Z":  # ended, not reaped yet: its stat holds its wait status (a pidfd
+            # tells it only once it is reaped)
+            activity = process_activity(who["pid"], threads=False, sockets=False)
+            if activity is not None and activity.get("starttime") == who["starttime"]:
+                self._exits.note_zombie(who["pid"], who["starttime"], activity.get("exit_code"))
+        if state is not None and state not in ("Z", "X"):
             if not target:  # alive, but this census did not list it: watched from here on
                 track.ranks[key] = RankTrack(who.get("rank"), who["pid"], who["starttime"],
                                              who.get("restart_count"), now, last_seen=now,

@@ -10,12 +10,21 @@ Verdicts (docs/faults.md, "Job verdicts"):
 * ``running``: some live rank made progress within the window.
 * ``hung``: no rank made progress for at least the window while a live rank waits in a
   collective, a barrier, a rendezvous or DDP's backward (or every live rank is stopped or
-  frozen). Evidence: the blocked ranks and where they wait, since when, and the culprit ranks
-  (exited, stopped, frozen, partitioned, missing, or alive elsewhere with their own stack).
+  frozen); or every rank of the attempt ended, restarts are left, and the elastic agent is
+  stopped or frozen, for at least the window: no attempt can start until it resumes. Evidence:
+  the blocked ranks and where they wait, since when, and the culprit ranks (exited, stopped,
+  frozen, partitioned, missing, or alive elsewhere with their own stack), the agent among
+  them (rank None, its PID, ``role`` "launcher") while it is stopped or frozen.
 * ``failed``: the ranks ended and some ended badly (non-zero exit, or a signal), with no
-  restart to come; when, how soon after the fault, and the error where readable.
-* ``restarting``: the elastic agent lives and a new attempt is on its way (ranks torn down, or
-  new ranks not yet past their rendezvous); the job keeps its id and counts restarts.
+  restart to come; when, how soon after the fault (a rank that ended after a fault chaosgpu
+  sent it, by PID and start time, is said so: "exit 0 after chaosgpu's SIGTERM"), and the
+  error where readable. The culprits are the ranks that ended first of those that failed and
+  those chaosgpu sent a signal that ends a process.
+* ``restarting``: the elastic agent lives, can act (neither stopped nor frozen) and a new
+  attempt is on its way (ranks torn down, or new ranks not yet past their rendezvous); the job
+  keeps its id and counts restarts. An agent stopped (SIGSTOP, a debugger) or frozen (cgroup
+  freezer) can neither tear down nor restart anything: with live ranks the verdict is what
+  they show, with none "unknown" until the window passed, then "hung".
 * ``finished``: every rank ended with exit code 0.
 * ``unknown``: not enough could be seen (no stacks, another user's processes, ranks waiting on
   the GPU with no Flight Recorder, exit statuses hidden): the reason says which.
@@ -53,7 +62,7 @@ from chaosgpu.job.stacks import (
 )
 
 __all__ = ["VERDICTS", "RankTrack", "JobTrack", "PeerEnds", "DEFAULT_WINDOW_S", "rank_key",
-           "rank_name", "rank_with_pid"]
+           "rank_name", "rank_with_pid", "culprit_text"]
 
 VERDICTS = ("running", "hung", "failed", "restarting", "finished", "unknown")
 DEFAULT_WINDOW_S = 3.0
@@ -66,6 +75,8 @@ _EVIDENCE_LIMIT = 60
 #: Exits seen this close together were seen by one reading: which came first is not known.
 _SAME_MOMENT_S = 0.001
 _LIVE = ("alive", "stopped", "frozen")
+#: The signals chaosgpu sends that do not ask a process to end (stops, and the resume)
+_NOT_ENDING = ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGCONT")
 #: Sites where a rank waits on its peers (a rank seen there since a peer stopped is tied to it).
 _BLOCKING = ("collective", "barrier", "backward", "wait")
 
@@ -93,7 +104,11 @@ def rank_with_pid(rank: int | None, pid: int | None) -> str:
     return rank_name(rank, pid) if rank is None else f"rank {rank} (PID {pid})"
 
 
-def _culprit_text(culprit: dict[str, Any]) -> str:
+def culprit_text(culprit: dict[str, Any]) -> str:
+    """A culprit as a reason says it: "rank 1 stopped (...)"; a launcher's (`role`
+    "launcher", rank None) `why` names it itself: "the elastic agent (PID 9), stopped ..."."""
+    if culprit.get("role") == "launcher":
+        return str(culprit["why"])
     return f"{rank_name(culprit['rank'], culprit['pid'])} {culprit['why']}"
 
 
@@ -235,6 +250,12 @@ class JobTrack:
         self.helper_keys: set[tuple[int, int]] = set()
         self.launcher_alive = False
         self.launcher_exit: Exit | None = None
+        #: the live launcher's state as the observer last read it: "alive", "stopped" (T, t:
+        #: SIGSTOP or a debugger) or "frozen" (cgroup freezer); None: not read (its census
+        #: entry only). Stopped or frozen, it can neither tear down nor restart the ranks.
+        self.launcher_state: str | None = None
+        #: when the launcher was first seen in that state
+        self.launcher_state_since: float | None = None
         self.world_size: int | None = None
         self.expected_ranks: list[int] | None = None
         self.max_restarts: int | None = None
@@ -288,6 +309,7 @@ class JobTrack:
                         "kind": entry.get("launcher")}
             if self.launcher is None or self.launcher["pid"] != launcher["pid"]:
                 self.launcher = launcher
+                self.launcher_state = self.launcher_state_since = None
                 self.note(now, "proc", f"launcher ({launcher['kind']}) is PID {launcher['pid']}")
             self.launcher_alive = True
         for rank in entry.get("ranks") or []:
@@ -593,13 +615,42 @@ class JobTrack:
             track.error = error
         self.sources.add(exit_info.source or "proc")
 
-    def update_launcher(self, alive: bool, exit_info: Exit | None, now: float) -> None:
-        """Whether the launcher lives (and how it ended)."""
+    def update_launcher(self, alive: bool, exit_info: Exit | None, now: float,
+                        state: str | None = None, stat: str | None = None) -> None:
+        """Whether the launcher lives (and how it ended); `state`, for a live one: "alive",
+        "stopped" or "frozen" (a launcher stopped or frozen can neither tear down nor restart
+        the ranks), `stat` the one-letter state its /proc stat showed."""
         if self.launcher_alive and not alive:
             self.note(now, "proc", "launcher ended" + (f" ({exit_info.describe()})"
                                                        if exit_info else ""))
             self.launcher_exit = exit_info
         self.launcher_alive = alive
+        if not alive or state is None or state == self.launcher_state:
+            return
+        shown = f", state {stat}" if stat else ""
+        if state in ("stopped", "frozen"):
+            how = ("stopped (SIGSTOP or a debugger" if state == "stopped"
+                   else "frozen (cgroup freezer")
+            self.note(now, "proc", f"launcher {how}{shown}): {self._agent_name()} can neither "
+                      "tear down nor restart the ranks while it is")
+        elif self.launcher_state is not None:
+            self.note(now, "proc", f"launcher resumed ({self._agent_name()}{shown}) after "
+                      f"{now - (self.launcher_state_since or now):.1f} s "
+                      f"{self.launcher_state}")
+        self.launcher_state = state
+        self.launcher_state_since = now
+
+    def _agent_name(self) -> str:
+        """"the elastic agent (PID n)" (torchrun's), else "the launcher (kind, PID n)"."""
+        launcher = self.launcher or {}
+        if launcher.get("kind") == "torchrun":
+            return f"the elastic agent (PID {launcher.get('pid')})"
+        return f"the launcher ({launcher.get('kind')}, PID {launcher.get('pid')})"
+
+    def agent_can_act(self) -> bool:
+        """Whether the launcher can tear down and restart ranks: it lives and is neither
+        stopped nor frozen (as the observer last read it)."""
+        return self.launcher_alive and self.launcher_state not in ("stopped", "frozen")
 
     def update_partitions(self, partitions: list[dict[str, Any]], now: float) -> None:
         """The network partitions in place on the node (chaosgpu's nftables records)."""
@@ -615,6 +666,8 @@ class JobTrack:
     def update_faults(self, faults: list[dict[str, Any]]) -> None:
         """The faults this runner injected (chaosgpu.faultlog)."""
         mine = {(t.pid, t.starttime) for t in self.ranks.values()}
+        if self.launcher is not None and self.launcher.get("starttime") is not None:
+            mine.add((self.launcher["pid"], self.launcher["starttime"]))
         self.faults = [f for f in faults if (f.get("pid"), f.get("starttime")) in mine
                        or f.get("job") == self.id]
 
@@ -680,6 +733,8 @@ class JobTrack:
                     return ("unknown", "the elastic agent lives and this watch has seen no "
                             "rank of it yet: it is starting (its rendezvous waits for "
                             "--nnodes MIN nodes) or between two attempts", None, {})
+                if not self.agent_can_act():
+                    return self._agent_cannot_restart(ranks, restarts, now)
                 return ("restarting", "the elastic agent lives with no rank: the ranks of "
                         "the last attempt ended and the next ones are not started yet", None,
                         {})
@@ -702,13 +757,14 @@ class JobTrack:
         failed_here = [t for t in ranks if not t.live and t.exit is not None
                        and t.exit.clean is False]
         can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
-        if self.launcher_alive and self.launcher is not None and failed_here and can_restart:
+        # a launcher stopped or frozen restarts nothing: the verdict is what the ranks show
+        if self.agent_can_act() and self.launcher is not None and failed_here and can_restart:
             return ("restarting", f"attempt {restarts or 0}: "
                     + ", ".join(f"{t.label} {t.exit.describe() if t.exit else ''}"
                                 for t in failed_here)
                     + f"; the elastic agent lives (max restarts {self.max_restarts})",
                     min(t.exited_at or now for t in failed_here), {})
-        if self.launcher_alive and restarts and not all(t.up for t in live):
+        if self.agent_can_act() and restarts and not all(t.up for t in live):
             return ("restarting", f"attempt {restarts}: new ranks not past their rendezvous yet",
                     min(t.first_seen for t in live), {})
         ended = [t for t in ranks if not t.live]
@@ -728,45 +784,127 @@ class JobTrack:
         first_end = min((t.exited_at for t in ranks if t.exited_at is not None), default=None)
         can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
         if self.launcher_alive and bad and can_restart and self.launcher is not None:
+            if not self.agent_can_act():
+                return self._agent_cannot_restart(ranks, restarts, now, bad)
             return ("restarting", f"every rank of attempt {restarts or 0} ended; the elastic "
                     f"agent lives (max restarts {self.max_restarts})", first_end, {})
         if bad:
             return ("failed", self._failure_story(ranks, bad), first_end,
-                    {"culprit_ranks": self._first_failures(bad)})
+                    {"culprit_ranks": self._first_failures(ranks, bad)})
         if unknown:
             return ("unknown", "the ranks ended but their exit status is not visible: "
                     + "; ".join(f"{t.label}: {t.exit.describe() if t.exit else 'not seen'}"
                                 for t in unknown), first_end, {})
         return "finished", f"every rank exited 0 ({len(ranks)} ranks)", first_end, {}
 
+    def _agent_culprit(self) -> dict[str, Any] | None:
+        """The launcher as a culprit (rank None, its PID, why) while it lives stopped or
+        frozen: it can neither tear down nor restart the ranks; None when it can act."""
+        if self.launcher is None or not self.launcher_alive \
+                or self.launcher_state not in ("stopped", "frozen"):
+            return None
+        how = ("stopped (SIGSTOP or a debugger)" if self.launcher_state == "stopped"
+               else "frozen (cgroup freezer)")
+        return {"rank": None, "pid": self.launcher["pid"], "role": "launcher",
+                "why": f"{self._agent_name()}, {how}: it can neither tear down nor restart "
+                       "the ranks", "stack": None}
+
+    def _agent_cannot_restart(self, ranks: list[RankTrack], restarts: int | None, now: float,
+                              bad: list[RankTrack] | None = None
+                              ) -> tuple[str, str, float | None, dict[str, Any]]:
+        """No live rank, restarts left, and the launcher lives stopped or frozen: no attempt
+        can start until it resumes. "unknown" until that has held for the window (from the
+        later of its stop and the last rank's end), then "hung" with the launcher as culprit
+        and `since` that moment (the ranks made progress until they ended)."""
+        stopped_at = self.launcher_state_since if self.launcher_state_since is not None else now
+        ended = [t.exited_at for t in ranks if t.exited_at is not None]
+        since = max([stopped_at, *ended])
+        held_for = now - stopped_at
+        attempt = f"attempt {restarts or 0}"
+        what = (f"every rank of {attempt} ended" if ranks
+                else "the ranks of the last attempt ended and none of the next is seen")
+        story = f" ({self._failure_story(ranks, bad)})" if ranks and bad else ""
+        agent = f"{self._agent_name()} is {self.launcher_state}"
+        if now - since < self.window_s:
+            return ("unknown", f"{what}{story} and {agent} ({held_for:.1f} s): it restarts "
+                    f"nothing while it is; watching for {self.window_s:g} s", None, {})
+        culprit = self._agent_culprit()
+        culprits = [culprit] if culprit is not None else []
+        reason = (f"{what}{story} and {agent} for {held_for:.1f} s: no attempt can start until "
+                  "it resumes" + "".join(f"; culprits: {culprit_text(c)}" for c in culprits))
+        return ("hung", reason, since,
+                {"blocked_in": {"kind": None, "what": None, "frame": None, "ranks": []},
+                 "blocked": [], "culprit_ranks": culprits, "culprits_note": None})
+
+    def _faults_on(self, track: RankTrack) -> list[dict[str, Any]]:
+        """The faults this run sent the rank's very process: the fault log's entries for its
+        PID and start time (oldest first)."""
+        return [f for f in self.faults if f.get("pid") == track.pid
+                and f.get("starttime") == track.starttime and f.get("kind") != "release"]
+
     @staticmethod
-    def _first_failures(bad: list[RankTrack]) -> list[dict[str, Any]]:
-        """The ranks whose failure was seen first (several when one reading saw them end):
-        the culprits of a failed job, as far as exits can tell."""
-        first = min((t.exited_at for t in bad if t.exited_at is not None), default=None)
-        return [{"rank": t.rank, "pid": t.pid,
-                 "why": f"failed first: {t.exit.describe() if t.exit else 'ended'}"}
-                for t in bad if first is None or t.exited_at is None
-                or t.exited_at - first < _SAME_MOMENT_S]
+    def _fault_name(fault: dict[str, Any]) -> str:
+        """"chaosgpu's SIGTERM", "chaosgpu's freeze (cgroup freezer)", ..."""
+        kind = str(fault.get("kind"))
+        if kind.startswith("SIG"):
+            return f"chaosgpu's {kind}"
+        return {"freezer": "chaosgpu's freeze (cgroup freezer)",
+                "partition": "chaosgpu's network partition"}.get(kind, f"chaosgpu's {kind} fault")
+
+    def _by_us(self, track: RankTrack) -> str:
+        """What chaosgpu did to an ended rank, as its exit reads in a story: " (chaosgpu's
+        fault)" for a death by the signal chaosgpu sent, " after chaosgpu's SIGTERM" for an
+        exit (a handler's exit 0, an error) or another signal that followed a fault of ours,
+        " (not sent by chaosgpu)" for a signal death with no fault of ours; else ""."""
+        faults = self._faults_on(track)
+        signal = track.exit.signal if track.exit else None
+        if signal and any(f.get("kind") == signal for f in faults):
+            return " (chaosgpu's fault)"
+        if faults:
+            return f" after {self._fault_name(faults[-1])}"
+        return " (not sent by chaosgpu)" if signal else ""
+
+    def _first_ends(self, ranks: list[RankTrack], bad: list[RankTrack]) -> list[RankTrack]:
+        """The ranks that ended first of those that failed and those chaosgpu sent a signal
+        that asks a process to end (a rank that exited 0 on chaosgpu's SIGTERM ended on our
+        fault, and its peers failed on its loss); several when one reading saw them end."""
+        candidates = bad + [t for t in ranks if t not in bad and not t.live and any(
+            str(f.get("kind")).startswith("SIG") and f.get("kind") not in _NOT_ENDING
+            for f in self._faults_on(t))]
+        first = min((t.exited_at for t in candidates if t.exited_at is not None), default=None)
+        return [t for t in ranks if t in candidates and (
+            first is None or t.exited_at is None or t.exited_at - first < _SAME_MOMENT_S)]
+
+    def _first_failures(self, ranks: list[RankTrack],
+                        bad: list[RankTrack]) -> list[dict[str, Any]]:
+        """The ranks whose end was seen first (several when one reading saw them end): the
+        culprits of a failed job, as far as exits and chaosgpu's faults can tell."""
+        culprits = []
+        for track in self._first_ends(ranks, bad):
+            how = track.exit.describe() if track.exit else "ended"
+            if track in bad:
+                why = f"failed first: {how}" + (
+                    " (chaosgpu's fault)" if self._by_us(track) == " (chaosgpu's fault)" else "")
+            else:  # it ended on our fault (exit 0 after SIGTERM): its peers failed on its loss
+                why = (f"ended first, {how}{self._by_us(track)}: its peers lost it")
+            culprits.append({"rank": track.rank, "pid": track.pid, "why": why})
+        return culprits
 
     def _failure_story(self, ranks: list[RankTrack], bad: list[RankTrack]) -> str:
-        first = min(bad, key=lambda t: t.exited_at or 0)
+        first = min(self._first_ends(ranks, bad) or bad, key=lambda t: t.exited_at or 0)
         parts = []
         for track in sorted(ranks, key=lambda t: t.exited_at or 0):
-            by_us = [f for f in self.faults if f.get("pid") == track.pid]
-            who = ""
-            if track.exit and track.exit.signal:
-                who = " (chaosgpu's fault)" if by_us else " (not sent by chaosgpu)"
             after = ""
             if track is not first and first.exited_at and track.exited_at:
                 gap = track.exited_at - first.exited_at
-                if gap < _SAME_MOMENT_S:  # seen ended by the same reading: no order is known
+                if abs(gap) < _SAME_MOMENT_S:  # seen ended by one reading: no order is known
                     after = f", seen ended together with {first.label}"
                 else:
                     after = (f", {'gone by ' if track.exit_seen_late else ''}"
-                             f"{gap:.2f} s after {first.label}")
-            parts.append(f"{track.label} "
-                         f"{track.exit.describe() if track.exit else 'ended'}{who}{after}")
+                             f"{abs(gap):.2f} s {'after' if gap > 0 else 'before'} "
+                             f"{first.label}")
+            parts.append(f"{track.label} {track.exit.describe() if track.exit else 'ended'}"
+                         f"{self._by_us(track)}{after}")
         return "; ".join(parts)
 
     def _peer_cannot_answer(self, live: list[RankTrack], last: float | None, now: float
@@ -884,7 +1022,7 @@ class JobTrack:
                        "while " + ", ".join(t.label for t in stuck or []) + " cannot answer")
         if details["culprit_ranks"]:
             reason += "; culprits: " + "; ".join(
-                _culprit_text(c) for c in details["culprit_ranks"])
+                culprit_text(c) for c in details["culprit_ranks"])
         if never:
             reason += " (no progress seen since the observation began)"
         return "hung", reason, since, details
@@ -899,12 +1037,12 @@ class JobTrack:
             if not track.live:  # a node loss: cut off, then ended (its peers never knew)
                 why += ", then ended: " + (track.exit.describe() if track.exit
                                            else "exit not seen")
-                if any(f.get("pid") == track.pid for f in self.faults):
-                    why += " (chaosgpu's fault)"
+                if self._faults_on(track):
+                    why += self._by_us(track)
         elif not track.live:
             why = "ended: " + (track.exit.describe() if track.exit else "exit not seen")
-            if any(f.get("pid") == track.pid for f in self.faults):
-                why += " (chaosgpu's fault)"
+            if self._faults_on(track):  # " (chaosgpu's fault)", " after chaosgpu's SIGTERM"
+                why += self._by_us(track)
             if track.holders:
                 why += (f"; its helper processes {[h['pid'] for h in track.holders]} "
                         "(forked copies: DataLoader workers) outlive it holding "
@@ -953,6 +1091,9 @@ class JobTrack:
         for missing in sorted(set(self.expected_ranks or []) - present):
             culprits.append({"rank": missing, "pid": None, "why": "missing (never seen here)",
                              "stack": None})
+        agent = self._agent_culprit()
+        if agent is not None:  # it could not tear the ranks down, nor restart them
+            culprits.append(agent)
         if not culprits and blocked:
             culprits_note = ("every rank seen here waits: the culprit is elsewhere (another "
                              "node, or the network between them)")
@@ -1007,6 +1148,9 @@ class JobTrack:
             "restart_count": self.restart_count(), "max_restarts": self.max_restarts,
             "world_size": self.world_size, "tag": self.tag,
             "launcher": dict(self.launcher or {}, alive=self.launcher_alive,
+                             state=(self.launcher_state if self.launcher_alive else "exited"),
+                             state_since=self.launcher_state_since if self.launcher_alive
+                             else None,
                              exit=self.launcher_exit.to_json() if self.launcher_exit else None)
             if self.launcher else None,
             "backend": next((t.backend for t in self.current_ranks() if t.backend), None),
