@@ -201,6 +201,27 @@ def test_a_verdict_of_unnumbered_ranks_names_them_by_pid() -> None:
                                             "(rank ? (PID 13): exit code 1)"), cells_by
 
 
+def test_a_stopped_elastic_agent_among_the_culprits_is_named_as_the_agent() -> None:
+    """A hang whose culprit is the elastic agent (role "launcher", rank None: stopped, it can
+    neither tear down nor restart the ranks): the timeline keeps its role and the report names
+    it by its own words, never as "rank ? (PID n)"."""
+    from types import SimpleNamespace
+
+    from chaosgpu.timeline.events import VERDICT_SCHEMA, verdict_rows
+
+    why = ("the elastic agent (PID 9), stopped (SIGSTOP or a debugger): it can neither tear "
+           "down nor restart the ranks")
+    output = {"schema": VERDICT_SCHEMA, "id": "job-1", "verdict": "hung",
+              "culprit_ranks": [{"rank": 1, "pid": 11, "why": "stopped (SIGSTOP or a debugger)"},
+                                {"rank": None, "pid": 9, "role": "launcher", "why": why}]}
+    (row,) = verdict_rows([("detect-hang", "method", output)])
+    assert row["culprits"][1] == {"rank": None, "pid": 9, "why": why, "role": "launcher"}
+    header, (cells,) = verdict_table(SimpleNamespace(verdicts=[row],  # type: ignore[arg-type]
+                                                     is_remediation=False))
+    culprits = dict(zip(header, cells, strict=True))["culprits"]
+    assert culprits == f"rank 1: stopped (SIGSTOP or a debugger); {why}", culprits
+
+
 def test_markdown_and_html_show_verdicts_node_loss_and_memory_kind(tmp_path: Path) -> None:
     build_report([str(JOURNALS / "handmade-nccl-rank-kill.json"),
                   str(JOURNALS / "handmade-nccl-timeout-remediation.json")], str(tmp_path),

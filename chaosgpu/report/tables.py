@@ -197,9 +197,10 @@ def verdict_table(run: RunView) -> tuple[list[str], list[list[str]]]:
               "confirmed after the fault (s)", "survivors' exits", "outcome"]
     rows = []
     for row in run.verdicts:
-        culprits = "; ".join(f"{rank_name(c.get('rank'), c.get('pid'))}: {c.get('why')}"
-                             for c in row.get("culprits") or []) or (
-            row.get("culprits_note") or MISSING)
+        culprits = "; ".join(
+            str(c.get("why")) if c.get("role") == "launcher"  # its why names the agent itself
+            else f"{rank_name(c.get('rank'), c.get('pid'))}: {c.get('why')}"
+            for c in row.get("culprits") or []) or (row.get("culprits_note") or MISSING)
         blocked = row.get("blocked_in") or {}
         where = (f"{blocked.get('kind')} {blocked.get('what')} (ranks {blocked.get('ranks')})"
                  if blocked.get("kind") else MISSING)

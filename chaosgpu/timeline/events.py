@@ -218,7 +218,8 @@ def verdict_rows(records: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
         detection = detection if isinstance(detection, dict) else {}
         row = {"activity": activity, "part": part, "job": output.get("id"),
                "verdict": output.get("verdict"), "reason": output.get("reason"),
-               "culprits": [{"rank": c.get("rank"), "pid": c.get("pid"), "why": c.get("why")}
+               "culprits": [{"rank": c.get("rank"), "pid": c.get("pid"), "why": c.get("why"),
+                             **({"role": c["role"]} if c.get("role") else {})}
                             for c in output.get("culprit_ranks") or [] if isinstance(c, dict)],
                "culprits_note": output.get("culprits_note"),
                "blocked_in": {k: blocked.get(k) for k in ("kind", "what", "ranks")}
