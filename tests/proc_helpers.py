@@ -3,6 +3,7 @@ tests use these to check it from the outside)."""
 
 import os
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def proc_state(pid: int) -> str:
+    """The one-letter state of `pid` (R, S, D, T, t, Z ...) read straight from /proc; raises
+    FileNotFoundError once it is gone."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def unique(prefix: str) -> str:
+    """`prefix` and 8 random hex digits: a tag or name no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from chaoslib.exceptions import InvalidActivity
+from proc_helpers import proc_state
 
 import chaosgpu
 from chaosgpu import arguments
@@ -173,12 +174,6 @@ def test_none_only_where_the_argument_is_optional() -> None:
     assert inspect.signature(probe).parameters["grace_s"].default == 1.0  # signature kept
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        stat = handle.read()
-    return stat[stat.rindex(")") + 2]
-
-
 def test_freeze_with_a_negative_deadline_freezes_nothing() -> None:
     from chaosgpu.process.actions import freeze_processes
 
@@ -188,7 +183,7 @@ def test_freeze_with_a_negative_deadline_freezes_nothing() -> None:
             with pytest.raises(InvalidArgument, match="deadline_s must be a number of seconds"):
                 freeze_processes(scope={"pids": [target.pid]}, deadline_s=bad)
         time.sleep(0.2)
-        assert _state(target.pid) == "S"  # still running, never stopped
+        assert proc_state(target.pid) == "S"  # still running, never stopped
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
@@ -209,7 +204,7 @@ def test_kill_rank_with_a_negative_wait_kills_nothing() -> None:
                                                   r"takes rank, job, tag, signal, wait_s"):
             kill_rank(rnk=0, tag=tag)  # type: ignore[call-arg]
         time.sleep(0.2)
-        assert target.poll() is None and _state(target.pid) == "S"
+        assert target.poll() is None and proc_state(target.pid) == "S"
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
@@ -278,7 +273,7 @@ def test_a_wait_too_long_to_make_is_refused_before_anything_is_sent() -> None:
         with pytest.raises(InvalidArgument, match="wait_gone_s must be at most 1e\\+09 s"):
             signal_processes({"tag": tag}, "SIGCONT", wait_gone_s=1e300)
         time.sleep(0.2)
-        assert target.poll() is None and _state(target.pid) == "T"  # nothing was sent
+        assert target.poll() is None and proc_state(target.pid) == "T"  # nothing was sent
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(timeout=10)
@@ -302,6 +297,6 @@ def test_a_wait_longer_than_one_poll_can_take_is_waited_for() -> None:
 
 def _wait_state(pid: int, wanted: str, timeout_s: float = 5.0) -> str:
     deadline = time.monotonic() + timeout_s
-    while _state(pid) != wanted and time.monotonic() < deadline:
+    while proc_state(pid) != wanted and time.monotonic() < deadline:
         time.sleep(0.01)
-    return _state(pid)
+    return proc_state(pid)

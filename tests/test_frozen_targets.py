@@ -11,13 +11,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, wait_until
+from proc_helpers import alive, unique, wait_until
 
 from chaosgpu import faultlog, state
 from chaosgpu.errors import ActivityError
@@ -32,15 +31,6 @@ V1 = Path("/sys/fs/cgroup/freezer")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not (V1 / "cgroup.procs").exists(),
     reason="needs root and the cgroup v1 freezer")
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
 
 
 def _v1_group_of(pid: int) -> str:
@@ -80,7 +70,7 @@ def _finish(*procs: "subprocess.Popen[bytes]") -> None:
 @contextmanager
 def foreign_freeze(pids: list[int]) -> Iterator[Path]:
     """Freeze `pids` in a v1 freezer group chaosgpu did not make (as another tool would)."""
-    group = V1 / _unique("fzt-foreign")
+    group = V1 / unique("fzt-foreign")
     group.mkdir()
     try:
         for pid in pids:
@@ -114,7 +104,7 @@ def test_cleanup_removes_the_freezer_group_of_a_rank_killed_while_frozen() -> No
     pytest.importorskip("torch")
     from chaosgpu.job import actions as job_actions
 
-    tag = _unique("fzt-killed")
+    tag = unique("fzt-killed")
     started = workload_actions.start_ring(world_size=2, backend="gloo", tag=tag,
                                           process_group_timeout_s=30, timeout_s=120)
     try:
@@ -141,7 +131,7 @@ def test_cleanup_removes_the_freezer_group_of_a_rank_killed_while_frozen() -> No
 # -- the primitive: a fatal signal lets its targets, and only them, out of the freeze -----------
 
 def test_a_fatal_signal_lets_only_its_targets_out_of_chaosgpus_freezer() -> None:
-    tag, other = _unique("fzt-target"), _unique("fzt-bystander")
+    tag, other = unique("fzt-target"), unique("fzt-bystander")
     target, bystander = _sleeper(tag), _sleeper(other)
     try:
         pids = [target.pid, bystander.pid]
@@ -168,7 +158,7 @@ def test_a_fatal_signal_lets_only_its_targets_out_of_chaosgpus_freezer() -> None
 
 def test_a_fatal_signal_to_a_target_in_a_foreign_frozen_cgroup_is_refused_not_left_pending(
         ) -> None:
-    tag = _unique("fzt-foreign")
+    tag = unique("fzt-foreign")
     proc = _sleeper(tag)
     try:
         assert wait_until(lambda: resolve_scope_detail({"tag": tag})["processes"])
@@ -185,7 +175,7 @@ def test_a_fatal_signal_to_a_target_in_a_foreign_frozen_cgroup_is_refused_not_le
 # -- 8. stop_workload on a freezer-frozen workload ------------------------------------------------
 
 def test_stop_workload_stops_a_freezer_frozen_workload() -> None:
-    tag = _unique("fzt-wl")
+    tag = unique("fzt-wl")
     started = workload_actions.start_holders(count=2, mib=4, via="host", tag=tag)
     try:
         frozen = process_actions.freeze_processes({"tag": tag}, method="freezer")
@@ -204,7 +194,7 @@ def test_stop_workload_stops_a_freezer_frozen_workload() -> None:
 
 
 def test_stop_workload_fails_and_keeps_the_record_when_a_worker_stays_frozen() -> None:
-    tag = _unique("fzt-wlf")
+    tag = unique("fzt-wlf")
     started = workload_actions.start_holders(count=1, mib=4, via="host", tag=tag)
     (pid,) = started["pids"]
     try:
@@ -226,7 +216,7 @@ def test_kill_rank_kills_a_freezer_frozen_rank() -> None:
     pytest.importorskip("torch")
     from chaosgpu.job import actions as job_actions
 
-    tag = _unique("fzt-ring")
+    tag = unique("fzt-ring")
     started = workload_actions.start_ring(world_size=2, backend="gloo", tag=tag,
                                           process_group_timeout_s=30, timeout_s=120)
     try:
@@ -249,7 +239,7 @@ def test_kill_rank_kills_a_freezer_frozen_rank() -> None:
 # -- 20. a freezer-frozen pod is terminated and removed -----------------------------------------
 
 def test_a_freezer_frozen_pod_is_terminated_and_removed() -> None:
-    name = _unique("fzt-pod")
+    name = unique("fzt-pod")
     record = runtime.create(name, grace_s=1)
     workers = []
     try:
@@ -285,7 +275,7 @@ def _chaos() -> str:
 
 
 def test_chaos_run_stops_a_frozen_workload_and_resumes_its_sigstop(tmp_path: Path) -> None:
-    tag = _unique("fzt-run")
+    tag = unique("fzt-run")
 
     def activity(kind: str, module: str, func: str, **arguments: object) -> dict:  # type: ignore[type-arg]
         return {"type": kind, "name": func, "provider": {

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import require_tool
 from partition_helpers import Servers, connect
+from proc_helpers import proc_state
 
 CHAOS = shutil.which("chaos") or str(Path(sys.executable).with_name("chaos"))
 
@@ -145,7 +146,7 @@ def test_a_target_that_exited_unreaped_has_ended(servers: Servers) -> None:
     try:
         target.send_signal(signal.SIGKILL)  # not waited for: a zombie of this process
         deadline = time.monotonic() + 10
-        while _state(target.pid) != "Z":
+        while proc_state(target.pid) != "Z":
             assert time.monotonic() < deadline, "the target did not exit"
             time.sleep(0.02)
         assert [p["id"] for p in net_probes.partitions_in_place()] == []
@@ -156,12 +157,6 @@ def test_a_target_that_exited_unreaped_has_ended(servers: Servers) -> None:
         target.wait(timeout=10)
         network.heal_all_partitions()
     _gone(cut["table"])
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        stat = handle.read()
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3].decode()
 
 
 def _netns_held_by_mount(name: str) -> tuple[tuple[str, ...], Any]:

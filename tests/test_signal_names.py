@@ -22,13 +22,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import alive, wait_until
+from proc_helpers import alive, proc_state, unique, wait_until
 
 from chaosgpu import faultlog
 from chaosgpu.arguments import InvalidArgument
@@ -66,15 +65,6 @@ def _fresh_faultlog() -> Iterator[None]:
     faultlog.clear()
 
 
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
-
-
 def _default_dispositions() -> None:
     """In the child before exec: every signal's default action (an ignored disposition is
     inherited across exec, as from nohup or a script without job control), and no core file
@@ -98,7 +88,7 @@ def _sleeper(tag: str, cwd: Path, own_session: bool = False, rank: bool = False,
     proc = subprocess.Popen(["sleep", "300"], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                             process_group=None if own_session else 0,
                             start_new_session=own_session, preexec_fn=_default_dispositions)
-    assert wait_until(lambda: _state(proc.pid) == "S", 5)  # exec'd and asleep
+    assert wait_until(lambda: proc_state(proc.pid) == "S", 5)  # exec'd and asleep
     return proc
 
 
@@ -149,7 +139,7 @@ def test_sigttin_and_sigttou_stop_a_process_whose_group_is_not_orphaned(
         name: str, tmp_path: Path) -> None:
     """Seen stopped (state T) and reported `stopped`; recorded as this run's freeze under the
     signal's name, which resume_processes undoes."""
-    tag = _unique(name.lower())
+    tag = unique(name.lower())
     proc = _sleeper(tag, tmp_path)
     try:
         scope = {"tag": tag}
@@ -159,11 +149,11 @@ def test_sigttin_and_sigttou_stop_a_process_whose_group_is_not_orphaned(
         assert report["signal"] == name and result["result"] == "sent", report
         assert result["stopped"] is True and "not_stopped" not in result, report
         assert (report["stopped"], report["not_stopped"]) == (1, 0), report
-        assert _state(proc.pid) == "T"
+        assert proc_state(proc.pid) == "T"
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [(name, proc.pid)]
         resumed = process_actions.resume_processes(scope)
         assert [r["pid"] for r in resumed["results"] if r["result"] == "sent"] == [proc.pid]
-        assert wait_until(lambda: _state(proc.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
     finally:
         _finish(proc)
 
@@ -172,19 +162,19 @@ def test_sigttin_and_sigttou_stop_a_process_whose_group_is_not_orphaned(
 def test_the_program_reports_sigttin_and_sigttou_stopped(name: str, tmp_path: Path) -> None:
     """The program itself (what runs inside a pod): its signal_targets and its command line
     watch the target until it is stopped."""
-    proc = _sleeper(_unique("prog"), tmp_path)
+    proc = _sleeper(unique("prog"), tmp_path)
     try:
         report = program.signal_targets([_target(proc.pid)], name, wait_stopped_s=5)
-        assert report["results"][0]["stopped"] is True and _state(proc.pid) == "T", report
+        assert report["results"][0]["stopped"] is True and proc_state(proc.pid) == "T", report
         os.kill(proc.pid, signal.SIGCONT)
-        assert wait_until(lambda: _state(proc.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
         done = subprocess.run([sys.executable, str(program_path("actions", "signal_processes")),
                                name[3:].lower(), json.dumps([_target(proc.pid)])],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         report = json.loads(done.stdout)
         assert report["signal"] == name and report["results"][0]["stopped"] is True, report
-        assert _state(proc.pid) == "T"
+        assert proc_state(proc.pid) == "T"
     finally:
         _finish(proc)
 
@@ -194,7 +184,7 @@ def test_sigttin_and_sigttou_to_an_orphaned_group_are_reported_not_stopped(
         name: str, tmp_path: Path) -> None:
     """A process in a session of its own is in an orphaned process group: the kernel discards
     SIGTTIN and SIGTTOU. The program says so, and signal_processes fails (none stopped)."""
-    tag = _unique("orphan-" + name.lower())
+    tag = unique("orphan-" + name.lower())
     proc = _sleeper(tag, tmp_path, own_session=True)
     try:
         report = program.signal_targets([_target(proc.pid)], name, wait_stopped_s=0.5)
@@ -210,22 +200,22 @@ def test_sigttin_and_sigttou_to_an_orphaned_group_are_reported_not_stopped(
             process_actions.signal_processes(scope, signal=name, wait_stopped_s=0.5)
         assert f"PID {proc.pid}" in str(raised.value)
         assert f"the kernel discards {name} for it" in str(raised.value)
-        assert _state(proc.pid) in ("S", "R")  # running, as the failure says
+        assert proc_state(proc.pid) in ("S", "R")  # running, as the failure says
     finally:
         _finish(proc)
 
 
 def test_kill_rank_stops_a_rank_with_sigttou_and_resume_rank_resumes_it(tmp_path: Path) -> None:
-    tag = _unique("rank-ttou")
+    tag = unique("rank-ttou")
     proc = _sleeper(tag, tmp_path, rank=True)
     try:
         out = job_actions.kill_rank(rank=0, tag=tag, signal="SIGTTOU", wait_s=0)
         assert out["pid"] == proc.pid and out["stopped"] is True, out
-        assert _state(proc.pid) == "T"
+        assert proc_state(proc.pid) == "T"
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGTTOU", proc.pid)]
         resumed = job_actions.resume_rank(rank="any", tag=tag)
         assert resumed["result"] == "sent" and resumed["pid"] == proc.pid, resumed
-        assert wait_until(lambda: _state(proc.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
     finally:
         _finish(proc)
 
@@ -252,7 +242,7 @@ def _via_package(targets: list[dict[str, int]], name: str, until: str) -> dict[s
 @pytest.mark.parametrize("name", NEW_FATAL)
 def test_sigalrm_sigpipe_sigsegv_and_sigbus_end_a_process(
         name: str, until: str, via: Any, tmp_path: Path) -> None:
-    proc = _sleeper(_unique("fatal"), tmp_path)
+    proc = _sleeper(unique("fatal"), tmp_path)
     reaper = None
     try:
         if until == "reaped":  # this test is the parent: it reaps the target as it dies
@@ -277,7 +267,7 @@ def test_the_frozen_target_release_is_asked_before_each_fatal_signal_only(
     """The caller's `release` (chaosgpu's freezer's, on the node) gets the targets before a
     signal that ends a process, as before SIGTERM, so none stays pending in a frozen cgroup;
     never before a stop signal, which leaves a frozen target frozen."""
-    proc = _sleeper(_unique("release"), tmp_path)
+    proc = _sleeper(unique("release"), tmp_path)
     asked: list[tuple[float, list[dict[str, Any]]]] = []
 
     def release(targets: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -303,7 +293,7 @@ def test_the_frozen_target_release_is_asked_before_each_fatal_signal_only(
 def test_kill_rank_crashes_a_rank_with_sigsegv_or_sigbus(name: str, tmp_path: Path) -> None:
     """A rank dying as a segfault or a bus error does: the rank ends on that very signal, and
     the fault log records it under the signal's name."""
-    tag = _unique("rank-crash")
+    tag = unique("rank-crash")
     proc = _sleeper(tag, tmp_path, rank=True)
     try:
         out = job_actions.kill_rank(rank=0, tag=tag, signal=name)
@@ -315,7 +305,7 @@ def test_kill_rank_crashes_a_rank_with_sigsegv_or_sigbus(name: str, tmp_path: Pa
 
 
 def test_signal_processes_sends_sigpipe_and_waits_for_the_exit(tmp_path: Path) -> None:
-    tag = _unique("pipe")
+    tag = unique("pipe")
     proc = _sleeper(tag, tmp_path)
     try:
         scope = {"tag": tag}
@@ -333,7 +323,7 @@ def test_signal_processes_sends_sigpipe_and_waits_for_the_exit(tmp_path: Path) -
 def test_a_misspelled_signal_is_refused_naming_the_list_and_nothing_is_signalled(
         tmp_path: Path) -> None:
     caught = tmp_path / "caught"
-    tag = _unique("typo")
+    tag = unique("typo")
     proc = subprocess.Popen([sys.executable, "-c", CATCHER, str(caught)],
                             env=dict(os.environ, CHAOSGPU_TAG=tag), stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, process_group=0)
@@ -365,7 +355,7 @@ def test_a_misspelled_signal_is_refused_naming_the_list_and_nothing_is_signalled
             job_actions.kill_rank(rank=0, tag=tag, signal="SIGALARM")
         assert "'SIGALRM'" in str(invalid.value) and "'SIGBUS'" in str(invalid.value)
         time.sleep(0.2)
-        assert proc.poll() is None and _state(proc.pid) in ("S", "R")
+        assert proc.poll() is None and proc_state(proc.pid) in ("S", "R")
         assert not caught.exists() or caught.read_text() == ""  # no signal reached it
         assert faultlog.recent() == []
     finally:

@@ -15,16 +15,11 @@ import threading
 import time
 
 import pytest
-from proc_helpers import alive, wait_until
+from proc_helpers import alive, proc_state, wait_until
 
 from chaosgpu.job import stacks
 
 BUSY = "import time\nprint('ready', flush=True)\nwhile True:\n    sum(range(1000))\n"
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[0]
 
 
 def _tracer(pid: int) -> int:
@@ -99,8 +94,8 @@ def test_a_rank_stopped_while_it_is_sampled_is_read_and_stays_stopped(
         sample = result[busy_rank.pid]
         if sample.error is not None or not sample.threads:
             failed.append((attempt, sample.error))
-        assert wait_until(lambda: _state(busy_rank.pid) == "T", 5.0), \
-            f"attempt {attempt}: the SIGSTOP did not hold (state {_state(busy_rank.pid)})"
+        assert wait_until(lambda: proc_state(busy_rank.pid) == "T", 5.0), \
+            f"attempt {attempt}: the SIGSTOP did not hold (state {proc_state(busy_rank.pid)})"
         os.kill(busy_rank.pid, signal.SIGCONT)
-        assert wait_until(lambda: _state(busy_rank.pid) != "T", 5.0)
+        assert wait_until(lambda: proc_state(busy_rank.pid) != "T", 5.0)
     assert failed == [], f"samples lost while the rank was being stopped: {failed}"

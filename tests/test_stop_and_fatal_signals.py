@@ -11,12 +11,11 @@ import resource
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, wait_until
+from proc_helpers import alive, proc_state, unique, wait_until
 
 from chaosgpu import faultlog
 from chaosgpu.intarget import load
@@ -36,15 +35,6 @@ def _fresh_faultlog() -> Iterator[None]:
     faultlog.clear()
     yield
     faultlog.clear()
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
 
 
 def _sleeper(tag: str, cwd: Path | None = None) -> "subprocess.Popen[bytes]":
@@ -86,17 +76,17 @@ def test_which_signals_stop_or_end_a_process_is_what_the_kernel_does(tmp_path: P
     wrong = []
     for signum in range(1, 32):
         name = signal.Signals(signum).name
-        proc = _sleeper(_unique("rule"), cwd=tmp_path)
+        proc = _sleeper(unique("rule"), cwd=tmp_path)
         try:
             resource.prlimit(proc.pid, resource.RLIMIT_CORE, (0, 0))  # no core file
-            assert wait_until(lambda p=proc: _state(p.pid) == "S", 5)  # type: ignore[misc]
+            assert wait_until(lambda p=proc: proc_state(p.pid) == "S", 5)  # type: ignore[misc]
             os.kill(proc.pid, signum)
             try:
                 code = proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 code = None
             ended = code == -signum
-            stopped = code is None and _state(proc.pid) == "T"
+            stopped = code is None and proc_state(proc.pid) == "T"
             if (ended, stopped) != (program.ends_process(signum), program.stops_process(signum)):
                 wrong.append(f"{name}: ended {ended}, stopped {stopped}")
         finally:
@@ -114,35 +104,35 @@ def test_which_signals_stop_or_end_a_process_is_what_the_kernel_does(tmp_path: P
 
 @pytest.mark.parametrize("stop", ["SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"])
 def test_a_stop_through_signal_processes_is_resumed_and_a_foreign_stop_is_left(stop: str) -> None:
-    tag = _unique("stop-" + stop.lower())
+    tag = unique("stop-" + stop.lower())
     ours, theirs = _sleeper(tag), _sleeper(tag)
     try:
         scope = {"tag": tag}
         assert wait_until(lambda: len(resolve_scope_detail(scope)["processes"]) == 2)
         os.kill(theirs.pid, signal.Signals[stop])  # stopped by someone else before the fault
-        assert wait_until(lambda: _state(theirs.pid) == "T")
+        assert wait_until(lambda: proc_state(theirs.pid) == "T")
         report = process_actions.signal_processes(scope, signal=stop)
         assert report["signal"] == stop and report["sent"] == 2, report
         assert [e["pid"] for e in report["already_stopped"]] == [theirs.pid], report
         assert f"before this {stop}" in report["already_stopped"][0]["reason"]
-        assert wait_until(lambda: _state(ours.pid) == "T")
+        assert wait_until(lambda: proc_state(ours.pid) == "T")
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [(stop, ours.pid)]
         resumed = process_actions.resume_processes(scope)
         assert [r["pid"] for r in resumed["results"] if r["result"] == "sent"] == [ours.pid]
-        assert wait_until(lambda: _state(ours.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(ours.pid) in ("S", "R"))
         assert [e["pid"] for e in resumed["left_stopped"]] == [theirs.pid], resumed
         time.sleep(0.1)
-        assert _state(theirs.pid) == "T"  # never resumed: not this run's stop
+        assert proc_state(theirs.pid) == "T"  # never resumed: not this run's stop
         # A SIGCONT through signal_processes ends this run's stop: a later resume leaves
         # alone a stop that came after it.
         process_actions.signal_processes({"pids": [ours.pid]}, signal=stop)
-        assert wait_until(lambda: _state(ours.pid) == "T")
+        assert wait_until(lambda: proc_state(ours.pid) == "T")
         process_actions.signal_processes({"pids": [ours.pid]}, signal="SIGCONT")
-        assert wait_until(lambda: _state(ours.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(ours.pid) in ("S", "R"))
         os.kill(ours.pid, signal.SIGSTOP)  # someone else's, after that
-        assert wait_until(lambda: _state(ours.pid) == "T")
+        assert wait_until(lambda: proc_state(ours.pid) == "T")
         again = process_actions.resume_processes(scope)
-        assert again["sent"] == 0 and _state(ours.pid) == "T", again
+        assert again["sent"] == 0 and proc_state(ours.pid) == "T", again
     finally:
         _finish(ours, theirs)
 
@@ -163,17 +153,17 @@ def test_resume_rank_resumes_a_rank_this_run_stopped_with_sigtstp(rank: object) 
     run", or "none frozen" for "any") and left the rank stopped."""
     from chaosgpu.job import actions as job_actions
 
-    tag = _unique("rank-tstp")
+    tag = unique("rank-tstp")
     proc = _rank(tag)
     try:
-        assert wait_until(lambda: _state(proc.pid) == "S")
+        assert wait_until(lambda: proc_state(proc.pid) == "S")
         stopped = job_actions.kill_rank(rank=0, tag=tag, signal="SIGTSTP", wait_s=0)
         assert stopped["result"] == "sent" and stopped["pid"] == proc.pid, stopped
-        assert wait_until(lambda: _state(proc.pid) == "T")
+        assert wait_until(lambda: proc_state(proc.pid) == "T")
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGTSTP", proc.pid)]
         resumed = job_actions.resume_rank(rank=rank, tag=tag)
         assert resumed["result"] == "sent" and resumed["pid"] == proc.pid, resumed
-        assert wait_until(lambda: _state(proc.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
     finally:
         _finish(proc)
 
@@ -195,7 +185,7 @@ def test_every_stop_signal_reads_as_a_freeze_in_the_report() -> None:
                                   "SIGBUS"])
 def test_a_signal_that_ends_a_process_lets_its_target_out_of_the_freeze(name: str,
                                                                         tmp_path: Path) -> None:
-    tag = _unique("fatal-usr")
+    tag = unique("fatal-usr")
     proc = _sleeper(tag, cwd=tmp_path)
     try:
         resource.prlimit(proc.pid, resource.RLIMIT_CORE, (0, 0))  # SIGSEGV, SIGBUS: no core

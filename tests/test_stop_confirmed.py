@@ -14,12 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, wait_until
+from proc_helpers import alive, proc_state, unique, wait_until
 
 from chaosgpu import faultlog
 from chaosgpu.arguments import InvalidArgument
@@ -53,11 +52,6 @@ def _fresh_faultlog() -> Iterator[None]:
     faultlog.clear()
     yield
     faultlog.clear()
-
-
-def _state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
 
 
 def _start(code: str, tag: str, own_session: bool = False, rank: bool = False,
@@ -97,10 +91,6 @@ def _tracer(pid: int) -> "subprocess.Popen[str]":
     return tracer
 
 
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 def _matched(scope: dict[str, object], count: int) -> bool:
     return wait_until(lambda: len(resolve_scope_detail(scope)["processes"]) == count)
 
@@ -112,7 +102,7 @@ def _matched(scope: dict[str, object], count: int) -> bool:
 ], ids=["ignored", "handled", "orphaned-group"])
 def test_a_sigtstp_that_stops_nothing_fails_and_says_why(code: str, own_session: bool,
                                                           why: str) -> None:
-    tag = _unique("tstp-none")
+    tag = unique("tstp-none")
     proc = _start(code, tag, own_session)
     try:
         assert _matched({"tag": tag}, 1)
@@ -121,12 +111,12 @@ def test_a_sigtstp_that_stops_nothing_fails_and_says_why(code: str, own_session:
             process_actions.signal_processes({"tag": tag}, signal="SIGTSTP", wait_stopped_s=0.5)
         assert time.monotonic() - began < 10
         assert why in str(raised.value) and f"PID {proc.pid}" in str(raised.value)
-        assert _state(proc.pid) in ("S", "R")  # running, as the failure says
+        assert proc_state(proc.pid) in ("S", "R")  # running, as the failure says
         # The stop sent is recorded (a late one would be resumed by the rollback), which
         # finds nothing stopped to resume.
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGTSTP", proc.pid)]
         process_actions.resume_processes({"tag": tag})
-        assert _state(proc.pid) in ("S", "R")
+        assert proc_state(proc.pid) in ("S", "R")
     finally:
         _finish(proc)
 
@@ -134,19 +124,19 @@ def test_a_sigtstp_that_stops_nothing_fails_and_says_why(code: str, own_session:
 def test_a_stop_that_holds_for_some_is_reported_per_process_and_passes() -> None:
     """One process stops on SIGTSTP, one ignores it: the activity passes (something stopped),
     and each result says whether its process stopped and, for the other, why not."""
-    tag = _unique("tstp-some")
+    tag = unique("tstp-some")
     stops, ignores = _start(PLAIN, tag), _start(IGNORES_TSTP, tag)
     try:
         assert _matched({"tag": tag}, 2)
         report = process_actions.signal_processes({"tag": tag}, signal="SIGTSTP",
                                                   wait_stopped_s=1.0)
         by_pid = {r["pid"]: r for r in report["results"]}
-        assert by_pid[stops.pid]["stopped"] is True and _state(stops.pid) == "T"
+        assert by_pid[stops.pid]["stopped"] is True and proc_state(stops.pid) == "T"
         assert by_pid[ignores.pid]["stopped"] is False
         assert by_pid[ignores.pid]["not_stopped"] == "it ignores SIGTSTP"
         assert (report["stopped"], report["not_stopped"]) == (1, 1)
         process_actions.resume_processes({"tag": tag})
-        assert wait_until(lambda: _state(stops.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(stops.pid) in ("S", "R"))
     finally:
         _finish(stops, ignores)
 
@@ -155,7 +145,7 @@ def test_a_freeze_a_tracer_holds_fails_and_names_the_tracer() -> None:
     """SIGSTOP goes to a tracer attached to the target first (state t, a signal-delivery
     stop), which may drop it: freeze_processes fails, naming the tracer's PID, instead of
     reporting a frozen process. The rollback's SIGCONT is harmless."""
-    tag = _unique("traced")
+    tag = unique("traced")
     proc = _start(PLAIN, tag)
     tracer = _tracer(proc.pid)
     try:
@@ -163,7 +153,7 @@ def test_a_freeze_a_tracer_holds_fails_and_names_the_tracer() -> None:
         with pytest.raises(ActivityError, match=f"traced by PID {tracer.pid}") as raised:
             process_actions.freeze_processes({"tag": tag}, method="sigstop", deadline_s=0.5)
         assert "did not hold within 0.5 s" in str(raised.value)
-        assert _state(proc.pid) == "t"  # held by the tracer, not stopped by the freeze
+        assert proc_state(proc.pid) == "t"  # held by the tracer, not stopped by the freeze
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [("SIGSTOP", proc.pid)]
     finally:
         _finish(tracer, proc)
@@ -173,23 +163,23 @@ def test_kill_rank_sigtstp_on_a_rank_in_a_session_of_its_own_fails() -> None:
     """A rank started in a session of its own (as chaosgpu's workloads and many launchers start
     them) is in an orphaned process group: the kernel discards SIGTSTP. kill_rank says so and
     fails; before, it reported the rank stopped."""
-    tag = _unique("rank-orphan")
+    tag = unique("rank-orphan")
     proc = _start(PLAIN, tag, own_session=True, rank=True)
     try:
         with pytest.raises(ActivityError, match="not seen stopped within 5 s") as raised:
             job_actions.kill_rank(rank=0, tag=tag, signal="SIGTSTP", wait_s=0)
-        assert "orphaned" in str(raised.value) and _state(proc.pid) in ("S", "R")
+        assert "orphaned" in str(raised.value) and proc_state(proc.pid) in ("S", "R")
         # SIGSTOP cannot be discarded: freeze_rank stops the same rank, and says so.
         frozen = job_actions.freeze_rank(rank=0, tag=tag)
-        assert frozen["stopped"] is True and _state(proc.pid) == "T", frozen
+        assert frozen["stopped"] is True and proc_state(proc.pid) == "T", frozen
         job_actions.resume_rank(rank=0, tag=tag)
-        assert wait_until(lambda: _state(proc.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
     finally:
         _finish(proc)
 
 
 def test_freeze_rank_on_a_traced_rank_fails() -> None:
-    tag = _unique("rank-traced")
+    tag = unique("rank-traced")
     proc = _start(PLAIN, tag, rank=True)
     tracer = _tracer(proc.pid)
     try:
@@ -203,8 +193,8 @@ def test_the_program_s_command_line_watches_a_stop_and_refuses_bad_waits() -> No
     """What kill_rank_in_pod and freeze_rank_in_pod run inside a pod: one stop signal is
     watched until its target stops (--wait-stopped-s, 5 s by default), each result says
     `stopped`; a bad wait, or one given with an escalation, is refused (exit 2), nothing sent."""
-    ignores = _start(IGNORES_TSTP, _unique("cli"))
-    plain = _start(PLAIN, _unique("cli"))
+    ignores = _start(IGNORES_TSTP, unique("cli"))
+    plain = _start(PLAIN, unique("cli"))
     try:
         def targets(*procs: "subprocess.Popen[str]") -> str:
             stat = [Path(f"/proc/{p.pid}/stat").read_text() for p in procs]
@@ -219,26 +209,26 @@ def test_the_program_s_command_line_watches_a_stop_and_refuses_bad_waits() -> No
         code, report = run("SIGTSTP", targets(ignores, plain), "--wait-stopped-s=0.5")
         assert code == 0 and (report["stopped"], report["not_stopped"]) == (1, 1), report
         results = {r["pid"]: r for r in report["results"]}  # type: ignore[attr-defined]
-        assert results[plain.pid]["stopped"] is True and _state(plain.pid) == "T"
+        assert results[plain.pid]["stopped"] is True and proc_state(plain.pid) == "T"
         assert results[ignores.pid]["not_stopped"] == "it ignores SIGTSTP"
         os.kill(plain.pid, signal.SIGCONT)
         code, report = run("SIGSTOP", targets(plain))  # the default wait
         assert code == 0 and report["results"][0]["stopped"] is True  # type: ignore[index]
         os.kill(plain.pid, signal.SIGCONT)
-        assert wait_until(lambda: _state(plain.pid) in ("S", "R"))
+        assert wait_until(lambda: proc_state(plain.pid) in ("S", "R"))
         for bad in (["--wait-stopped-s=soon"], ["--wait-stopped-s=nan"],
                     ["--wait-stopped-s=-1"], ["--wait-stopped-s=1", "--deadline-s=2"]):
             code, report = run("SIGSTOP", targets(plain), *bad)
             assert code == 2 and "wait-stopped-s" in str(report["error"]).replace("_", "-"), \
                 (bad, report)
-            assert _state(plain.pid) in ("S", "R"), bad  # nothing was sent
+            assert proc_state(plain.pid) in ("S", "R"), bad  # nothing was sent
     finally:
         _finish(ignores, plain)
 
 
 @pytest.mark.parametrize("bad", [0, -1, "5", None, float("nan")])
 def test_a_bad_wait_stopped_s_is_refused_before_anything_is_sent(bad: object) -> None:
-    tag = _unique("bad-wait")
+    tag = unique("bad-wait")
     proc = _start(PLAIN, tag)
     try:
         assert _matched({"tag": tag}, 1)
@@ -246,6 +236,6 @@ def test_a_bad_wait_stopped_s_is_refused_before_anything_is_sent(bad: object) ->
             process_actions.signal_processes({"tag": tag}, signal="SIGSTOP",
                                              wait_stopped_s=bad)  # type: ignore[arg-type]
         time.sleep(0.2)
-        assert _state(proc.pid) in ("S", "R") and faultlog.recent() == []
+        assert proc_state(proc.pid) in ("S", "R") and faultlog.recent() == []
     finally:
         _finish(proc)

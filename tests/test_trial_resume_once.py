@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from jobs.launch import Job, start_bare  # noqa: E402
-from proc_helpers import wait_until  # noqa: E402
+from proc_helpers import proc_state, wait_until  # noqa: E402
 
 from chaosgpu.job import actions  # noqa: E402
 from chaosgpu.process import actions as process_actions  # noqa: E402
@@ -24,15 +24,10 @@ from chaosgpu.process import actions as process_actions  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
-
-
 def _stays_stopped(pid: int, seconds: float = 0.5) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if _state(pid) != "T":
+        if proc_state(pid) != "T":
             return False
         time.sleep(0.05)
     return True
@@ -46,13 +41,13 @@ def test_a_second_resume_rank_leaves_a_rank_an_operator_stopped_since(
     job.wait_steps(3)
     frozen = actions.freeze_rank(rank=rank, tag=job.tag)
     pid = frozen["pid"]
-    assert frozen["result"] == "sent" and _state(pid) == "T", frozen
+    assert frozen["result"] == "sent" and proc_state(pid) == "T", frozen
     resumed = actions.resume_rank(rank=rank, tag=job.tag)  # the method's resume
     assert resumed["result"] == "sent" and resumed["pid"] == pid, resumed
-    assert wait_until(lambda: _state(pid) != "T")
+    assert wait_until(lambda: proc_state(pid) != "T")
     os.kill(pid, signal.SIGSTOP)  # an operator stops it (a debugger, say)
     try:
-        assert wait_until(lambda: _state(pid) == "T")
+        assert wait_until(lambda: proc_state(pid) == "T")
         again = actions.resume_rank(rank=rank, tag=job.tag)  # the rollback's resume
         assert again["result"] == "already resumed by this run" and again["pid"] == pid, again
         assert _stays_stopped(pid), "the rollback resumed a rank stopped by someone else"
@@ -63,6 +58,6 @@ def test_a_second_resume_rank_leaves_a_rank_an_operator_stopped_since(
         os.kill(pid, signal.SIGCONT)
     # a new freeze by this run is this run's to undo again
     refrozen = actions.freeze_rank(rank=rank, tag=job.tag)
-    assert refrozen["pid"] == pid and _state(pid) == "T", refrozen
+    assert refrozen["pid"] == pid and proc_state(pid) == "T", refrozen
     assert actions.resume_rank(rank=rank, tag=job.tag)["result"] == "sent"
-    assert wait_until(lambda: _state(pid) != "T")
+    assert wait_until(lambda: proc_state(pid) != "T")

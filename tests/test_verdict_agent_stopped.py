@@ -30,7 +30,7 @@ import pytest
 pytest.importorskip("torch")
 
 from jobs.launch import TRAIN, Job, _env, free_port, start_torchrun  # noqa: E402
-from proc_helpers import alive, tagged, wait_until  # noqa: E402
+from proc_helpers import alive, proc_state, tagged, wait_until  # noqa: E402
 
 from chaosgpu.job import actions, probes  # noqa: E402
 from chaosgpu.job.observe import Observer  # noqa: E402
@@ -38,17 +38,11 @@ from chaosgpu.job.observe import Observer  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def _state(pid: int) -> str:
-    """The one-letter state of `pid` from /proc (ground truth, read by the test itself)."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        return handle.read().rsplit(b")", 1)[1].split()[0].decode()
-
-
 def _stop(pid: int) -> float:
     """SIGSTOP `pid` and wait until /proc shows it stopped; return when the signal was sent."""
     sent = time.time()
     os.kill(pid, signal.SIGSTOP)
-    assert wait_until(lambda: _state(pid) == "T", 5.0), _state(pid)
+    assert wait_until(lambda: proc_state(pid) == "T", 5.0), proc_state(pid)
     return sent
 
 
@@ -98,7 +92,7 @@ def test_a_stopped_agent_with_every_rank_ended_is_never_restarting_then_hung(
         stopped_at = _stop(agent)
         os.kill(job.progress()[1]["pid"], signal.SIGKILL)
         seen, track = _tick_until(observer, job, 30.0, lambda t: t.verdict == "hung")
-        assert _state(agent) == "T"  # ground truth: stopped all along
+        assert proc_state(agent) == "T"  # ground truth: stopped all along
         verdicts = [v for _, v, _ in seen]
         assert "restarting" not in verdicts, seen
         assert track is not None and track.verdict == "hung", (seen, track.history)
@@ -187,7 +181,7 @@ def test_a_stopped_agent_with_live_survivors_is_among_the_culprits(
         assert "stopped" in culprit["why"], culprit
         assert "the elastic agent" in found["reason"], found["reason"]
         assert "restarting" not in [h["verdict"] for h in found["history"]], found["history"]
-        assert _state(agent) == "T" and alive(job.progress()[0]["pid"])
+        assert proc_state(agent) == "T" and alive(job.progress()[0]["pid"])
         report = actions.cleanup_hung_job(job=job.run_id, grace_s=1, deadline_s=30)
         assert report["not_removed"] == [], report
         assert agent in report["removed"], report

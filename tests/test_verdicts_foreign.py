@@ -28,7 +28,7 @@ from jobs.launch import (  # noqa: E402
     start_torchrun,
     wait_spawn_steps,
 )
-from proc_helpers import wait_until  # noqa: E402
+from proc_helpers import proc_state, wait_until  # noqa: E402
 from test_catalog import REPO, outputs, run_experiment  # noqa: E402
 
 from chaosgpu.job import actions, probes  # noqa: E402
@@ -454,20 +454,20 @@ def test_resume_rank_any_resumes_only_what_this_run_froze(tmp_path: Path,
     # stopped before resume_rank looks: a rank still running when its stack is taken is read
     # by py-spy attached with ptrace, whose detach can swallow a SIGSTOP that came meanwhile
     # (seen once in CI: the rank ran on, though nothing resumed it)
-    assert wait_until(lambda: _state(other) == "T")
+    assert wait_until(lambda: proc_state(other) == "T")
     faultlog.clear()  # this run has frozen nothing yet
     try:
         nothing = actions.resume_rank(rank="any", tag=job.tag)
         assert nothing["result"] == "none frozen by this run" and nothing["pid"] is None
-        assert _state(other) == "T"
+        assert proc_state(other) == "T"
         faultlog.record("SIGSTOP", pid=other + 10**6, starttime=1)  # another job's rank
         with pytest.raises(actions.JobError, match="was frozen by this run"):
             actions.resume_rank(rank="any", tag=job.tag)
-        assert _state(other) == "T"
+        assert proc_state(other) == "T"
         frozen = actions.freeze_rank(rank="any", tag=job.tag)
         assert frozen["pid"] != other and frozen["rank"] is None, frozen
         resumed = actions.resume_rank(rank="any", tag=job.tag)
-        assert resumed["pid"] == frozen["pid"] and _state(other) == "T", resumed
+        assert resumed["pid"] == frozen["pid"] and proc_state(other) == "T", resumed
     finally:
         os.kill(other, signal.SIGCONT)
     with pytest.raises(ValueError, match='or "any"'):
@@ -504,11 +504,6 @@ def test_a_rank_that_shows_no_number_is_partitioned_by_any_and_named_by_pid(
     assert healed["removed"] is True and partitions.active() == []
     back = probes.wait_job_verdict(["running"], tag=job.tag, timeout_s=60)
     assert back["reached"], back["reason"]
-
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_the_freeze_recovery_game_day_refuses_a_job_that_is_not_there(tmp_path: Path) -> None:

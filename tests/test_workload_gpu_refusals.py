@@ -12,13 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import tagged
+from proc_helpers import tagged, unique
 
 from chaosgpu import scope, state
 from chaosgpu.errors import InvalidArgument
@@ -27,10 +26,6 @@ from chaosgpu.workloads import actions
 from chaosgpu.workloads.cuda_driver import gpu_count
 
 FAST_S = 0.5  # "at once": the refusal counts GPUs and starts nothing
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def _children() -> set[int]:
@@ -96,7 +91,7 @@ def _refused_at_once(tag: str, call: Callable[[], Any], message: str) -> float:
 
 @pytest.mark.parametrize("launcher", ["bare", "torchrun"])
 def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_any_rank_starts(launcher: str) -> None:
-    tag = _unique("nogpu-ring")
+    tag = unique("nogpu-ring")
     ranks = max(2, gpu_count() + 1)
     try:
         took = _refused_at_once(
@@ -114,7 +109,7 @@ def test_a_gpu_holder_on_a_gpu_that_is_not_there_is_refused_before_any_worker_st
         via: str) -> None:
     """via torch, driver or auto (without allow_host_fallback) on a GPU that is not there: refused
     at once, naming what to do instead; before, driver and auto workers started and failed."""
-    tag = _unique("nogpu-hold")
+    tag = unique("nogpu-hold")
     device = gpu_count()  # one past the last GPU: none on a machine without a GPU
     instead = "on a machine without a GPU" if via == "torch" else "or allow_host_fallback: true"
     try:
@@ -135,7 +130,7 @@ def test_a_holder_allowed_to_fall_back_to_host_memory_starts_without_the_gpu(via
     not refused; the workers say they hold host memory."""
     if gpu_count() > 0:
         pytest.skip("a GPU is usable here: the workers would hold GPU memory")
-    tag = _unique("fallback-hold")
+    tag = unique("fallback-hold")
     try:
         started = actions.start_holders(count=1, mib=1, via=via, allow_host_fallback=True,
                                         tag=tag, timeout_s=60)
@@ -146,7 +141,7 @@ def test_a_holder_allowed_to_fall_back_to_host_memory_starts_without_the_gpu(via
 
 
 def test_a_pod_of_torch_holders_without_the_gpu_is_refused_before_the_pod_exists() -> None:
-    tag, pod = _unique("nogpu-pod"), _unique("nogpu-box")
+    tag, pod = unique("nogpu-pod"), unique("nogpu-box")
     try:
         _refused_at_once(
             tag, lambda: actions.start_pod_with_holders(pod=pod, init="sleep", count=1, mib=1,
@@ -163,7 +158,7 @@ def test_a_pod_of_torch_holders_without_the_gpu_is_refused_before_the_pod_exists
 def test_a_ring_armed_with_the_cuda_injector_is_refused_without_a_gpu(inject: str) -> None:
     if gpu_count() > 0:
         pytest.skip("a GPU is usable here: the CUDA injector arms")
-    tag = _unique("nogpu-inject")
+    tag = unique("nogpu-inject")
     try:
         _refused_at_once(
             tag, lambda: actions.start_ring(world_size=2, backend="gloo", inject=inject, tag=tag,
@@ -175,7 +170,7 @@ def test_a_ring_armed_with_the_cuda_injector_is_refused_without_a_gpu(inject: st
 
 def test_the_ring_command_refuses_nccl_without_the_gpus_and_starts_nothing(
         tmp_path: Path) -> None:
-    tag = _unique("nogpu-cli")
+    tag = unique("nogpu-cli")
     ranks = max(2, gpu_count() + 1)
     ready, logs = tmp_path / "ready", tmp_path / "logs"
     with SpawnWatch(tag) as watch:
