@@ -124,7 +124,9 @@ def job_running(job: Optional[str] = None, tag: Optional[str] = None, timeout_s:
     `timeout_s` (a job coming back from a fault may take a while); false when it is hung,
     failed, finished, restarting or unknown at the deadline. The steady state "the job is
     running" of a game-day on a job you run uses tolerance true. Fails (the steady state is
-    not met) when nothing matches: a typo'd id or tag never passes."""
+    not met) when nothing matches: a typo'd id or tag never passes. A job seen failed or
+    finished is watched until the deadline too: a supervisor that starts the same job again
+    (the same run id under a new launcher) brings it back under its id."""
     state = wait_job_verdict(verdicts=["running"], job=job, tag=tag, timeout_s=timeout_s,
                              window_s=window_s)
     return bool(state.get("reached"))
