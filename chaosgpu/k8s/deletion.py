@@ -4,12 +4,15 @@ This module owns the deletion record: per pod, when the DELETE was sent (with wh
 period), when the API server's `deletionTimestamp` was first seen, when every container was
 reported terminated (with exit codes and reasons), and when the pod was gone (404, or the same
 name now carrying another uid). Records are kept under the state directory (`k8s_deletions`) so
-that a later probe can finish the wait or read the timings. Following is by polling with a
+that a later probe of the same run can finish the wait or read the timings: each names the runner
+that wrote it (`runner`: pid and start time), only this runner's records are this run's, and the
+records of runners that are gone are removed when a new one is saved. Following is by polling with a
 deadline; it must never wait without one, and it selects nothing itself (see selection.py).
 """
 
 import functools
 import logging
+import os
 import time
 from typing import Any
 
@@ -18,9 +21,11 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from chaosgpu import state
+from chaosgpu.node import process_starttime
 from chaosgpu.progress import Progress
 
-__all__ = ["send_delete", "follow", "record_name", "save", "load", "public"]
+__all__ = ["send_delete", "follow", "record_name", "save", "load", "public", "runner",
+           "this_run"]
 
 logger = logging.getLogger("chaostoolkit")
 RECORD_KIND = "k8s_deletions"
@@ -32,9 +37,31 @@ def record_name(ns: str, name: str) -> str:
     return f"{ns}__{name}"
 
 
+def runner() -> dict[str, Any]:
+    """This runner, as a deletion record names the run that wrote it: {pid, starttime}."""
+    return {"pid": os.getpid(), "starttime": process_starttime(os.getpid())}
+
+
+def this_run(record: dict[str, Any]) -> bool:
+    """Whether `record` was written by this runner (this run), not by an earlier run."""
+    return record.get("runner") == runner()
+
+
+def _runner_gone(record: dict[str, Any]) -> bool:
+    owner = record.get("runner")
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+        return True  # written before records named their runner: no run can claim it
+    return process_starttime(owner["pid"]) != owner.get("starttime")
+
+
 def save(entry: dict[str, Any]) -> None:
-    """Keep a deletion entry on disk for later probes."""
-    state.write_record(RECORD_KIND, record_name(entry["namespace"], entry["name"]), entry)
+    """Keep a deletion entry on disk for later probes of this run (naming this runner), and
+    remove the records of runners that are gone (no later run reads them)."""
+    for name, record in state.list_records(RECORD_KIND).items():
+        if _runner_gone(record):
+            state.remove_record(RECORD_KIND, name)
+    state.write_record(RECORD_KIND, record_name(entry["namespace"], entry["name"]),
+                       {**entry, "runner": runner()})
 
 
 def load(ns: str, name: str) -> dict[str, Any] | None:

@@ -85,20 +85,27 @@ def pod_deletion_timings(label_selector: Optional[str] = None, name_pattern: Opt
                          poll_interval: float = 0.2,
                          configuration: Optional[Dict[str, Any]] = None,
                          secrets: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Return the timings of the last delete_gpu_pods in `ns` for the pods matching name_pattern
+    """Return the timings of this run's delete_gpu_pods in `ns` for the pods matching name_pattern
     (whole-name regular expression) and/or label_selector's equality terms: per pod the seconds
     from DELETE to deletionTimestamp seen, to containers terminated and to pod gone; with `wait`,
     first follows pods not yet gone for at most `timeout` seconds (for a delete sent with
-    wait=false). Raises when no deletion was recorded for the selection."""
+    wait=false). Raises when this run recorded no deletion for the selection (one recorded by
+    an earlier run is never reported as this run's)."""
     pattern = selection.validate(ns, label_selector, name_pattern)
     wanted = selection.equality_terms(label_selector) or {}
-    records = [r for r in state.list_records(deletion.RECORD_KIND).values()
-               if r.get("namespace") == ns
-               and (pattern is None or pattern.fullmatch(r.get("name") or ""))
-               and all((r.get("labels") or {}).get(k) == v for k, v in wanted.items())]
+    matching = [r for r in state.list_records(deletion.RECORD_KIND).values()
+                if r.get("namespace") == ns
+                and (pattern is None or pattern.fullmatch(r.get("name") or ""))
+                and all((r.get("labels") or {}).get(k) == v for k, v in wanted.items())]
+    records = [r for r in matching if deletion.this_run(r)]
     if not records:
-        raise ValueError(f"no pod deletion recorded in namespace {ns!r} for "
-                         f"label_selector={label_selector!r} name_pattern={name_pattern!r}")
+        earlier = len(matching) - len(records)
+        raise ValueError(
+            f"no pod deletion recorded by this run in namespace {ns!r} for "
+            f"label_selector={label_selector!r} name_pattern={name_pattern!r}"
+            + (f" ({earlier} recorded by an earlier run, not reported: their timings are not "
+               "this run's evidence; did this run's delete_gpu_pods fail or match nothing?)"
+               if earlier else ""))
     pending = [r for r in records if not r.get("gone") and r.get("delete_status") == "sent"]
     if wait and pending:
         core = core_api(secrets)
