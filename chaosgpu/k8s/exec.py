@@ -86,6 +86,24 @@ def _exit_code(raw: bytes, where: str) -> int:
                     f"{status.get('message') or status}")
 
 
+def _refusal(error: ApiException) -> str:
+    """Why the exec handshake was refused, in the API server's words: the websocket client puts
+    the HTTP status, every response header (audit ids, dates) and the Status body into one text
+    ("Handshake status 403 Forbidden -+-+- {headers} -+-+- {body}"); keep the status and the
+    body's message."""
+    text = str(error.reason or error)
+    parts = text.split(" -+-+- ")
+    if len(parts) != 3:
+        return text
+    status = parts[0].removeprefix("Handshake status ").strip()
+    try:
+        body = json.loads(parts[2])
+    except ValueError:
+        return f"{status}: {parts[2].strip()}"
+    message = body.get("message") if isinstance(body, dict) else None
+    return f"{status}: {message}" if message else f"{status}: {parts[2].strip()}"
+
+
 def run_in_pod(core: client.CoreV1Api, name: str, ns: str, command: list[str],
                container: str | None = None, stdin: bytes | None = None,
                timeout: float = 60.0) -> dict[str, Any]:
@@ -106,7 +124,7 @@ def run_in_pod(core: client.CoreV1Api, name: str, ns: str, command: list[str],
     try:
         ws = stream(core.connect_get_namespaced_pod_exec, name, ns, **kwargs)
     except ApiException as error:
-        raise ExecError(f"exec in {where} could not start: {error.reason or error}") from None
+        raise ExecError(f"exec in {where} could not start: {_refusal(error)}") from None
     out: list[bytes] = []
     err: list[bytes] = []
     status = b""
