@@ -293,7 +293,12 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
     (no_scope_problem, the control's own decision). An argument only the run can resolve is
     left to the control, and so is a target argument that uses a variable only the run
     resolves (an environment variable or a secret)."""
-    from chaosgpu.timeline.control import control_problem, fault_activity_problem, no_scope_problem
+    from chaosgpu.timeline.control import (
+        control_problem,
+        fault_activity_problem,
+        no_scope_problem,
+        samples,
+    )
 
     plain = {name: value for name, value in known.items() if not isinstance(value, Mapping)}
     pending = {name for _, text in _strings(experiment, "")
@@ -319,7 +324,7 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
         problem = fault_activity_problem(dict(experiment), values.get("fault_activity"))
         if problem:
             problems.append(f"{where}: {problem}")
-        if control_scope:
+        if control_scope and samples(values):  # sample: false has no scope to want
             resolved, scope = _value(arguments.get("scope"), known)  # unresolved: a scope
             problem = no_scope_problem(dict(experiment), scope if resolved else
                                        arguments["scope"], plain, None, pending)

@@ -18,7 +18,10 @@ the run, exit 1, when an activity of the method fails; Chaos Toolkit alone carri
 fault that was never injected could pass as a met steady state; and a steady-state probe that
 raises after the method makes the run failed, not deviated), `fault_activity` (the name of
 the method action that is the fault, when the rules of chaosgpu.timeline.events would not find
-it). Any other argument (a typo'd name) is refused, and so is a flag that is not true or false.
+it), `sample` (default true; false: this node has nothing of the experiment to sample, a
+Kubernetes experiment run from outside the cluster: no sampler and no scope, only the run's
+gates above, so a fault that failed still fails the run). Any other argument (a typo'd
+name) is refused, and so is a flag that is not true or false.
 
 A control that cannot start (an unknown argument, a bad scope, a rate out of range, NVML asked
 for and absent) raises InterruptExecution in before_experiment_control with its own error:
@@ -71,6 +74,7 @@ __all__ = [
     "before_hypothesis_control", "after_hypothesis_control", "before_method_control",
     "after_method_control", "before_rollback_control", "after_rollback_control",
     "before_activity_control", "after_activity_control", "cleanup_control", "no_scope_problem",
+    "samples",
 ]
 
 logger = logging.getLogger("chaostoolkit")
@@ -99,7 +103,7 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
                       inline_max_points: int = 50_000, timeline_path: str | None = None,
                       fail_on_missed_steady_state: bool = False,
                       fail_on_failed_activity: bool = False,
-                      fault_activity: str | None = None) -> None:
+                      fault_activity: str | None = None, sample: bool = True) -> None:
     """Read the control's arguments (called again before the experiment with the arguments
     after `${...}` substitution, which Chaos Toolkit does not apply to configure_control).
     An unknown argument, or a flag other than true or false, raises InvalidArgument naming it
@@ -108,7 +112,8 @@ def configure_control(rate_hz: float = 200.0, process_every: int = 20,
         rate_hz=rate_hz, process_every=process_every, scope=scope, source=source,
         inline_max_points=inline_max_points, timeline_path=timeline_path,
         fail_on_missed_steady_state=fail_on_missed_steady_state,
-        fail_on_failed_activity=fail_on_failed_activity, fault_activity=fault_activity)
+        fail_on_failed_activity=fail_on_failed_activity, fault_activity=fault_activity,
+        sample=sample)
     _reset()
     _settings.update(settings)
 
@@ -120,7 +125,8 @@ def _read_settings(**arguments: Any) -> dict[str, Any]:
                 fail_on_missed_steady_state=_flag("fail_on_missed_steady_state",
                                                   arguments["fail_on_missed_steady_state"]),
                 fail_on_failed_activity=_flag("fail_on_failed_activity",
-                                              arguments["fail_on_failed_activity"]))
+                                              arguments["fail_on_failed_activity"]),
+                sample=_flag("sample", arguments["sample"]))
 
 
 def _new_sampler(settings: dict[str, Any], own: list[dict[str, Any]]) -> sampler_mod.Sampler:
@@ -147,10 +153,21 @@ def control_problem(arguments: Mapping[str, Any]) -> str | None:
     defaults = {name: parameter.default for name, parameter
                 in inspect.signature(inspect.unwrap(configure_control)).parameters.items()}
     try:
-        _new_sampler(_read_settings(**{**defaults, **arguments}), own=[])
+        settings = _read_settings(**{**defaults, **arguments})
+        if settings["sample"]:
+            _new_sampler(settings, own=[])
     except (ValueError, TypeError) as error:
         return str(error)
     return None
+
+
+def samples(arguments: Mapping[str, Any]) -> bool:
+    """Whether the control given `arguments` samples this node (its `sample` flag, true unless
+    given false); a value that is no flag counts as true here: control_problem refuses it."""
+    try:
+        return _flag("sample", arguments.get("sample", True))
+    except InvalidArgument:
+        return True
 
 
 def _reset() -> None:
@@ -313,6 +330,12 @@ def _start(experiment: Any, configuration: Any = None, secrets: Any = None, /,
     problem = fault_activity_problem(experiment, _settings.get("fault_activity"))
     if problem:
         raise InvalidArgument(problem)
+    if not _settings["sample"]:
+        logger.info("chaosgpu timeline: not sampling (sample: false); the run's gates apply "
+                    "(fail_on_failed_activity %s, fail_on_missed_steady_state %s)",
+                    _settings["fail_on_failed_activity"],
+                    _settings["fail_on_missed_steady_state"])
+        return
     own = own_targets(experiment, configuration, secrets) if _settings["scope"] is None else []
     sampler = _new_sampler(_settings, own)
     problem = no_scope_problem(experiment, _settings["scope"], configuration, secrets)
@@ -609,6 +632,8 @@ def after_experiment_control(context: Any = None, state: Any = None, **kwargs: A
             summary = section["summary"]
             logger.info("chaosgpu timeline: %d samples at %s Hz, CPU overhead %s %%",
                         summary["samples"], summary["rate_hz"], summary["overhead_cpu_pct"])
+        elif _settings.get("sample") is False and not _gating.get("start_error"):
+            section["summary"] = {"note": "not sampled (the control's sample: false)"}
         else:
             reason = _gating.get("start_error") or "see errors above"
             section["summary"] = {"error": f"the sampler did not run ({reason})"}
