@@ -251,7 +251,9 @@ def seen_in_this_run(scope: dict[str, Any]) -> bool:
 
 
 # (pid, starttime) -> tag, for every tagged process this process has seen: a zombie's environment
-# cannot be read any more, so its tag is remembered from when it was alive.
+# cannot be read any more, so its tag is remembered from when it was alive. Only a process whose
+# environment cannot be read is matched this way: one that reads without the tag (an exec into
+# another environment keeps the PID and start time) is out of the tag's scope.
 _SEEN_TAGS: dict[tuple[int, int], str] = {}
 
 
@@ -289,14 +291,16 @@ def _tagged(tag: str, processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if proc["tag"] == tag:
                 found.append(proc)
             continue
+        if not (proc.get("zombie") or proc.get("state") in ("Z", "X")
+                or "env" in (proc.get("unreadable") or [])):
+            continue  # its environment reads without the tag: not in the tag's scope
         if _SEEN_TAGS.get(key) == tag:  # type: ignore[arg-type]
             found.append(proc)
             continue
-        if proc.get("zombie") or "env" in (proc.get("unreadable") or []):
-            if recorded is None:
-                recorded = _recorded_members(tag)
-            if key in recorded:
-                found.append(proc)
+        if recorded is None:
+            recorded = _recorded_members(tag)
+        if key in recorded:
+            found.append(proc)
     return found
 
 
