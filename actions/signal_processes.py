@@ -69,8 +69,8 @@ import sys
 import time
 
 __all__ = ["SIGNALS", "FATAL_SIGNALS", "STOP_SIGNALS", "STOP_WAIT_S", "terminate", "signal_targets",
-           "wait_exits", "wait_stopped", "parse_signal", "ends_process", "stops_process",
-           "protected_pids", "main"]
+           "wait_exits", "wait_stopped", "stop_discarded", "parse_signal", "ends_process",
+           "stops_process", "protected_pids", "main"]
 
 SCHEMA = "chaosgpu.signal/1"
 PF_KTHREAD = 0x00200000
@@ -552,12 +552,32 @@ def _why_not_stopped(pid, signum, state):
     return "; ".join(reasons)
 
 
+def stop_discarded(pid, signum, state):
+    """Whether the stop signal `signum` sent to a live process that is not stopped (state
+    `state`) is lost for good, so that no stop of that process later can be its doing: SIGTSTP,
+    SIGTTIN or SIGTTOU that the process ignores, or that the kernel discards for its orphaned
+    process group, neither blocked (pending) nor held by a tracer or an uninterruptible call.
+    SIGSTOP, and a signal the process handles (its handler may stop it), are never said lost."""
+    if signum == signal.SIGSTOP or state == "D":
+        return False
+    bit = 1 << (signum - 1)
+    status = _signal_status(pid)
+    if not status or status.get("TracerPid") or status.get("SigBlk", 0) & bit \
+            or status.get("SigCgt", 0) & bit:
+        return False
+    if status.get("SigIgn", 0) & bit:
+        return True
+    stat = _read_stat(pid)
+    return stat is not None and _group_orphaned(stat[4], stat[5])
+
+
 def wait_stopped(targets, deadline_s, signal_name="SIGSTOP"):
     """Wait up to `deadline_s` until each of `targets` ({"pid", "starttime"}) sent the stop
     signal `signal_name` is stopped by it (state T: a group stop; state t is a tracer's stop,
     whose signal the tracer may drop). Return one entry per target not seen stopped: its
-    `state` ("gone" once it ended, or its PID is another process's) and `reason`
-    (_why_not_stopped for a live one). SIGSTOP stops any process that no tracer holds nor an
+    `state` ("gone" once it ended, or its PID is another process's), `reason`
+    (_why_not_stopped for a live one) and `discarded` (`stop_discarded`: the signal is lost
+    for good, it will never stop the process). SIGSTOP stops any process that no tracer holds nor an
     uninterruptible call delays; SIGTSTP, SIGTTIN and SIGTTOU may be handled, ignored or
     blocked by their target, and the kernel discards them in an orphaned process group."""
     deadline = _seconds("deadline_s", deadline_s)
@@ -583,7 +603,8 @@ def wait_stopped(targets, deadline_s, signal_name="SIGSTOP"):
         pause = min(pause * 2, 0.02)
     return [{"pid": pid, "starttime": starttime, "state": state,
              "reason": "it ended before it was seen stopped" if state == "gone"
-             else _why_not_stopped(pid, signum, state)}
+             else _why_not_stopped(pid, signum, state),
+             "discarded": state != "gone" and stop_discarded(pid, signum, state)}
             for (pid, starttime), state in pending.items()]
 
 
@@ -598,8 +619,9 @@ def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=
     process's always are). `release`: as for `terminate` (a target let out of a frozen cgroup
     has `released_from`). With a stop signal and `wait_stopped_s` > 0, every target sent it
     is watched until it is stopped (`wait_stopped`), at most that long: each sent result says
-    `stopped` (true or false; when false, `state_after`, its state then, and `not_stopped`:
-    why), and the report
+    `stopped` (true or false; when false, `state_after`, its state then, `not_stopped`:
+    why, and `stop_discarded`: whether the signal is lost for good, `stop_discarded`), and the
+    report
     counts `stopped` and `not_stopped`. Raises SignalInputError on bad input, before anything
     is sent.
     """
@@ -624,7 +646,8 @@ def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=
             missed = left.get((result["pid"], result["starttime"]))
             result["stopped"] = missed is None
             if missed is not None:
-                result.update(state_after=missed["state"], not_stopped=missed["reason"])
+                result.update(state_after=missed["state"], not_stopped=missed["reason"],
+                              stop_discarded=missed["discarded"])
         report["stopped"] = len(sent) - len(left)
         report["not_stopped"] = len(left)
     return report

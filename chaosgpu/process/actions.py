@@ -218,15 +218,25 @@ def _record_stops(sent: list[dict[str, Any]], before: dict[int, str], scope: str
     """Record each stop signal `sent` (the report's `signal`) as this run's freeze (the fault
     log, kind the signal's name, as freeze_processes records a SIGSTOP), except where the
     process was already stopped or frozen before it (`before`): that stop is someone else's,
-    and resume_processes must leave it."""
+    and resume_processes must leave it; nor where the signal was lost for good (the result's
+    `stop_discarded`: ignored by the process, or discarded by the kernel for an orphaned process
+    group), listed in the report's `stop_discarded`: a later stop is someone else's too."""
     name = report["signal"]
     report["already_stopped"] = []
+    report["stop_discarded"] = []
     for result in sent:
         if result["pid"] in before:
             report["already_stopped"].append(
                 {"pid": result["pid"], "starttime": result["starttime"],
                  "reason": f"{before[result['pid']]} before this {name}: not recorded as this "
                            "run's freeze (resume_processes leaves it as found)"})
+            continue
+        if result.get("stop_discarded"):  # lost for good: a later stop is someone else's
+            report["stop_discarded"].append(
+                {"pid": result["pid"], "starttime": result["starttime"],
+                 "reason": f"{result.get('not_stopped')}: this {name} will never stop it, so it "
+                           "is not recorded as this run's freeze (resume_processes leaves a "
+                           "later stop by someone else as found)"})
             continue
         faultlog.record(name, pid=result["pid"], starttime=result["starttime"], scope=scope)
 
