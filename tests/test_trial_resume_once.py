@@ -61,3 +61,28 @@ def test_a_second_resume_rank_leaves_a_rank_an_operator_stopped_since(
     assert refrozen["pid"] == pid and proc_state(pid) == "T", refrozen
     assert actions.resume_rank(rank=rank, tag=job.tag)["result"] == "sent"
     assert wait_until(lambda: proc_state(pid) != "T")
+
+
+def test_a_lost_sigtstp_of_kill_rank_is_no_freeze_of_this_run(tmp_path: Path,
+                                                              jobs: list[Job]) -> None:
+    """kill_rank's SIGTSTP to a rank in a session of its own (an orphaned process group: the
+    kernel discards the signal) never stops it: the action fails saying so and records no
+    freeze, so the rollback's resume_rank leaves a later stop by an operator as found. Before,
+    the lost SIGTSTP was recorded and resume_rank sent SIGCONT to the operator's stop."""
+    job = start_bare(tmp_path, [])
+    jobs.append(job)
+    job.wait_steps(3)
+    with pytest.raises(Exception, match="will never stop it"):
+        actions.kill_rank(rank=1, tag=job.tag, signal="SIGTSTP")
+    from chaosgpu.job import probes
+
+    pid = next(r["pid"] for r in probes.job_ranks(tag=job.tag) if r["rank"] == 1)
+    assert proc_state(pid) != "T"
+    os.kill(pid, signal.SIGSTOP)  # an operator stops it afterwards
+    try:
+        assert wait_until(lambda: proc_state(pid) == "T")
+        resumed = actions.resume_rank(rank=1, tag=job.tag)
+        assert resumed.get("result") != "sent", resumed
+        assert _stays_stopped(pid), "the rollback resumed a rank stopped by someone else"
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -215,6 +215,11 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
     if result["result"] != "sent":
         raise PermissionError(f"{signal} was not sent to {rank_with_pid(rank, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
+    if result.get("stop_discarded"):  # lost for good (ignored, or an orphaned group): no
+        # freeze of this run to record; resume_rank must leave a later stop by someone else
+        raise ActivityError(f"{signal} was sent to {rank_with_pid(rank, proc['pid'])}, but it "
+                            f"will never stop it: {result.get('not_stopped')}; not recorded "
+                            "as this run's freeze")
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                     peers=peers, helpers=job_helpers(census, found))
