@@ -1,7 +1,10 @@
 """Small process helpers shared by the tests (the package's own readings live in chaosgpu.node;
 tests use these to check it from the outside)."""
 
+import contextlib
 import os
+import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +31,18 @@ def proc_state(pid: int) -> str:
 def unique(prefix: str) -> str:
     """`prefix` and 8 random hex digits: a tag or name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def finish(*procs: "subprocess.Popen[Any]") -> None:
+    """Resume (SIGCONT), kill and reap each of `procs` still running, in order (a tracer
+    before its tracee), and prove them all gone."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(timeout=10)
+    assert not any(alive(p.pid) for p in procs)
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0) -> bool:

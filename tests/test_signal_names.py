@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proc_helpers import alive, proc_state, unique, wait_until
+from proc_helpers import finish, proc_state, unique, wait_until
 
 from chaosgpu import faultlog
 from chaosgpu.arguments import InvalidArgument
@@ -98,15 +98,6 @@ def _target(pid: int) -> dict[str, int]:
     return {"pid": pid, "starttime": stat[3]}
 
 
-def _finish(*procs: "subprocess.Popen[Any]") -> None:
-    """Continue, kill and reap `procs`, and prove them gone."""
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-        proc.wait(timeout=10)
-    assert not any(alive(p.pid) for p in procs)
-
 
 # -- the names and what the program makes of them ----------------------------------------------
 
@@ -155,7 +146,7 @@ def test_sigttin_and_sigttou_stop_a_process_whose_group_is_not_orphaned(
         assert [r["pid"] for r in resumed["results"] if r["result"] == "sent"] == [proc.pid]
         assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 @pytest.mark.parametrize("name", NEW_STOPS)
@@ -176,7 +167,7 @@ def test_the_program_reports_sigttin_and_sigttou_stopped(name: str, tmp_path: Pa
         assert report["signal"] == name and report["results"][0]["stopped"] is True, report
         assert proc_state(proc.pid) == "T"
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 @pytest.mark.parametrize("name", NEW_STOPS)
@@ -202,7 +193,7 @@ def test_sigttin_and_sigttou_to_an_orphaned_group_are_reported_not_stopped(
         assert f"the kernel discards {name} for it" in str(raised.value)
         assert proc_state(proc.pid) in ("S", "R")  # running, as the failure says
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 def test_kill_rank_stops_a_rank_with_sigttou_and_resume_rank_resumes_it(tmp_path: Path) -> None:
@@ -217,7 +208,7 @@ def test_kill_rank_stops_a_rank_with_sigttou_and_resume_rank_resumes_it(tmp_path
         assert resumed["result"] == "sent" and resumed["pid"] == proc.pid, resumed
         assert wait_until(lambda: proc_state(proc.pid) in ("S", "R"))
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 # -- SIGALRM, SIGPIPE, SIGSEGV, SIGBUS: they end a process ---------------------------------------
@@ -258,7 +249,7 @@ def test_sigalrm_sigpipe_sigsegv_and_sigbus_end_a_process(
     finally:
         if reaper is not None:
             reaper.join(timeout=10)
-        _finish(proc)
+        finish(proc)
 
 
 @pytest.mark.parametrize("name", NEW_STOPS + NEW_FATAL)
@@ -286,7 +277,7 @@ def test_the_frozen_target_release_is_asked_before_each_fatal_signal_only(
         else:
             assert asked == [] and result["stopped"] is True, report
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 @pytest.mark.parametrize("name", ["SIGSEGV", "SIGBUS"])
@@ -301,7 +292,7 @@ def test_kill_rank_crashes_a_rank_with_sigsegv_or_sigbus(name: str, tmp_path: Pa
         assert proc.wait(timeout=5) == -getattr(signal, name)
         assert [(f["kind"], f["pid"]) for f in faultlog.recent()] == [(name, proc.pid)]
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 def test_signal_processes_sends_sigpipe_and_waits_for_the_exit(tmp_path: Path) -> None:
@@ -315,7 +306,7 @@ def test_signal_processes_sends_sigpipe_and_waits_for_the_exit(tmp_path: Path) -
         assert report["wait"]["all_gone"] is True, report
         assert proc.wait(timeout=5) == -signal.SIGPIPE
     finally:
-        _finish(proc)
+        finish(proc)
 
 
 # -- a misspelled name is refused, and nothing is signalled ---------------------------------------
@@ -359,4 +350,4 @@ def test_a_misspelled_signal_is_refused_naming_the_list_and_nothing_is_signalled
         assert not caught.exists() or caught.read_text() == ""  # no signal reached it
         assert faultlog.recent() == []
     finally:
-        _finish(proc)
+        finish(proc)

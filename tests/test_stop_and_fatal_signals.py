@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, proc_state, unique, wait_until
+from proc_helpers import alive, finish, proc_state, unique, wait_until
 
 from chaosgpu import faultlog
 from chaosgpu.intarget import load
@@ -60,12 +60,7 @@ def _default_dispositions() -> None:
 def _finish(*procs: "subprocess.Popen[bytes]") -> None:
     """Thaw what is left of `procs`, kill and reap them."""
     freezer.thaw({p.pid for p in procs})
-    for proc in procs:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
-        proc.wait(timeout=10)
-    assert not any(alive(p.pid) for p in procs)
+    finish(*procs)
 
 
 # -- the rule, against the kernel ---------------------------------------------------------------

@@ -16,6 +16,7 @@ together with rank 0", rank 0 alone the culprit, the SIGTERM never mentioned.
 Real processes: torchrun gloo jobs (tests/jobs/train.py), real signals; every process is removed
 afterwards (a stopped agent is resumed and killed in a `finally`) and proven gone."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -46,9 +47,13 @@ def _stop(pid: int) -> float:
     return sent
 
 
-def _remove(job: Job) -> None:
-    """Resume and kill every process of the job, then prove them gone: the launcher reaped,
-    nothing carrying the job's tag left (zombies of a stopped agent included)."""
+def _remove(job: Job, agent: int | None = None) -> None:
+    """Resume the stopped `agent` first, then resume and kill every process of the job and
+    prove them gone: the launcher reaped, nothing carrying the job's tag left (zombies of a
+    stopped agent included)."""
+    if agent is not None:
+        with contextlib.suppress(OSError):
+            os.kill(agent, signal.SIGCONT)
     job.stop()  # SIGCONT + SIGKILL to its process group and to everything carrying its tag
     assert all(proc.poll() is not None for proc in job.processes), job.processes
     assert wait_until(lambda: not tagged(job.tag), 10.0), tagged(job.tag)
@@ -125,11 +130,7 @@ def test_a_stopped_agent_with_every_rank_ended_is_never_restarting_then_hung(
         assert track.verdict in ("running", "hung", "failed"), (seen, track.history)
     finally:
         observer.close()
-        try:
-            os.kill(agent, signal.SIGCONT)
-        except OSError:
-            pass
-        _remove(job)
+        _remove(job, agent)
 
 
 def test_a_stopped_agent_whose_ranks_ended_is_hung_for_the_probes_and_cleaned_up(
@@ -153,11 +154,7 @@ def test_a_stopped_agent_whose_ranks_ended_is_hung_for_the_probes_and_cleaned_up
         assert wait_until(lambda: job.processes[0].poll() is not None, 10.0)
         assert not tagged(job.tag, live_only=True), tagged(job.tag)
     finally:
-        try:
-            os.kill(agent, signal.SIGCONT)
-        except OSError:
-            pass
-        _remove(job)
+        _remove(job, agent)
 
 
 def test_a_stopped_agent_with_live_survivors_is_among_the_culprits(
@@ -186,11 +183,7 @@ def test_a_stopped_agent_with_live_survivors_is_among_the_culprits(
         assert report["not_removed"] == [], report
         assert agent in report["removed"], report
     finally:
-        try:
-            os.kill(agent, signal.SIGCONT)
-        except OSError:
-            pass
-        _remove(job)
+        _remove(job, agent)
 
 
 #: tests/jobs/train.py run by a rank that stops cleanly on SIGTERM (exit 0), as trainers with a
