@@ -15,7 +15,10 @@ __all__ = ["record", "recent", "for_pid", "clear"]
 
 _LOCK = threading.Lock()
 _FAULTS: list[dict[str, Any]] = []
-_LIMIT = 1000
+# The rollbacks read this log to undo what this run froze: an entry dropped is a process left
+# frozen. Kept far above what one run does (a freeze of every process of a large node, each
+# one entry of ~200 bytes); only a runaway run reaches it.
+_LIMIT = 200_000
 
 
 def record(kind: str, /, **fields: Any) -> dict[str, Any]:
