@@ -620,9 +620,8 @@ def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=
     has `released_from`). With a stop signal and `wait_stopped_s` > 0, every target sent it
     is watched until it is stopped (`wait_stopped`), at most that long: each sent result says
     `stopped` (true or false; when false, `state_after`, its state then, `not_stopped`:
-    why, and `stop_discarded`: whether the signal is lost for good, `stop_discarded`), and the
-    report
-    counts `stopped` and `not_stopped`. Raises SignalInputError on bad input, before anything
+    why, and `stop_discarded`: whether the signal is lost for good), and the report counts
+    `stopped` and `not_stopped`. Raises SignalInputError on bad input, before anything
     is sent.
     """
     signum = parse_signal(signal_name)
