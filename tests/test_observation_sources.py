@@ -311,3 +311,32 @@ def test_where_a_rank_is_means_its_main_thread_not_a_helper() -> None:
     finally:
         rank.kill()
         assert rank.wait(timeout=10) == -9
+
+
+def test_a_fault_on_an_earlier_process_with_the_pid_is_not_this_ones_end() -> None:
+    """A SIGKILL record speaks for how a process ended only when its PID and start time are
+    this process's: an earlier process that had the PID (the fault log keeps minutes of them)
+    says nothing of this one."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; c = subprocess.Popen(['sleep', '30']); "
+         "print(c.pid, flush=True); sys.stdin.readline(); c.kill(); c.wait()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdin is not None
+        pid = int(parent.stdout.readline())
+        start = process_starttime(pid)
+        assert start is not None
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        assert parent.wait(timeout=30) == 0  # reaped by its parent, never watched here
+        watch = ExitWatch()
+        earlier = {"kind": "SIGKILL", "pid": pid, "starttime": start - 1, "t": time.time()}
+        found = watch.exit_or_fault(pid, start, [earlier])
+        assert found.source is None, found.describe()
+        mine = dict(earlier, starttime=start)
+        found = watch.exit_or_fault(pid, start, [earlier, mine])
+        assert (found.signal, found.source) == ("SIGKILL", "chaosgpu's fault record")
+        watch.close()
+    finally:
+        parent.kill()
+        parent.wait()

@@ -183,10 +183,13 @@ class ExitWatch:
         return Exit(None, None, None, note)
 
     def exit_or_fault(self, pid: int, starttime: int, faults: list[dict[str, Any]]) -> Exit:
-        """exit_of, or, when its status is not visible and chaosgpu sent it an uncatchable
-        SIGKILL, "killed by SIGKILL" from that fault's record."""
+        """exit_of, or, when its status is not visible and chaosgpu sent this process (its PID
+        and start time: never an earlier process that had the PID) an uncatchable SIGKILL,
+        "killed by SIGKILL" from that fault's record."""
         found = self.exit_of(pid, starttime)
-        if found.source is None and any(f.get("kind") == "SIGKILL" for f in faults):
+        if found.source is None and any(
+                f.get("kind") == "SIGKILL" and f.get("pid") == pid
+                and f.get("starttime") == starttime for f in faults):
             return Exit(None, "SIGKILL", "chaosgpu's fault record",
                         "its status was not visible; chaosgpu sent it SIGKILL")
         return found

@@ -420,8 +420,7 @@ class Observer:
                          seen_at, state="exited", last_seen=seen_at, exited_at=seen_at)
         rank.exit_seen_late = not target
         track.ranks[key] = rank
-        mine = [f for f in faults if f.get("pid") == who["pid"]]
-        exit_info = self._exits.exit_or_fault(who["pid"], who["starttime"], mine)
+        exit_info = self._exits.exit_or_fault(who["pid"], who["starttime"], faults)
         error = None
         if env and exit_info.clean is not True:
             roots = ((f"/proc/{track.launcher['pid']}/root",) if track.launcher else ()) + ("",)
@@ -437,8 +436,7 @@ class Observer:
                    + (f": {error['text'].splitlines()[-1][:160]}" if error else ""), rank.rank)
 
     def _record_exit(self, track: JobTrack, rank: RankTrack, now: float) -> None:
-        exit_info = self._exits.exit_or_fault(rank.pid, rank.starttime, [
-            f for f in track.faults if f.get("pid") == rank.pid])
+        exit_info = self._exits.exit_or_fault(rank.pid, rank.starttime, track.faults)
         stderr = rank.stderr if rank.stderr and rank.stderr.startswith("/") else None
         if stderr is not None and any(other.stderr == stderr for other in track.ranks.values()
                                       if other is not rank):
