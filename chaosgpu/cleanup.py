@@ -155,8 +155,10 @@ def _clean_tag(tag: str, grace_s: float, deadline_s: float, report: _Report) -> 
         report.not_removed.append({"kind": "process", "name": tag, **item})
     for item in result.get("zombies") or []:
         report.zombies.append({"kind": "process", "name": tag, **item})
-    if result.get("removed"):
-        report.removed.append({"kind": "tag", "name": tag, "pids": result["removed"]})
+    ended = result.get("ended_by_themselves") or []
+    if result.get("removed") or ended:
+        report.removed.append({"kind": "tag", "name": tag, "pids": result["removed"],
+                               "ended_by_themselves": ended})
 
 
 def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             print("nothing to clean up")
         for item in report["removed"]:
             print(f"removed {item['kind']} {item.get('name')}")
+            for ended in item.get("ended_by_themselves") or []:
+                print(f"  PID {ended['pid']}: {ended['note']}")
         for group in report["thawed_cgroups"]:
             print(f"thawed freezer cgroup {group['cgroup']}: PIDs {group['pids']}")
         for group in report["left_frozen"]:

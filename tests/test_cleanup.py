@@ -277,3 +277,38 @@ def test_cleanup_heals_partitions_and_sweeps_injector_files_of_a_crashed_runner(
     while _alive(tag) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(tag)
+
+
+def test_a_namespace_init_that_ends_by_itself_is_not_reported_left() -> None:
+    """The namespace's PID 1 is refused (nothing is sent to it), but once the cleanup's
+    SIGTERM ends its only child it exits by itself: gone, so not "not removed" and exit 0; the
+    report says it ended by itself (before: "NOT removed ... refused" and exit 1 for a node
+    left clean)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a PID namespace")
+    require_tool("unshare", install="apt-get install util-linux")
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    # unshare forks the namespace's init (sh), which waits for its sleep, then exits
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                              "sleep 60; exit 0"], env=dict(os.environ, CHAOSGPU_TAG=tag),
+                             start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while len(_alive(tag)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_alive(tag)) == 3, resolve_scope({"tag": tag}, observe=True)
+        code, output = _cleanup("--json", "--tag", tag, "--grace-s", "2")
+        report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+        assert code == 0, output
+        assert report["not_removed"] == [], output
+        [entry] = [item for item in report["removed"] if item["kind"] == "tag"]
+        assert len(entry["pids"]) == 2, entry
+        [ended] = entry["ended_by_themselves"]
+        assert "namespace" in ended["note"] and ended["pid"] not in entry["pids"], entry
+        assert outer.wait(timeout=10) is not None
+        assert _alive(tag) == []
+    finally:
+        for pid in _alive(tag):
+            os.kill(pid, signal.SIGKILL)
+        outer.kill()
+        outer.wait()

@@ -149,9 +149,10 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
     before it, an elastic agent would start a new attempt's ranks this cleanup never saw.
     Idempotent: finding nothing is a normal outcome. A process the signal rules refuse
     (another user's, a namespace init, the runner) is sent nothing more, not waited for, and
-    listed once in `not_removed` with the reason. Raises ActivityError when processes were
-    found and none of them was removed (every one refused, or still alive at the deadline):
-    a rollback that removed nothing never reads as a success."""
+    listed once in `not_removed` with the reason, or in `ended_by_themselves` when it is gone
+    by the end (a namespace's PID 1 exits once its last child does). Raises ActivityError when
+    processes were found, none of them was removed and some are left (refused, or still alive
+    at the deadline): a rollback that removed nothing never reads as a success."""
     check_selector(job, tag)
     SECONDS.require("grace_s", grace_s)
     POSITIVE_SECONDS.require("deadline_s", deadline_s)
@@ -169,7 +170,8 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
     report: dict[str, Any] = {"job": found.get("id") if found else job, "tag": tag,
                               "found": len(processes), "steps": []}
     if not processes:
-        report.update(removed=[], not_removed=[], zombies=[], gpu_memory_released=None,
+        report.update(removed=[], not_removed=[], zombies=[], ended_by_themselves=[],
+                      gpu_memory_released=None,
                       note="nothing to clean up: no process of this job is left",
                       took_s=round(time.monotonic() - started, 4))
         return report
@@ -234,10 +236,11 @@ def cleanup(job: str | None = None, tag: str | None = None, grace_s: float = 5.0
                             "note": None if gpu is not None else "NVML not available here",
                             "t": round(time.monotonic() - started, 4)})
     # 5. the honest account
-    removed, not_removed, zombies = _account(processes, refused)
+    removed, not_removed, zombies, ended = _account(processes, refused)
     report.update(zombies=zombies, removed=removed, not_removed=not_removed,
-                  gpu_memory_released=gpu_released, took_s=round(time.monotonic() - started, 4))
-    if not removed:
+                  ended_by_themselves=ended, gpu_memory_released=gpu_released,
+                  took_s=round(time.monotonic() - started, 4))
+    if not removed and not_removed:
         what = f"tag {tag!r}" if tag is not None else f"job {report['job']!r}"
         raise ActivityError(f"cleanup of {what} removed none of the {len(processes)} "
                             "process(es) it found: " + "; ".join(
@@ -267,17 +270,24 @@ def _held_launcher(processes: list[dict[str, Any]],
 
 
 def _account(processes: list[dict[str, Any]], refused: dict[int, dict[str, Any]]
-             ) -> tuple[list[int], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(removed PIDs, not_removed entries, zombies) after a cleanup: one entry per process; a
-    refused one counts as not removed, whatever became of it (the cleanup did not remove it)."""
+             ) -> tuple[list[int], list[dict[str, Any]], list[dict[str, Any]],
+                        list[dict[str, Any]]]:
+    """(removed PIDs, not_removed entries, zombies, ended by themselves) after a cleanup: one
+    entry per process. A refused one still alive is not removed; one gone by now (a
+    namespace's PID 1 exits once its last child does) ended by itself: the cleanup sent it
+    nothing, and nothing of it is left."""
     from chaosgpu.node import process_state
 
     removed: list[int] = []
     not_removed: list[dict[str, Any]] = []
     zombies: list[dict[str, Any]] = []
+    ended: list[dict[str, Any]] = []
     for proc in processes:
         pid, starttime = proc["pid"], proc.get("starttime")
-        if pid in refused:
+        if pid in refused and not is_alive(pid, starttime):
+            ended.append({"pid": pid, "reason_code": refused[pid].get("reason_code"),
+                          "note": _refusal(refused[pid]) + "; it ended by itself"})
+        elif pid in refused:
             not_removed.append({"pid": pid, "reason": _refusal(refused[pid]),
                                 "reason_code": refused[pid].get("reason_code")})
         elif is_alive(pid, starttime):
@@ -288,7 +298,7 @@ def _account(processes: list[dict[str, Any]], refused: dict[int, dict[str, Any]]
                             "zombie: holds no memory, holds a PID)"})
         else:
             removed.append(pid)
-    return removed, not_removed, zombies
+    return removed, not_removed, zombies, ended
 
 
 def _reused(pid: int, starttime: int | None) -> bool:
