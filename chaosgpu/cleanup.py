@@ -1,7 +1,8 @@
 """`chaosgpu cleanup`: remove everything chaosgpu left behind on this node, after any run,
 including one whose runner crashed or was killed, and nothing of a run still in progress.
 
-What is left behind: a record (partition, workload, sandbox) whose runner is gone. A record
+What is left behind: a record (partition, workload, sandbox, a pod deletion's timings) whose
+runner is gone. A record
 whose runner still lives (same PID and start time, not this process) belongs to a run in
 progress, maybe another team's game-day sharing the state dir: it is kept and listed under
 "kept" (`--include-running` removes it too). chaosgpu's freezer groups are host-wide (another
@@ -15,13 +16,14 @@ freezer cgroups (a frozen process ignores SIGKILL until thawed), stop
 every workload recorded in the state dir (chaosgpu.workloads.actions.stop_workload: SIGCONT,
 SIGTERM, grace, SIGKILL, by recorded PID + start time), then remove every recorded sandbox
 (chaosgpu.sandbox.actions.remove_sandbox), then, for each `--tag`, every live process carrying
-that tag (chaosgpu.job.hang.cleanup), and last removes the GPU injector's trigger files of
-processes that are gone. Every workload and sandbox is taken from the state dir's records
-(`missing_ok`: one removed between listing and removal, by a rollback running beside it, has
-ended: it is no typo); a `--tag` is matched exactly (chaosgpu.arguments.TAG: one with
-whitespace or a control character is bad usage). It reports what it removed and, honestly,
-what it could not; exit status 0 when nothing is left alive (zombies whose parent has not
-reaped them yet are listed, they hold no memory), 1 otherwise, 2 on bad usage.
+that tag (chaosgpu.job.hang.cleanup), then the pod deletion records (evidence only) of ended
+runs, and last the GPU injector's trigger files of processes that are gone. Every workload and
+sandbox is taken from the state dir's records (`missing_ok`: one removed between listing and
+removal, by a rollback running beside it, has ended: it is no typo); a `--tag` is matched
+exactly (chaosgpu.arguments.TAG: one with whitespace or a control character is bad usage).
+It reports what it removed and, honestly, what it could not; exit status 0 when nothing is
+left alive (zombies whose parent has not reaped them yet are listed, they hold no memory), 1
+otherwise, 2 on bad usage.
 
 This module owns the order and the report. It signals nothing itself (the workload, sandbox
 and job modules do, through pidfds) and must not remove anything it has no record or tag of.
@@ -37,6 +39,9 @@ from typing import Any
 from chaosgpu.arguments import POSITIVE_SECONDS, SECONDS, TAG, option
 
 __all__ = ["cleanup_all", "main"]
+
+#: chaosgpu.k8s.deletion.RECORD_KIND (not imported here: that loads the Kubernetes client).
+K8S_DELETION_RECORDS = "k8s_deletions"
 
 
 def _safe(step: str, func: Any, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
@@ -193,6 +198,11 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
             report.removed.append({"kind": "sandbox", "name": name, "detail": result})
     for tag in tags or []:
         _clean_tag(tag, grace_s, deadline_s, report)
+    for name in _ended_runs(K8S_DELETION_RECORDS, include_running, report):
+        # evidence, not a resource: a later run's probes never read another run's timings
+        if report.outcome("k8s-deletion-record", name, state.remove_record,
+                          K8S_DELETION_RECORDS, name) is not None:
+            report.removed.append({"kind": "k8s-deletion-record", "name": name})
     swept = report.outcome("injector-files", "stale", injector.sweep, injector.inject_dir())
     return {"removed": report.removed, "not_removed": report.not_removed, "kept": report.kept,
             "zombies": report.zombies, "thawed_cgroups": thawed, "left_frozen": left_frozen,

@@ -312,3 +312,38 @@ def test_a_namespace_init_that_ends_by_itself_is_not_reported_left() -> None:
             os.kill(pid, signal.SIGKILL)
         outer.kill()
         outer.wait()
+
+
+def test_cleanup_removes_the_pod_deletion_records_of_ended_runs() -> None:
+    """A pod deletion's timings (evidence a later probe of the same run reads) outlive their
+    run until a later run saves one; `chaosgpu cleanup` removes and lists those of runners
+    that are gone, and keeps those of a run in progress."""
+    from chaosgpu.cleanup import K8S_DELETION_RECORDS
+    from chaosgpu.k8s import deletion
+    from chaosgpu.node import process_starttime
+
+    assert K8S_DELETION_RECORDS == deletion.RECORD_KIND
+    gone = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    live = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    gone_runner = {"pid": gone.pid, "starttime": process_starttime(gone.pid)}
+    live_runner = {"pid": live.pid, "starttime": process_starttime(live.pid)}
+    gone.kill()
+    gone.wait()
+    suffix = uuid.uuid4().hex[:6]
+    ended, running = f"default__ended-{suffix}", f"default__running-{suffix}"
+    try:
+        state.write_record(K8S_DELETION_RECORDS, ended, {"runner": gone_runner})
+        state.write_record(K8S_DELETION_RECORDS, running, {"runner": live_runner})
+        code, output = _cleanup("--json")
+        report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+        assert code == 0, output
+        assert {"kind": "k8s-deletion-record", "name": ended} in report["removed"], output
+        assert [k["name"] for k in report["kept"]
+                if k["kind"] == "k8s_deletion"] == [running], output
+        records = state.list_records(K8S_DELETION_RECORDS)
+        assert ended not in records and running in records
+    finally:
+        state.remove_record(K8S_DELETION_RECORDS, ended)
+        state.remove_record(K8S_DELETION_RECORDS, running)
+        live.kill()
+        live.wait()
