@@ -7,14 +7,19 @@ from the fault. The timeline sampler, when one runs, gets the same mark. This mo
 log; it keeps no state on disk and signals nothing.
 """
 
+import itertools
 import threading
 import time
 from typing import Any
 
-__all__ = ["record", "recent", "for_pid", "clear"]
+__all__ = ["record", "recent", "for_pid", "position", "clear"]
 
 _LOCK = threading.Lock()
 _FAULTS: list[dict[str, Any]] = []
+# Each entry's place in the log ("seq", from 1): what was recorded after a resume is told by
+# this order, never by the wall clock ("t"), which may step back between the two.
+_SEQ = itertools.count(1)
+_LAST_SEQ = 0
 # The rollbacks read this log to undo what this run froze: an entry dropped is a process left
 # frozen. Kept far above what one run does (a freeze of every process of a large node, each
 # one entry of ~200 bytes); only a runaway run reaches it.
@@ -23,13 +28,15 @@ _LIMIT = 200_000
 
 def record(kind: str, /, **fields: Any) -> dict[str, Any]:
     """Record a fault injected now (`kind`: "SIGKILL", "SIGSTOP", "freezer", "partition" ...;
-    fields such as job, rank, pid, starttime; never "t" or "kind", which the entry owns) and
-    mark it on the running timeline."""
-    reserved = sorted({"t", "kind"} & set(fields))
+    fields such as job, rank, pid, starttime; never "t", "seq" or "kind", which the entry
+    owns) and mark it on the running timeline."""
+    global _LAST_SEQ
+    reserved = sorted({"t", "seq", "kind"} & set(fields))
     if reserved:
         raise ValueError(f"fault fields {reserved} are the entry's own: name them otherwise")
-    entry = {"t": time.time(), "kind": kind, **fields}
     with _LOCK:
+        _LAST_SEQ = next(_SEQ)
+        entry = {"t": time.time(), "seq": _LAST_SEQ, "kind": kind, **fields}
         _FAULTS.append(entry)
         del _FAULTS[:-_LIMIT]
     from chaosgpu.timeline.sampler import current
@@ -51,6 +58,14 @@ def for_pid(pid: int, starttime: int | None = None) -> list[dict[str, Any]]:
     with _LOCK:
         return [dict(f) for f in _FAULTS if f.get("pid") == pid
                 and (starttime is None or f.get("starttime") in (None, starttime))]
+
+
+def position() -> int:
+    """The place in the log's order of the last fault recorded (0 before any): an entry whose
+    "seq" is greater was recorded after this call. A resume notes it, so that a freeze recorded
+    later is told apart whatever the wall clock did meanwhile."""
+    with _LOCK:
+        return _LAST_SEQ
 
 
 def clear() -> None:

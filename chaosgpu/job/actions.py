@@ -344,7 +344,8 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     if result["result"] != "sent":
         raise PermissionError(f"SIGCONT was not sent to {rank_with_pid(number, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
-    _RESUMED_AT[key] = time.time()  # resume_processes and a later resume_rank send nothing
+    _RESUMED_AT[key] = faultlog.position()  # resume_processes and a later resume_rank
+    # send nothing
     return {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "sent",
             "thawed_cgroups": thawed}
 
