@@ -69,7 +69,7 @@ import sys
 import time
 
 __all__ = ["SIGNALS", "FATAL_SIGNALS", "STOP_SIGNALS", "STOP_WAIT_S", "terminate", "signal_targets",
-           "wait_exits", "wait_stopped", "stop_discarded", "parse_signal", "ends_process",
+           "wait_exits", "wait_stopped", "stop_missed", "parse_signal", "ends_process",
            "stops_process", "protected_pids", "main"]
 
 SCHEMA = "chaosgpu.signal/1"
@@ -519,56 +519,48 @@ def _group_orphaned(pgrp, session):
     return True
 
 
-def _why_not_stopped(pid, signum, state):
-    """Why a process sent the stop signal `signum` is not stopped (state `state`): what its
-    /proc entries show of a tracer, an uninterruptible call, and for SIGTSTP, SIGTTIN and
-    SIGTTOU its own handling of the signal or an orphaned process group."""
+def stop_missed(pid, signum, state):
+    """Why a live process sent the stop signal `signum` is not stopped (state `state`), and
+    whether that signal is lost for good, so that no later stop of it can be its doing:
+    (reason, discarded). The reason is what its /proc entries show of a tracer, an
+    uninterruptible call, and for SIGTSTP, SIGTTIN and SIGTTOU its own handling of the signal
+    or an orphaned process group (each file read once). Lost for good: SIGTSTP, SIGTTIN or
+    SIGTTOU that the process ignores, or that the kernel discards for its orphaned process
+    group, neither blocked (pending) nor held by a tracer or an uninterruptible call. SIGSTOP,
+    and a signal the process handles (its handler may stop it), are never said lost."""
     name = name_of(signum)
     bit = 1 << (signum - 1)
     status = _signal_status(pid)
     reasons = []
+    held = False  # a tracer or an uninterruptible call holds the stop: not lost
     if status.get("TracerPid"):
+        held = True
         reasons.append(f"it is traced by PID {status['TracerPid']}: a stop signal goes to the "
                        "tracer first, which may hold it or drop it")
     if state == "D":
+        held = True
         reasons.append("it is in an uninterruptible call (state D, as in a driver or on a "
                        "network file system): the stop takes effect when the call returns")
+    discarded = False
     if signum != signal.SIGSTOP:
         if status.get("SigIgn", 0) & bit:
+            discarded = not held and not status.get("SigBlk", 0) & bit
             reasons.append(f"it ignores {name}")
         elif status.get("SigCgt", 0) & bit:
             reasons.append(f"it handles {name} itself (its handler did not stop it)")
         elif status.get("SigBlk", 0) & bit:
             reasons.append(f"it blocks {name}: the signal stays pending")
-        else:
+        elif status:
             stat = _read_stat(pid)
             if stat is not None and _group_orphaned(stat[4], stat[5]):
+                discarded = not held
                 reasons.append(f"its process group {stat[4]} is orphaned (no member has a "
                                "parent in another group of its session, as in a session of "
                                f"its own): the kernel discards {name} for it")
     if not reasons:
         reasons.append("nothing in /proc says why (a SIGCONT from someone else may have "
                        "resumed it)")
-    return "; ".join(reasons)
-
-
-def stop_discarded(pid, signum, state):
-    """Whether the stop signal `signum` sent to a live process that is not stopped (state
-    `state`) is lost for good, so that no stop of that process later can be its doing: SIGTSTP,
-    SIGTTIN or SIGTTOU that the process ignores, or that the kernel discards for its orphaned
-    process group, neither blocked (pending) nor held by a tracer or an uninterruptible call.
-    SIGSTOP, and a signal the process handles (its handler may stop it), are never said lost."""
-    if signum == signal.SIGSTOP or state == "D":
-        return False
-    bit = 1 << (signum - 1)
-    status = _signal_status(pid)
-    if not status or status.get("TracerPid") or status.get("SigBlk", 0) & bit \
-            or status.get("SigCgt", 0) & bit:
-        return False
-    if status.get("SigIgn", 0) & bit:
-        return True
-    stat = _read_stat(pid)
-    return stat is not None and _group_orphaned(stat[4], stat[5])
+    return "; ".join(reasons), discarded
 
 
 def wait_stopped(targets, deadline_s, signal_name="SIGSTOP"):
@@ -576,8 +568,8 @@ def wait_stopped(targets, deadline_s, signal_name="SIGSTOP"):
     signal `signal_name` is stopped by it (state T: a group stop; state t is a tracer's stop,
     whose signal the tracer may drop). Return one entry per target not seen stopped: its
     `state` ("gone" once it ended, or its PID is another process's), `reason`
-    (_why_not_stopped for a live one) and `discarded` (`stop_discarded`: the signal is lost
-    for good, it will never stop the process). SIGSTOP stops any process that no tracer holds nor an
+    (stop_missed's for a live one) and `discarded` (stop_missed's: the signal is lost for
+    good, it will never stop the process). SIGSTOP stops any process that no tracer holds nor an
     uninterruptible call delays; SIGTSTP, SIGTTIN and SIGTTOU may be handled, ignored or
     blocked by their target, and the kernel discards them in an orphaned process group."""
     deadline = _seconds("deadline_s", deadline_s)
@@ -601,11 +593,13 @@ def wait_stopped(targets, deadline_s, signal_name="SIGSTOP"):
             break
         time.sleep(pause)
         pause = min(pause * 2, 0.02)
-    return [{"pid": pid, "starttime": starttime, "state": state,
-             "reason": "it ended before it was seen stopped" if state == "gone"
-             else _why_not_stopped(pid, signum, state),
-             "discarded": state != "gone" and stop_discarded(pid, signum, state)}
-            for (pid, starttime), state in pending.items()]
+    missed = []
+    for (pid, starttime), state in pending.items():
+        reason, discarded = (("it ended before it was seen stopped", False) if state == "gone"
+                             else stop_missed(pid, signum, state))
+        missed.append({"pid": pid, "starttime": starttime, "state": state, "reason": reason,
+                       "discarded": discarded})
+    return missed
 
 
 def signal_targets(targets, signal_name, allow_other_users=False, allow_ns_init=False,
