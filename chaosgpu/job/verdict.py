@@ -21,10 +21,14 @@ Verdicts (docs/faults.md, "Job verdicts"):
   error where readable. The culprits are the ranks that ended first of those that failed and
   those chaosgpu sent a signal that ends a process.
 * ``restarting``: the elastic agent lives, can act (neither stopped nor frozen) and a new
-  attempt is on its way (ranks torn down, or new ranks not yet past their rendezvous); the job
-  keeps its id and counts restarts. An agent stopped (SIGSTOP, a debugger) or frozen (cgroup
-  freezer) can neither tear down nor restart anything: with live ranks the verdict is what
-  they show, with none "unknown" until the window passed, then "hung".
+  attempt is seen on its way: after a rank failed, the attempt's other ranks ending (the
+  agent's teardown) or all of them gone, or new ranks not yet past their rendezvous; the job
+  keeps its id and counts restarts. A failed rank alone, its peers still live, is not a
+  restart seen: the verdict is what the live ranks show, its reason saying a restart is
+  expected (an agent that never acts leaves them blocked: hung after the window). An agent
+  stopped (SIGSTOP, a debugger) or frozen (cgroup freezer) can neither tear down nor restart
+  anything: with live ranks the verdict is what they show, with none "unknown" until the
+  window passed, then "hung".
 * ``finished``: every rank ended with exit code 0.
 * ``unknown``: not enough could be seen (no stacks, another user's processes, ranks waiting on
   the GPU with no Flight Recorder, exit statuses hidden): the reason says which.
@@ -758,12 +762,25 @@ class JobTrack:
                        and t.exit.clean is False]
         can_restart = self.max_restarts is None or (restarts or 0) < self.max_restarts
         # a launcher stopped or frozen restarts nothing: the verdict is what the ranks show
+        expected = ""
         if self.agent_can_act() and self.launcher is not None and failed_here and can_restart:
-            return ("restarting", f"attempt {restarts or 0}: "
-                    + ", ".join(f"{t.label} {t.exit.describe() if t.exit else ''}"
-                                for t in failed_here)
-                    + f"; the elastic agent lives (max restarts {self.max_restarts})",
-                    min(t.exited_at or now for t in failed_here), {})
+            first_failure = min(t.exited_at or now for t in failed_here)
+            torn_down = [t for t in ranks if not t.live and t.exited_at is not None
+                         and t.exited_at - first_failure >= _SAME_MOMENT_S]
+            if torn_down:  # the agent's teardown seen: ranks ending after the failure
+                return ("restarting", f"attempt {restarts or 0}: "
+                        + ", ".join(f"{t.label} {t.exit.describe() if t.exit else ''}"
+                                    for t in failed_here)
+                        + "; the elastic agent lives (max restarts "
+                        f"{self.max_restarts}) and is tearing the attempt down ("
+                        + ", ".join(t.label for t in torn_down) + " ended since)",
+                        first_failure, {})
+            # a restart is what torchrun does next, but nothing of it is seen yet: the
+            # verdict stays what the live ranks show (an agent that never acts leaves them
+            # blocked: hung once the window passes)
+            expected = (f"; the elastic agent lives with restarts left (max "
+                        f"{self.max_restarts}): a restart is expected, its teardown not seen "
+                        "yet")
         if self.agent_can_act() and restarts and not all(t.up for t in live):
             return ("restarting", f"attempt {restarts}: new ranks not past their rendezvous yet",
                     min(t.first_seen for t in live), {})
@@ -774,8 +791,8 @@ class JobTrack:
                                              for t in ended)
         if last is None:
             return ("unknown", f"watching: observed for {now - quiet_since:.1f} s, no progress "
-                    f"seen yet (window {self.window_s:g} s)" + extra, None, {})
-        return "running", f"progress {now - last:.2f} s ago" + extra, None, {}
+                    f"seen yet (window {self.window_s:g} s)" + extra + expected, None, {})
+        return "running", f"progress {now - last:.2f} s ago" + extra + expected, None, {}
 
     def _ended_verdict(self, ranks: list[RankTrack], restarts: int | None,
                        now: float) -> tuple[str, str, float | None, dict[str, Any]]:
@@ -786,8 +803,11 @@ class JobTrack:
         if self.launcher_alive and bad and can_restart and self.launcher is not None:
             if not self.agent_can_act():
                 return self._agent_cannot_restart(ranks, restarts, now, bad)
-            return ("restarting", f"every rank of attempt {restarts or 0} ended; the elastic "
-                    f"agent lives (max restarts {self.max_restarts})", first_end, {})
+            return ("restarting", f"every rank of attempt {restarts or 0} ended ("
+                    + ", ".join(f"{t.label} {t.exit.describe() if t.exit else 'exit not seen'}"
+                                for t in sorted(ranks, key=lambda t: t.exited_at or now))
+                    + f"); the elastic agent lives (max restarts {self.max_restarts})",
+                    first_end, {})
         if bad:
             return ("failed", self._failure_story(ranks, bad), first_end,
                     {"culprit_ranks": self._first_failures(ranks, bad)})
