@@ -22,7 +22,7 @@ from chaosgpu.job.stacks import take_samples
 from chaosgpu.job.verdict import DEFAULT_WINDOW_S, JobTrack, RankTrack, rank_name
 from chaosgpu.progress import Progress
 
-__all__ = ["JobError", "not_found_message", "Observer", "observe", "select_jobs",
+__all__ = ["JobError", "not_found_message", "Observer", "observe", "select_jobs", "tagged_part",
            "visibility_note", "seen", "missing_allowed"]
 
 DEFAULT_TICK_S = 0.2
@@ -111,19 +111,62 @@ def _another_run(track: JobTrack, launcher: tuple[Any, Any]) -> bool:
 def select_jobs(census: dict[str, Any], job: str | None = None,
                 tag: str | None = None) -> list[dict[str, Any]]:
     """The census jobs a selection names: by id, by tag (a rank's or the launcher's), both
-    (they must agree: JobError otherwise), or every job when neither is given."""
+    (they must agree: JobError otherwise), or every job when neither is given. Selected by
+    tag, a job is what of it carries the tag (tagged_part): ranks of another job that share
+    its id (two jobs on one MASTER_ADDR:MASTER_PORT, the ranks of an earlier job left on
+    torchrun's default port) are never in it."""
     jobs = census.get("jobs") or []
     if job is not None:
         matches = [j for j in jobs if j.get("id") == job]
         if tag is not None:
-            for found in matches:
-                if found.get("tag") != tag:
+            parts = [tagged_part(census, found, tag) for found in matches]
+            for found, part in zip(matches, parts, strict=True):
+                if part is None:
                     raise JobError(f"job {job!r} carries tag {found.get('tag')!r}, not {tag!r}: "
                                    "name one of them, or make them agree")
+            return [part for part in parts if part is not None]
         return matches
     if tag is not None:
-        return [j for j in jobs if j.get("tag") == tag]
+        return [part for j in jobs if (part := tagged_part(census, j, tag)) is not None]
     return list(jobs)
+
+
+def tagged_part(census: dict[str, Any], job: dict[str, Any],
+                tag: str) -> dict[str, Any] | None:
+    """The part of the census job `job` that tag `tag` names, or None when none of it carries
+    the tag. A rank, launcher or orphaned helper that carries another tag is left out (a
+    process's tag is its own declaration of what it belongs to); one that carries none stays
+    (a launcher that set the tag only for its children). The job itself when nothing is left
+    out; else a copy with the rank lists (survivors, dead, stopped, frozen) of what is left
+    and `other_tags`, the tags left out."""
+    tags = {p["pid"]: p.get("tag") for p in census.get("processes") or []}
+
+    def other(pid: Any) -> bool:
+        return pid is not None and tags.get(pid) not in (None, tag)
+
+    ranks = [r for r in job.get("ranks") or [] if not other(r.get("pid"))]
+    launcher_other = other(job.get("launcher_pid"))
+    if len(ranks) == len(job.get("ranks") or []) and not launcher_other:
+        return job if job.get("tag") == tag else None
+    launcher_tag = None if launcher_other else tags.get(job.get("launcher_pid"))
+    if launcher_tag != tag and not any(tags.get(r.get("pid")) == tag for r in ranks):
+        return None
+    left_out = [r.get("pid") for r in job.get("ranks") or []] + [job.get("launcher_pid")]
+    part = dict(job, ranks=ranks, tag=tag,
+                other_tags=sorted({str(tags[pid]) for pid in left_out if other(pid)}),
+                orphaned_helpers=[h for h in job.get("orphaned_helpers") or []
+                                  if not other(h.get("pid"))])
+    if launcher_other:
+        part.update(launcher_pid=None, launcher_starttime=None)
+    lists = {"alive": "survivors", "zombie": "dead", "missing": "dead", "stopped": "stopped",
+             "frozen": "frozen"}
+    part.update({name: [] for name in set(lists.values())})
+    for rank in ranks:
+        if rank.get("rank") is not None and rank.get("state") in lists:
+            part[lists[rank["state"]]].append(rank["rank"])
+            if rank["state"] == "stopped":
+                part["frozen"].append(rank["rank"])
+    return part
 
 
 class Observer:
