@@ -67,7 +67,8 @@ def partition_found_rank(census: Dict[str, Any], found: Dict[str, Any], proc: Di
                     helpers=job_helpers(census, found))
     out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": number,
                            "pid": proc["pid"], "connections": record["connections"],
-                           "listening": record["listening"], "table": record["table"],
+                           "listening": record["listening"], "left_out": record["left_out"],
+                           "table": record["table"],
                            "listen_watch": record["listen_watch"], "at": record["created_at"]}
     if then_kill:
         out["kill"] = _signal_process(census, found, number, proc, "SIGKILL", 2.0)
@@ -82,8 +83,9 @@ def partition_processes(scope: Dict[str, Any],
     `{"pids": [...]}` ...; the scope rules refuse the host's init, the runner and other users'
     processes) from the network: their TCP connections and new connections to their listening
     sockets (address and port: never another process's socket on the same port number) are
-    dropped silently. Returns the partition's id and what was dropped. Raises when the scope matches
-    nothing or nothing could be dropped."""
+    dropped silently; a socket a process outside the scope also listens on or shares (an
+    inherited descriptor) is not, and is listed in `left_out`. Returns the partition's id and
+    what was dropped. Raises when the scope matches nothing or nothing could be dropped."""
     from chaosgpu.scope import ScopeError, describe_scope, resolve_scope, validate_scope
 
     checked = validate_scope(scope)
@@ -97,8 +99,8 @@ def partition_processes(scope: Dict[str, Any],
                         partition=record["id"])
     return {"partition": record["id"], "pids": [t["pid"] for t in targets],
             "connections": record["connections"], "listening": record["listening"],
-            "table": record["table"], "listen_watch": record["listen_watch"],
-            "at": record["created_at"]}
+            "left_out": record["left_out"], "table": record["table"],
+            "listen_watch": record["listen_watch"], "at": record["created_at"]}
 
 
 #: heal_partition's `partition`: the id a partition action returned

@@ -5,7 +5,9 @@ holds at the moment of the fault (exact address and port pairs), and every new c
 sockets they listen on (the listening address and port: a specific address, or any address of
 the namespace for a wildcard listener; never a port number alone, so another process using the
 same port number on another address, or connecting out to another host, is not touched; a port
-that a process outside the targets also listens on is left out and reported): their peers see
+that a process outside the targets also listens on, or a socket a target shares with an outside
+process (an inherited or passed descriptor, found by socket inode in every process's open
+files), is left out and reported): their peers see
 no reset and no close, only silence, the way a lost host looks to them. (A connection the
 process opens after the fault is not dropped.) Rules live in a table of their own,
 `inet chaosgpu_<id>`, in the network namespace of the targets (through nsenter when it is not
@@ -311,23 +313,26 @@ def _overlaps(a: str, b: str) -> bool:
     return a == b or a in WILDCARDS or b in WILDCARDS
 
 
-def _listen_rules(listening: list[str], others: list[str]
+def _listen_rules(listening: list[str], others: list[dict[str, Any]]
                   ) -> tuple[list[str], list[dict[str, Any]]]:
     """Rules dropping new connections to the targets' listening sockets (`address:port`): a
     specific address is matched with its port; a wildcard with its port and any local address of
     the namespace (`fib daddr type local`: never a connection out to another host). A socket a
-    process outside the targets also listens on (`others`) at an address that may overlap is
-    left out and returned, with why."""
+    process outside the targets also listens on (`others`: `{"local", "pids", "same"}`, `same`
+    when that process holds the target's very socket, an inherited or passed descriptor) at an
+    address that may overlap is left out and returned, with why and those PIDs."""
     rules: list[str] = []
     left_out: list[dict[str, Any]] = []
     for address in listening:
         host, port = _split(address)
-        shared = sorted(o for o in others
-                        if _split(o)[1] == port and _overlaps(_split(o)[0], host))
+        shared = [o for o in others
+                  if _split(o["local"])[1] == port and _overlaps(_split(o["local"])[0], host)]
         if shared:
-            left_out.append({"listening": address, "reason": f"a process outside the partition "
-                             f"also listens on {', '.join(shared)}: a rule would drop its "
-                             "connections too"})
+            pids = sorted({pid for o in shared for pid in o["pids"]})
+            left_out.append({"listening": address, "pids": pids, "reason": (
+                "a process outside the partition also listens on "
+                + ", ".join(sorted(_held_by(o) for o in shared))
+                + ": a rule would drop its connections too")})
             continue
         if host == "0.0.0.0":
             rules.append(f"meta nfproto ipv4 fib daddr type local tcp dport {port} drop")
@@ -337,6 +342,52 @@ def _listen_rules(listening: list[str], others: list[str]
             family = _family(host)
             rules.append(f"{family} daddr {host} tcp dport {port} drop")
     return rules, left_out
+
+
+def _held_by(other: dict[str, Any]) -> str:
+    """`address:port (PID 12 (comm), ...)` for a left_out reason."""
+    who = ", ".join(_who(pid) for pid in other["pids"]) or "no process this runner can see"
+    same = ", the target's own socket, shared with it" if other.get("same") else ""
+    return f"{other['local']} ({who}{same})"
+
+
+def _who(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            return f"PID {pid} ({handle.read().strip()})"
+    except OSError:
+        return f"PID {pid}"
+
+
+def _outside_holders(inodes: set[int], targets: set[int]
+                     ) -> tuple[dict[int, list[int]], list[int]]:
+    """Which processes other than `targets` hold any of the socket `inodes` (inode -> their
+    PIDs), from every process's open files: a socket a target shares with an outside process (a
+    forked parent or child, a passed descriptor) is that process's too. Also returns the PIDs
+    whose open files could not be read (no permission): they may hold one unseen."""
+    held: dict[int, set[int]] = {}
+    unreadable: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in targets:
+            continue
+        fd_dir = f"/proc/{name}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except PermissionError:
+            unreadable.append(int(name))
+            continue
+        except OSError:  # gone meanwhile
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inode = int(link[8:-1])
+                if inode in inodes:
+                    held.setdefault(inode, set()).add(int(name))
+    return {inode: sorted(pids) for inode, pids in held.items()}, sorted(unreadable)
 
 
 def _connection_rules(connections: list[tuple[str, str]]) -> list[str]:
@@ -394,10 +445,12 @@ def runner_alive(record: dict[str, Any]) -> bool:
 def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
     """Partition `targets` (`[{"pid", "starttime", ...}]`, all in one network namespace): drop
     every TCP connection they hold and new connections to their listening sockets (their
-    address and port, never the port number alone). Returns the record (id, table, rules,
-    connections, listening ports and sockets, `left_out`: listening sockets shared with a
-    process outside the targets, not dropped). Raises PartitionError when nothing can be
-    dropped (no TCP connection, no permission, no nft)."""
+    address and port, never the port number alone). Returns the record (id, table, rules, the
+    connections and listening ports and sockets dropped, `left_out`: listening sockets and
+    connections not dropped because a process outside the targets also listens there or holds
+    the very socket, each with those PIDs and why; `sharing_unchecked`: PIDs whose open files
+    could not be read). Raises PartitionError when nothing can be dropped (no TCP connection, no
+    permission, no nft)."""
     from chaosgpu.node import process_starttime
 
     if not targets:
@@ -423,10 +476,33 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
         listening.extend(found["listening"])
         bound.extend(found["listening_sockets"])
         inodes.update(found["inodes"])
-    others = sorted({s["local"] for inode, s in sockets.items()
-                     if s.get("state") == "LISTEN" and inode not in inodes})
+    listen_inodes = {i for i, s in sockets.items() if s.get("state") == "LISTEN"}
+    outside, unchecked = _outside_holders(inodes | listen_inodes,
+                                          {int(t["pid"]) for t in targets})
+    if unchecked:
+        logger.warning("chaosgpu: partition: the open files of %d process(es) cannot be read "
+                       "(e.g. PID %d): a socket they share with a target cannot be seen",
+                       len(unchecked), unchecked[0])
+    # a socket a target shares with an outside process is that process's too: never dropped
+    others = [{"local": s["local"], "pids": outside.get(i, []), "same": i in inodes}
+              for i, s in sorted(sockets.items())
+              if i in listen_inodes and (i not in inodes or i in outside)]
+    left_out: list[dict[str, Any]] = []
+    for inode in sorted(inodes & set(outside)):
+        sock = sockets[inode]
+        pair = (sock["local"], sock["remote"])
+        if sock["state"] in ("LISTEN", "TIME_WAIT", "CLOSE") or pair not in connections:
+            continue
+        connections = [c for c in connections if c != pair]
+        left_out.append({"connection": list(pair), "pids": outside[inode], "reason": (
+            f"{', '.join(_who(p) for p in outside[inode])}, outside the partition, holds this "
+            "same connection (a shared descriptor): a rule would drop its traffic too")})
     connection_rules = _connection_rules(sorted(set(connections)))
-    listen_rules, left_out = _listen_rules(sorted(set(bound)), others)
+    listen_rules, listen_left = _listen_rules(sorted(set(bound)), others)
+    left_out.extend(listen_left)
+    kept = {x["listening"] for x in listen_left}
+    bound = [b for b in bound if b not in kept]  # what is dropped, no more
+    listening = [_split(b)[1] for b in bound]
     rules = connection_rules + listen_rules
     if not rules:
         raise PartitionError("the targets hold no TCP connection and listen on no TCP port "
@@ -441,7 +517,8 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
               "listening": sorted(set(listening)), "listening_sockets": sorted(set(bound)),
               "left_out": left_out, "rules": rules, "connection_rules": connection_rules,
               "listen_rules": listen_rules, "created_at": time.time(), "reason": reason,
-              "runner": runner_identity(), "listen_watch": watch}
+              "runner": runner_identity(), "listen_watch": watch,
+              "sharing_unchecked": unchecked}
     _CREATED.add(ident)
     if netns_pid is not None and netns is not None:
         _hold_netns(ident, netns_pid, netns)
