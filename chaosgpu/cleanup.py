@@ -2,7 +2,8 @@
 including one whose runner crashed or was killed, and nothing of a run still in progress.
 
 What is left behind: a record (partition, workload, sandbox, a pod deletion's timings) whose
-runner is gone. A record
+runner is gone, and the freezes such a runner never resumed (chaosgpu.freezelog: processes it
+stopped are sent SIGCONT, those it left in chaosgpu's freezer groups are thawed). A record
 whose runner still lives (same PID and start time, not this process) belongs to a run in
 progress, maybe another team's game-day sharing the state dir: it is kept and listed under
 "kept" (`--include-running` removes it too). chaosgpu's freezer groups are host-wide (another
@@ -11,8 +12,9 @@ and sandboxes it removes, and those of `--tag`) are thawed out of them; other fr
 listed under "left_frozen" (`--thaw-all` thaws every chaosgpu freezer group, as before round
 22).
 
-Order: heal chaosgpu's network partitions (their nftables tables, by record), thaw chaosgpu's
-freezer cgroups (a frozen process ignores SIGKILL until thawed), stop
+Order: heal chaosgpu's network partitions (their nftables tables, by record), resume the
+freezes of runners that are gone, thaw chaosgpu's freezer cgroups (a frozen process ignores
+SIGKILL until thawed), stop
 every workload recorded in the state dir (chaosgpu.workloads.actions.stop_workload: SIGCONT,
 SIGTERM, grace, SIGKILL, by recorded PID + start time), then remove every recorded sandbox
 (chaosgpu.sandbox.actions.remove_sandbox), then, for each `--tag`, every live process carrying
@@ -116,17 +118,58 @@ def _ended_runs(kind: str, include_running: bool, report: _Report) -> dict[str, 
     return chosen
 
 
+def _undo_freezes(include_running: bool, report: _Report) -> set[int]:
+    """Resume what runners that are gone froze and never resumed (chaosgpu.freezelog): a
+    SIGCONT to each such process still stopped (same PID and start time); return the PIDs
+    they left in chaosgpu's freezer groups, for _thaw. A runner's file goes once nothing of
+    it is left to resume; one of a run in progress is kept."""
+    from chaosgpu import freezelog
+    from chaosgpu.node import process_starttime, process_state
+    from chaosgpu.process.actions import STOP_KINDS, send
+
+    in_freezer: set[int] = set()
+    for name, run in freezelog.runs().items():
+        runner = None if include_running else _run_in_progress(run)
+        if runner is not None:
+            report.kept.append(_kept("freeze", name, runner))
+            continue
+        live = [e for e in freezelog.outstanding(name)
+                if process_starttime(e["pid"]) == e["starttime"]]
+        in_freezer |= {e["pid"] for e in live if "freezer" in e["kinds"]}
+        stopped = [e for e in live if set(e["kinds"]) & set(STOP_KINDS)
+                   and process_state(e["pid"], starttime=e["starttime"]) == "T"]
+        # the record names these very processes (PID and start time) as this chaosgpu's
+        # freezes: resuming them is undoing its own fault, whoever owns them
+        sent = report.outcome("freeze", name, send, stopped, "SIGCONT",
+                              {"include_other_users": True, "include_ns_init": True}) \
+            if stopped else {"results": []}
+        if sent is None:
+            continue  # not resumed (the report says why): the file stays for a later cleanup
+        failed = [r for r in sent["results"] if r["result"] not in ("sent", "gone")]
+        for result in failed:
+            report.not_removed.append({"kind": "freeze", "name": name, "pid": result["pid"],
+                                       "reason": f"SIGCONT not sent: {result['result']}: "
+                                                 f"{result.get('reason')}"})
+        if not failed:
+            freezelog.remove(name)
+        report.removed.append({"kind": "freeze", "name": name, "resumed": [
+            r["pid"] for r in sent["results"] if r["result"] == "sent"],
+            "in_freezer": sorted(e["pid"] for e in live if "freezer" in e["kinds"])})
+    return in_freezer
+
+
 def _thaw(records: list[dict[str, Any]], tags: list[str], thaw_all: bool,
-          report: _Report) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Thaw out of chaosgpu's freezer groups the processes of `records` and of `tags` (every
-    member of every group with `thaw_all`): (thawed groups, members left frozen)."""
+          report: _Report, pids: set[int]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Thaw out of chaosgpu's freezer groups `pids` and the processes of `records` and of
+    `tags` (every member of every group with `thaw_all`): (thawed groups, members left
+    frozen)."""
     from chaosgpu.process.actions import _thaw_freezer_groups
 
     thawing: set[int] | None = None
     if not thaw_all:
         from chaosgpu.scope import resolve_scope
 
-        thawing = set()
+        thawing = set(pids)
         for record in records:
             thawing |= _record_pids(record)
         for tag in tags:
@@ -188,8 +231,9 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
             report.removed.append({"kind": "partition", "name": ident, "detail": healed})
     workloads = _ended_runs("workloads", include_running, report)
     sandboxes = _ended_runs("sandboxes", include_running, report)
+    left_by_crashed_runs = _undo_freezes(include_running, report)
     thawed, left_frozen = _thaw([*workloads.values(), *sandboxes.values()], tags or [],
-                                thaw_all, report)
+                                thaw_all, report, left_by_crashed_runs)
     for tag in workloads:
         _stop_workload(tag, grace_s, deadline_s, report)
     for name in sandboxes:

@@ -4,7 +4,9 @@ A Chaos Toolkit run executes every activity in one process: the fault actions (k
 partition, GPU faults) record here what they did to which process, and the job observer reads it
 to say "rank 1 was killed by chaosgpu 0.2 s before the survivors failed" and to time a detection
 from the fault. The timeline sampler, when one runs, gets the same mark. This module owns that
-log; it keeps no state on disk and signals nothing.
+log and the order of freezes and resumes (`resumed`); it signals nothing. It keeps no state on
+disk but hands each freeze and resume to chaosgpu.freezelog, which does, for a cleanup after
+the runner crashed.
 """
 
 import itertools
@@ -12,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["record", "recent", "for_pid", "position", "clear"]
+__all__ = ["record", "recent", "for_pid", "resumed", "resumed_at", "clear"]
 
 _LOCK = threading.Lock()
 _FAULTS: list[dict[str, Any]] = []
@@ -20,6 +22,10 @@ _FAULTS: list[dict[str, Any]] = []
 # this order, never by the wall clock ("t"), which may step back between the two.
 _SEQ = itertools.count(1)
 _LAST_SEQ = 0
+# (PID, start time) -> the log's position when this run last resumed it (resumed): a freeze
+# recorded before then is over, so a second resume leaves alone what someone else stopped
+# since.
+_RESUMED_AT: dict[tuple[int, int], int] = {}
 # The rollbacks read this log to undo what this run froze: an entry dropped is a process left
 # frozen. Kept far above what one run does (a freeze of every process of a large node, each
 # one entry of ~200 bytes); only a runaway run reaches it.
@@ -39,6 +45,13 @@ def record(kind: str, /, **fields: Any) -> dict[str, Any]:
         entry = {"t": time.time(), "seq": _LAST_SEQ, "kind": kind, **fields}
         _FAULTS.append(entry)
         del _FAULTS[:-_LIMIT]
+    from chaosgpu.process.actions import FREEZE_KINDS
+
+    if kind in FREEZE_KINDS and isinstance(fields.get("pid"), int) \
+            and isinstance(fields.get("starttime"), int):
+        from chaosgpu import freezelog
+
+        freezelog.frozen(fields["pid"], fields["starttime"], kind)  # for a cleanup after a crash
     from chaosgpu.timeline.sampler import current
 
     sampler = current()
@@ -60,15 +73,26 @@ def for_pid(pid: int, starttime: int | None = None) -> list[dict[str, Any]]:
                 and (starttime is None or f.get("starttime") in (None, starttime))]
 
 
-def position() -> int:
-    """The place in the log's order of the last fault recorded (0 before any): an entry whose
-    "seq" is greater was recorded after this call. A resume notes it, so that a freeze recorded
-    later is told apart whatever the wall clock did meanwhile."""
+def resumed(keys: list[tuple[int, int]]) -> None:
+    """This run resumed these processes ((PID, start time) each) now: the freezes recorded so
+    far are over for them (resumed_at), on disk too (chaosgpu.freezelog)."""
+    from chaosgpu import freezelog
+
     with _LOCK:
-        return _LAST_SEQ
+        for key in keys:
+            _RESUMED_AT[key] = _LAST_SEQ
+    freezelog.resumed(keys)
+
+
+def resumed_at(key: tuple[int, int]) -> int:
+    """The log's position when this run last resumed the process `key` (PID, start time): its
+    freezes with a greater "seq" came after; 0 when never resumed."""
+    with _LOCK:
+        return _RESUMED_AT.get(key, 0)
 
 
 def clear() -> None:
-    """Forget every recorded fault (tests)."""
+    """Forget every recorded fault and resume (tests)."""
     with _LOCK:
         _FAULTS.clear()
+        _RESUMED_AT.clear()

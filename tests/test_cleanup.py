@@ -347,3 +347,72 @@ def test_cleanup_removes_the_pod_deletion_records_of_ended_runs() -> None:
         state.remove_record(K8S_DELETION_RECORDS, running)
         live.kill()
         live.wait()
+
+
+CRASH_AFTER_FREEZES = """
+import os, sys
+from chaosgpu.process.actions import freeze_processes
+for tag, method in zip(sys.argv[1::2], sys.argv[2::2]):
+    freeze_processes({"tag": tag}, method=method)
+print("ready", flush=True)
+os._exit(0)  # no rollback: the fault log in memory goes with the runner
+"""
+
+
+def test_cleanup_resumes_what_a_crashed_runner_froze() -> None:
+    """A runner that froze processes (SIGSTOP, and chaosgpu's freezer group where it can be
+    used) and ended without its rollback: `chaosgpu cleanup` resumes them from the runner's
+    freeze file and removes it (before: "nothing to clean up", exit 0, both left frozen; found
+    by an outside trial). A freeze this process makes and resumes leaves no file."""
+    from chaosgpu import freezelog
+    from chaosgpu.process.actions import freeze_processes, resume_processes
+
+    methods = ["sigstop"]
+    if os.geteuid() == 0 and os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"):
+        methods.append("freezer")
+    tags = {method: f"cl-{uuid.uuid4().hex[:8]}" for method in methods}
+    procs = {method: subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL,
+                                      env=dict(os.environ, CHAOSGPU_TAG=tag))
+             for method, tag in tags.items()}
+    try:
+        time.sleep(0.1)
+        before = set(freezelog.runs())
+        args = [word for method, tag in tags.items() for word in (tag, method)]
+        runner = subprocess.run([sys.executable, "-c", CRASH_AFTER_FREEZES, *args],
+                                env=dict(os.environ), capture_output=True, text=True,
+                                timeout=120)
+        assert runner.returncode == 0 and "ready" in runner.stdout, runner.stderr
+        left = set(freezelog.runs()) - before
+        assert len(left) == 1, left
+        assert _state(procs["sigstop"].pid) == "T"
+        code, output = _cleanup("--json")
+        report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+        assert code == 0, output
+        [entry] = [item for item in report["removed"] if item["kind"] == "freeze"]
+        assert entry["resumed"] == [procs["sigstop"].pid], entry
+        assert set(freezelog.runs()) & left == set()
+        for proc in procs.values():  # running again: SIGTERM ends it at once
+            proc.terminate()
+            assert proc.wait(timeout=10) == -signal.SIGTERM
+        if "freezer" in procs:
+            assert entry["in_freezer"] == [procs["freezer"].pid], entry
+        # a freeze resumed by the same runner leaves nothing on disk
+        again = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL,
+                                 env=dict(os.environ, CHAOSGPU_TAG=tags["sigstop"]))
+        procs["again"] = again
+        time.sleep(0.1)
+        freeze_processes({"tag": tags["sigstop"]})
+        assert set(freezelog.runs()) - before, "the freeze was not kept on disk"
+        resume_processes({"tag": tags["sigstop"]})
+        assert set(freezelog.runs()) - before == set()
+    finally:
+        for proc in procs.values():
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]

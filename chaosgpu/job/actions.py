@@ -36,7 +36,6 @@ from chaosgpu.job import hang
 from chaosgpu.job.observe import JobError, check_selector, select_jobs, visibility_note
 from chaosgpu.job.verdict import rank_with_pid
 from chaosgpu.process.actions import (
-    _RESUMED_AT,
     FREEZE_KINDS,
     FREEZE_METHOD,
     STOP_WAIT_S,
@@ -344,8 +343,7 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     if result["result"] != "sent":
         raise PermissionError(f"SIGCONT was not sent to {rank_with_pid(number, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
-    _RESUMED_AT[key] = faultlog.position()  # resume_processes and a later resume_rank
-    # send nothing
+    faultlog.resumed([key])  # resume_processes and a later resume_rank send nothing
     return {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "sent",
             "thawed_cgroups": thawed}
 

@@ -68,11 +68,6 @@ STOP_WAIT_S = float(_signaller().STOP_WAIT_S)
 #: The fault log's kinds for a freeze: what resume_processes may undo.
 FREEZE_KINDS = (*STOP_KINDS, "freezer")
 
-#: (PID, start time) -> the fault log's position (faultlog.position) when this run last
-#: resumed it: a freeze recorded before then is over, so a second resume leaves alone what
-#: someone else stopped since. The log's order, not the wall clock: a clock stepped back
-#: between a resume and a re-freeze would hide the re-freeze and leave it frozen.
-_RESUMED_AT: dict[tuple[int, int], int] = {}
 
 
 def _parse_signal(name: Any) -> int:
@@ -193,10 +188,8 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
         for line in missed:
             logger.warning("chaosgpu: %s sent, not seen stopped: %s", report["signal"], line)
     elif report["signal"] == "SIGCONT":  # this run's stops of them are over (a resume)
-        resumed_at = faultlog.position()
-        for key, kinds in _frozen_by_this_run(sent).items():
-            if kinds <= set(STOP_KINDS):  # a freezer freeze is not undone by SIGCONT
-                _RESUMED_AT[key] = resumed_at
+        faultlog.resumed([key for key, kinds in _frozen_by_this_run(sent).items()
+                          if kinds <= set(STOP_KINDS)])  # SIGCONT does not undo the freezer
     if wait_gone_s > 0:
         report["wait"] = wait_gone(sent, wait_gone_s)
     logger.info("chaosgpu: %s to %s: %d sent, %d refused, %d gone", report["signal"],
@@ -264,7 +257,7 @@ def _frozen_by_this_run(processes: list[dict[str, Any]]) -> dict[tuple[int, int]
     for fault in faultlog.recent():
         key = (fault.get("pid", 0), fault.get("starttime", 0))
         if fault["kind"] in FREEZE_KINDS and key in keys \
-                and fault["seq"] > _RESUMED_AT.get(key, 0):
+                and fault["seq"] > faultlog.resumed_at(key):
             how.setdefault(key, set()).add(fault["kind"])
     return how
 
@@ -382,9 +375,7 @@ def resume_processes(scope: Dict[str, Any], missing_ok: Union[bool, str] = "befo
     thawed = _thaw_freezer_groups(in_freezer) if in_freezer else []
     report = send([p for p in ours if how[(p["pid"], p["starttime"])] & set(STOP_KINDS)],
                   "SIGCONT", checked)
-    resumed_at = faultlog.position()
-    for proc in ours:
-        _RESUMED_AT[(proc["pid"], proc["starttime"])] = resumed_at
+    faultlog.resumed([(proc["pid"], proc["starttime"]) for proc in ours])
     report.update(scope=checked, thawed_cgroups=thawed, excluded=detail["excluded"],
                   left_stopped=left_stopped)
     for entry in left_stopped:

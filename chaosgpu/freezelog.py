@@ -1,0 +1,129 @@
+"""The freezes this runner has not undone yet, kept on disk for `chaosgpu cleanup`.
+
+chaosgpu.faultlog, in memory, is what the rollbacks read to resume what this run froze. A
+runner that crashes or is killed before its rollback takes that log with it, and the
+processes it stopped (a stop signal) or froze (chaosgpu's freezer group) would stay so with
+nothing left to say it did. This module owns the trace that survives the runner: one file per
+runner under the state directory (`freezes/<pid>-<starttime>.jsonl`), a line appended per
+freeze (`{"frozen": [pid, starttime], "kind": "SIGSTOP" | "freezer" ...}`) and per resume
+(`{"resumed": [pid, starttime]}`), removed once every freeze it holds is resumed. Appending
+costs one write per process, whatever the size of the run; a line cut short by a crash is
+skipped when read. `chaosgpu cleanup` reads the files of runners that are gone
+(`outstanding`) and resumes what they left; it signals nothing here.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from chaosgpu import state
+
+__all__ = ["DIRECTORY", "frozen", "resumed", "runs", "outstanding", "remove"]
+
+logger = logging.getLogger("chaostoolkit")
+#: The state directory's folder of freeze files.
+DIRECTORY = "freezes"
+
+_LOCK = threading.Lock()
+_OUTSTANDING: set[tuple[int, int]] = set()
+
+
+def _own_file() -> Path:
+    from chaosgpu.node import process_starttime
+
+    folder = state.state_dir() / DIRECTORY
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder / f"{os.getpid()}-{process_starttime(os.getpid())}.jsonl"
+
+
+def _append(lines: list[dict[str, Any]]) -> None:
+    data = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
+    fd = os.open(_own_file(), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                 | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data.encode())
+    finally:
+        os.close(fd)
+
+
+def frozen(pid: int, starttime: int, kind: str) -> None:
+    """Note on disk that this runner froze the process (`kind`: a stop signal's name, or
+    "freezer"). A state directory that cannot be written is logged, never raised: the freeze
+    is done, and this run's own rollback still resumes it from the fault log."""
+    with _LOCK:
+        try:
+            _append([{"frozen": [pid, starttime], "kind": kind}])
+        except (OSError, state.StateDirError) as error:
+            logger.warning("chaosgpu: the freeze of PID %s is not kept on disk (%s): a "
+                           "`chaosgpu cleanup` after a crash of this run cannot resume it",
+                           pid, error)
+            return
+        _OUTSTANDING.add((pid, starttime))
+
+
+def resumed(keys: list[tuple[int, int]]) -> None:
+    """Note on disk that this runner resumed these processes ((pid, starttime) each); the file
+    goes once nothing it holds is outstanding."""
+    with _LOCK:
+        mine = [key for key in keys if key in _OUTSTANDING]
+        if not mine:
+            return
+        try:
+            _OUTSTANDING.difference_update(mine)
+            if _OUTSTANDING:
+                _append([{"resumed": list(key)} for key in mine])
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    _own_file().unlink()
+        except (OSError, state.StateDirError) as error:
+            logger.warning("chaosgpu: the resume of %s is not kept on disk (%s)", mine, error)
+
+
+def runs() -> dict[str, dict[str, Any]]:
+    """Every runner's freeze file in the state directory: name -> {"runner": {pid,
+    starttime}, "path"}; a file whose name is no runner's is left out."""
+    folder = state.state_dir() / DIRECTORY
+    found: dict[str, dict[str, Any]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for path in sorted(folder.iterdir()):
+            pid, _, start = path.name.removesuffix(".jsonl").partition("-")
+            if path.suffix == ".jsonl" and pid.isdigit() and start.isdigit():
+                found[path.stem] = {"runner": {"pid": int(pid), "starttime": int(start)},
+                                    "path": str(path)}
+    return found
+
+
+def outstanding(name: str) -> list[dict[str, Any]]:
+    """The freezes of runner file `name` never resumed, oldest first: [{"pid", "starttime",
+    "kinds"}]; lines that do not parse (a write cut short) are skipped."""
+    path = state.state_dir() / DIRECTORY / f"{name}.jsonl"
+    kinds: dict[tuple[int, int], set[str]] = {}
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+            if "frozen" in entry:
+                key = (int(entry["frozen"][0]), int(entry["frozen"][1]))
+                kinds.setdefault(key, set()).add(str(entry["kind"]))
+            elif "resumed" in entry:
+                kinds.pop((int(entry["resumed"][0]), int(entry["resumed"][1])), None)
+        except (ValueError, TypeError, KeyError, IndexError):
+            continue
+    return [{"pid": pid, "starttime": start, "kinds": sorted(how)}
+            for (pid, start), how in kinds.items()]
+
+
+def remove(name: str) -> bool:
+    """Remove runner file `name`; return whether there was one."""
+    try:
+        (state.state_dir() / DIRECTORY / f"{name}.jsonl").unlink()
+        return True
+    except FileNotFoundError:
+        return False
