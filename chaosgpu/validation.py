@@ -10,10 +10,16 @@ is used. `$${name}` is chaoslib's escape for a literal `${name}` and is not a re
 
 `argument_problems` checks the arguments of every chaosgpu activity of the experiment (its
 steady state, method and rollbacks) against the activity's own rules (chaosgpu.arguments)
-without running it: a value written in the experiment, or a whole `${name}` that the
-configuration or a `--var` defines (`--var rank:str=1` gives the text "1", which no rank rule
-takes). chaoslib's validation checks the names of arguments, not their values: without this, a
-bad value failed only when its activity ran, after the method had started the job.
+without running it, each as the run will pass it: every `${name}` in it, nested dicts and lists
+included, substituted as Chaos Toolkit substitutes it (a whole `${name}` takes the value with
+its type, one inside a longer text is formatted into it) from what is known before the run, the
+configuration's literal values and the `--var`s (`--var rank:str=1` gives the text "1", which
+no rank rule takes; a catalog scope `{"tag": "${tag}"}` with `--var "tag=x y"` is a tag no
+scope takes). A part only the run can tell (a secret, an environment variable) is left unknown
+and the rest is still checked: a scope `{"tag": "${token}", "incude_other_users": true}` is
+refused for its typo'd key whatever the token is, never only because a part is unknown.
+chaoslib's validation checks the names of arguments, not their values: without this, a bad
+value failed only when its activity ran, after the method had started the job.
 `ensure_arguments_valid` raises `chaosgpu.errors.InvalidArgument` naming each. The rules are
 the activities' own (`chaosgpu.arguments.checked`): a scope's keys, `missing_ok`, a verdict,
 phase, signal or mode name, a sandbox or pod name..., each checked by the same code the
@@ -44,13 +50,15 @@ step), before the experiment starts: a typo'd variable or a bad argument value i
 
 import argparse
 import importlib
+import itertools
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from string import Template
+from types import MappingProxyType
 from typing import Any
 
-from chaosgpu.arguments import argument_problem
+from chaosgpu.arguments import argument_problem, rules_of
 from chaosgpu.errors import InvalidArgument, UnknownVariable
 
 __all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve", "unknown_vars",
@@ -150,18 +158,170 @@ def _activities(experiment: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[st
                 yield f"{part}[{activity.get('name', index)!r}]", activity
 
 
-def _value(value: Any, values: Mapping[str, Any]) -> tuple[bool, Any]:
-    """(known, value) of an argument before the run: a value without `${...}` as written, a
-    whole `${name}` as `values` define it; (False, None) for what only the run can tell."""
+class _Unknown:
+    """A part of an argument that only the run can tell, as written: a `${name}` (or `$name`)
+    that a secret, an environment variable or a value set at run time gives. `stand_in` is the
+    text with such references replaced by _STAND_IN when it is text whatever they are (a
+    reference inside a longer text), None when it may be any value (a whole `${name}`).
+    Shown as written, so a refusal shows the argument as the experiment holds it."""
+
+    def __init__(self, written: str, stand_in: str | None) -> None:
+        self.written = written
+        self.stand_in = stand_in
+
+    def __repr__(self) -> str:
+        return repr(self.written)
+
+
+#: What stands for a part of an argument that only the run can tell while its other parts are
+#: checked: a text, a number, a flag, a list (a scope's tag, PID, option, PIDs). A refusal is
+#: kept only when no stand-in passes and the rule's reason names none of them (_MARKS): what
+#: was refused is then some other part of the argument (a typo'd scope key, a bad literal).
+_STAND_IN = "chaosgpu-unknown"
+_STAND_INS: tuple[Any, ...] = (_STAND_IN, 4093, True, [4093])
+_MARKS = (_STAND_IN, "4093", "True")
+#: Beyond this many unknown parts in one argument, it is left to the run (4 stand-ins each).
+_MOST_UNKNOWN = 5
+
+
+def _whole_reference(text: str) -> str | None:
+    """The name of a text that is one `${name}` and nothing else, as chaoslib matches it (no
+    space around it), else None."""
+    whole = Template.pattern.fullmatch(text)
+    return None if whole is None else whole.group("braced")
+
+
+def _substituted(text: str, values: Mapping[str, Any]) -> Any:
+    """`text` as Chaos Toolkit substitutes it (chaoslib's substitute_string: a whole `${name}`
+    takes the value with its type, a reference inside a longer text, `${name}` or `$name`, is
+    replaced by str(value), `$$` is `$`), from `values`; an _Unknown where a reference is one
+    only the run can tell (a value that is a mapping such as {"type": "env", ...}, or a
+    `${name}` that `values` lacks: a secret, a variable given at run time). A `$name` that
+    `values` lacks stays as written, as chaoslib leaves it."""
+    def plain(name: str) -> bool:
+        return name in values and not isinstance(values[name], Mapping)
+
+    name = _whole_reference(text)
+    if name is not None:
+        return values[name] if plain(name) else _Unknown(text, None)
+    unknown = False
+
+    def replace(match: Any, stand_in: str | None = None) -> str:
+        nonlocal unknown
+        name = match.group("named") or match.group("braced")
+        if name is None:  # `$$` is chaoslib's escape for `$`; anything else stays
+            return "$" if match.group("escaped") is not None else str(match.group())
+        if plain(name):
+            return str(values[name])
+        if name in values or match.group("braced") is not None:
+            unknown = True
+            return str(match.group()) if stand_in is None else stand_in
+        return str(match.group())
+
+    result = Template.pattern.sub(replace, text)
+    if not unknown:
+        return result
+    return _Unknown(text, Template.pattern.sub(lambda m: replace(m, _STAND_IN), text))
+
+
+def _resolved(value: Any, values: Mapping[str, Any]) -> Any:
+    """An argument as the run will pass it (chaoslib's substitute: into every text of nested
+    dicts and lists, keys as written), each part only the run can tell an _Unknown."""
     if isinstance(value, str):
-        references = list(_references(value))
-        if not references:
-            return True, value
-        if value.strip() == f"${{{references[0]}}}" and references[0] in values:
-            resolved = values[references[0]]
-            return not isinstance(resolved, Mapping), resolved  # {"type": "env"...}: later
-        return False, None
-    return "${" not in json.dumps(value, default=str), value
+        return _substituted(value, values)
+    if isinstance(value, Mapping):
+        return {key: _resolved(item, values) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_resolved(item, values) for item in value]
+    return value
+
+
+def _unknowns(value: Any) -> Iterator[_Unknown]:
+    """The _Unknown parts of a resolved argument, in order."""
+    if isinstance(value, _Unknown):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _unknowns(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _unknowns(item)
+
+
+#: What a name of `later` stands for inside a nested or longer value (_value): a mapping, so
+#: _substituted leaves it to the run.
+_LATER: Mapping[str, Any] = MappingProxyType({})
+
+
+def _value(value: Any, values: Mapping[str, Any],
+           later: Collection[str] = ()) -> tuple[bool, Any]:
+    """(known, value) of an argument before the run, resolved as the run will resolve it from
+    `values` (the configuration and `--var` values known now; _resolved); (False, the value
+    with its unknown parts as _Unknown) when some part only the run can tell. A name of
+    `later` (an environment variable's, read as the run started) resolves a whole `${name}`
+    argument only: inside a nested or longer value it is left to the run, as `chaosgpu
+    validate` leaves it."""
+    if later and not (isinstance(value, str) and _whole_reference(value)):
+        values = {**values, **{name: _LATER for name in later}}
+    resolved = _resolved(value, values)
+    return next(_unknowns(resolved), None) is None, resolved
+
+
+def _filled(value: Any, stand_ins: Mapping[int, Any]) -> Any:
+    """A resolved argument with each _Unknown replaced by its stand-in (by the part's id)."""
+    if isinstance(value, _Unknown):
+        return stand_ins[id(value)]
+    if isinstance(value, Mapping):
+        return {key: _filled(item, stand_ins) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_filled(item, stand_ins) for item in value]
+    return value
+
+
+def _refused_whatever_unknown(value: Any,
+                              refusal: Callable[[Any], tuple[bool, str | None]]) -> str | None:
+    """Why `value` (resolved, some parts _Unknown, not wholly unknown) is refused whatever its
+    unknown parts turn out to be, or None when it may pass. `refusal(candidate)` says whether
+    a candidate is refused and why (None: no reason given). Each unknown part takes each
+    stand-in (a text within a text takes its stand-in text): when one combination passes, or
+    no refusal gives a reason that names no stand-in, the value is left to the run; never is a
+    value refused only because a part of it is unknown."""
+    parts = list(_unknowns(value))
+    if not parts or isinstance(value, _Unknown) or len(parts) > _MOST_UNKNOWN:
+        return None
+    choices = [(part.stand_in,) if part.stand_in is not None else _STAND_INS
+               for part in parts]
+    reason = None
+    for combination in itertools.product(*choices):
+        refused, why = refusal(_filled(value, {id(part): stand_in for part, stand_in
+                                               in zip(parts, combination, strict=True)}))
+        if not refused:
+            return None
+        if reason is None and why and not any(mark in why for mark in _MARKS):
+            reason = why
+    return reason
+
+
+def _argument_problem(function: Any, name: str, value: Any, known: bool) -> str | None:
+    """What is wrong with the resolved argument `name`: argument_problem when all of it is
+    known; when a part only the run can tell, what its rule refuses whatever that part is
+    (a typo'd scope key, a bad literal option beside a `${tag}`), said as its rule says it,
+    with the argument as written."""
+    if known:
+        return argument_problem(function, name, value)
+    rule = rules_of(function).get(name)
+    if rule is None:
+        return None
+    prefix = f"must be {rule.what} ("
+
+    def refusal(candidate: Any) -> tuple[bool, str | None]:
+        if rule.accepts(candidate):
+            return False, None
+        must = rule.must(candidate)  # "must be WHAT (WHY)" where the rule says why
+        return True, must[len(prefix):-1] if must.startswith(prefix) else None
+
+    why = _refused_whatever_unknown(value, refusal)
+    return None if why is None else f"{name} {prefix}{why}), got {value!r}"
 
 
 def _activity_function(provider: Mapping[str, Any]) -> Any:
@@ -250,11 +410,17 @@ def _text_hint(function: Any, name: str, raw: Any, value: Any, experiment: Mappi
 
 def argument_problems(experiment: Mapping[str, Any], values: Mapping[str, Any] | None = None,
                       *, control_scope: bool = True,
-                      cli_vars: Mapping[str, str | None] | None = None) -> list[str]:
+                      cli_vars: Mapping[str, str | None] | None = None,
+                      later: Collection[str] = ()) -> list[str]:
     """What is wrong with the arguments of the experiment's chaosgpu activities, each as
     "WHERE: FUNC: NAME must be ..., got VALUE", checked by the activity's own rules before
-    anything runs; `values` are the configuration and `--var` values a whole `${name}`
-    argument takes (what only the run can resolve is left to the activity). With
+    anything runs; `values` are the configuration and `--var` values a `${name}` takes, as
+    Chaos Toolkit substitutes it, in nested dicts and lists too (a whole `${name}` the value
+    with its type, one inside a longer text formatted into it). What only the run can resolve
+    (a secret, an environment variable; a name of `later`, read as the run started, except
+    as a whole `${name}` argument) is left to the activity, but the rest of the argument is
+    still checked: a scope `{"tag": "${token}", "incude_other_users": true}` is refused for
+    its typo'd key whatever the token is, never for what is unknown. With
     `control_scope`, a timeline control with nothing to track (no scope, and no activity names
     a target) is one too; the pre-run check leaves that to the control's own start.
 
@@ -275,17 +441,17 @@ def argument_problems(experiment: Mapping[str, Any], values: Mapping[str, Any] |
         if function is None or not isinstance(arguments, Mapping):
             continue
         for name, raw in arguments.items():
-            resolved, value = _value(raw, known)
-            problem = argument_problem(function, name, value) if resolved else None
+            resolved, value = _value(raw, known, later)
+            problem = _argument_problem(function, name, value, resolved)
             if problem:
-                if cli_vars is not None:
+                if cli_vars is not None and resolved:
                     problem += _text_hint(function, name, raw, value, experiment, cli_vars)
                 problems.append(f"{where}: {provider.get('func')}: {problem}")
-    return problems + _control_problems(experiment, known, control_scope)
+    return problems + _control_problems(experiment, known, control_scope, later)
 
 
 def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
-                      control_scope: bool = True) -> list[str]:
+                      control_scope: bool = True, later: Collection[str] = ()) -> list[str]:
     """What is wrong with the timeline control's arguments: what would stop it from starting
     (control_problem: an unknown argument, a bad rate, source, scope or flag), and what only
     the experiment can tell, a `fault_activity` naming no action of the method (it was silently
@@ -313,19 +479,25 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
         if not isinstance(arguments, Mapping):
             continue
         where = f"controls[{control.get('name')!r}]"
-        values = {}
+        values, partly = {}, {}
         for name, value in arguments.items():
-            resolved, value = _value(value, known)
+            resolved, value = _value(value, known, later)
             if resolved:
                 values[name] = value
+            else:
+                partly[name] = value
         problem = control_problem(values)
+        for name, value in partly.items():  # a scope {"tag": "${secret}", "typo": true}
+            if problem:
+                break
+            problem = _refused_whatever_unknown(value, _control_refusal(values, name))
         if problem:
             problems.append(f"{where}: the timeline control cannot start ({problem})")
         problem = fault_activity_problem(dict(experiment), values.get("fault_activity"))
         if problem:
             problems.append(f"{where}: {problem}")
         if control_scope and samples(values):  # sample: false has no scope to want
-            resolved, scope = _value(arguments.get("scope"), known)  # unresolved: a scope
+            resolved, scope = _value(arguments.get("scope"), known, later)  # unresolved: a scope
             problem = no_scope_problem(dict(experiment), scope if resolved else
                                        arguments["scope"], plain, None, pending)
             if problem:
@@ -333,13 +505,28 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
     return problems
 
 
+def _control_refusal(values: Mapping[str, Any],
+                     name: str) -> Callable[[Any], tuple[bool, str | None]]:
+    """Whether the timeline control given `values` and `name` set to a candidate could not
+    start, and why (control_problem): the refusal _refused_whatever_unknown asks of an
+    argument with a part only the run can tell."""
+    from chaosgpu.timeline.control import control_problem
+
+    def refusal(candidate: Any) -> tuple[bool, str | None]:
+        problem = control_problem({**values, name: candidate})
+        return problem is not None, problem
+
+    return refusal
+
+
 def ensure_arguments_valid(experiment: Mapping[str, Any],
                            values: Mapping[str, Any] | None = None, *,
                            control_scope: bool = True,
-                           cli_vars: Mapping[str, str | None] | None = None) -> None:
+                           cli_vars: Mapping[str, str | None] | None = None,
+                           later: Collection[str] = ()) -> None:
     """Raise InvalidArgument naming every bad argument value (``argument_problems``)."""
     problems = argument_problems(experiment, values, control_scope=control_scope,
-                                 cli_vars=cli_vars)
+                                 cli_vars=cli_vars, later=later)
     if problems:
         raise InvalidArgument("bad argument values, refused before anything runs: "
                               + "; ".join(problems))
@@ -361,8 +548,16 @@ def before_experiment_control(context: Any = None, configuration: Any = None,
         # a timeline control with nothing to track is refused by its own start, in its words
         # `chaos run`'s own --var options: an untyped one is text (configuration holds the
         # values merged, not how each was given)
+        # a configuration key read from the environment (not overridden by a --var) is known
+        # now, but only a whole `${name}` argument takes it here: inside a scope it is left to
+        # the activity (and to the timeline control's own start), as `chaosgpu validate`
+        # leaves it
+        given = var_texts(sys.argv)
+        declared = (context or {}).get("configuration") or {}
+        later = {name for name, value in declared.items()
+                 if isinstance(value, Mapping) and name not in given}
         ensure_arguments_valid(context or {}, configuration or {}, control_scope=False,
-                               cli_vars=var_texts(sys.argv))
+                               cli_vars=given, later=later)
     except (UnknownVariable, InvalidArgument) as error:
         raise InterruptExecution(str(error)) from None
 
