@@ -318,34 +318,82 @@ def resume_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
     run"`; a numbered rank this run did not freeze is left as it is: `"result": "not frozen
     by this run"` (its state in `state`); one this run resumed since (the method resumed it,
     this is the rollback) is not resumed again: `"result": "already resumed by this run"`, so
-    a stop by someone else in between stays. Nothing is sent then. Fails when the SIGCONT could
-    not be sent, or, for "any", when the ranks this run froze are none of the job's live
-    ones."""
+    a stop by someone else in between stays. Nothing is sent then. A rank this run froze whose
+    job the census no longer shows (its peers ended, and a job found by its connections goes
+    with them) is still resumed, found from the fault log by PID and start time: the rollback
+    never leaves this run's freeze behind; one that has ended since is `"result": "ended since
+    it was frozen: nothing left to resume"`. Fails when the SIGCONT could not be sent, or, for
+    "any", when this run froze no rank of the job named."""
     if rank == ANY_RANK and not any(f.get("kind") in FREEZE_KINDS for f in faultlog.recent()):
         check_selector(job, tag)
         return {"job": job, "tag": tag, "rank": None, "pid": None,
                 "result": "none frozen by this run", "thawed_cgroups": []}
-    _, found, proc, number = rank_process(job, tag, rank, 5.0, frozen=True)
+    try:
+        _, found, proc, number = rank_process(job, tag, rank, 5.0, frozen=True)
+        job_id = found["id"]
+    except JobError:
+        # the job is no longer what the census shows (its other ranks ended: a spawn job found
+        # by its connections leaves the census with them), but the rank this run froze may
+        # still be stopped: the fault log names it, by PID and start time
+        left = _frozen_left_by_this_run(job, tag, rank)
+        if left is None:
+            raise
+        proc, number, job_id = left
+        if proc["state"] in (None, "Z", "X"):
+            return {"job": job_id, "rank": number, "pid": proc["pid"],
+                    "result": "ended since it was frozen: nothing left to resume",
+                    "thawed_cgroups": []}
     if not any(f.get("kind") in FREEZE_KINDS for f in faultlog.for_pid(proc["pid"],
                                                                       proc["starttime"])):
-        return {"job": found["id"], "rank": number, "pid": proc["pid"],
+        return {"job": job_id, "rank": number, "pid": proc["pid"],
                 "result": "not frozen by this run", "state": proc.get("state"),
                 "thawed_cgroups": []}
     key = (proc["pid"], proc["starttime"])
     if key not in _not_resumed_yet([proc]):  # this run resumed it since (the method did):
         # a stop seen now is someone else's (an operator, a debugger), left as found
-        return {"job": found["id"], "rank": number, "pid": proc["pid"],
+        return {"job": job_id, "rank": number, "pid": proc["pid"],
                 "result": "already resumed by this run", "state": proc.get("state"),
                 "thawed_cgroups": []}
     thawed = _thaw_freezer_groups({proc["pid"]})
-    report = send([proc], "SIGCONT", {"job": found["id"]})
+    report = send([proc], "SIGCONT", {"job": job_id})
     result = report["results"][0]
     if result["result"] != "sent":
         raise PermissionError(f"SIGCONT was not sent to {rank_with_pid(number, proc['pid'])}: "
                               f"{result['result']}: {result.get('reason')}")
     faultlog.resumed([key])  # resume_processes and a later resume_rank send nothing
-    return {"job": found["id"], "rank": number, "pid": proc["pid"], "result": "sent",
+    return {"job": job_id, "rank": number, "pid": proc["pid"], "result": "sent",
             "thawed_cgroups": thawed}
+
+
+def _frozen_left_by_this_run(job: str | None, tag: str | None, rank: Union[int, str]
+                             ) -> tuple[dict[str, Any], int | None, str] | None:
+    """The process this run froze last as rank `rank` ("any": whichever) of the job named by
+    id or tag, from the fault log alone (same PID and start time): one that lives, not resumed
+    since, before one this run resumed already, before one that has ended (its entry's
+    `state` None, Z or X): (its census-like entry, its rank number, the job's id); None when
+    this run froze no such rank."""
+    from chaosgpu.node import process_state
+
+    resumed = ended = None
+    for fault in reversed(faultlog.recent()):
+        if fault.get("kind") not in FREEZE_KINDS or not fault.get("job") \
+                or (job is not None and fault["job"] != job) \
+                or (tag is not None and fault.get("tag") != tag) \
+                or (rank != ANY_RANK and fault.get("rank") != rank):
+            continue
+        pid, starttime = fault.get("pid"), fault.get("starttime")
+        if not isinstance(pid, int) or not isinstance(starttime, int):
+            continue
+        state = process_state(pid, starttime=starttime)
+        found = ({"pid": pid, "starttime": starttime, "state": state}, fault.get("rank"),
+                 str(fault["job"]))
+        if state is None or state in ("Z", "X"):
+            ended = ended or found  # nothing of it left frozen
+        elif fault["seq"] > faultlog.resumed_at((pid, starttime)):
+            return found
+        else:
+            resumed = resumed or found
+    return resumed or ended
 
 
 def _partition_unavailable() -> Optional[str]:
