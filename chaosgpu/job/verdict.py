@@ -875,14 +875,16 @@ class JobTrack:
         """What chaosgpu did to an ended rank, as its exit reads in a story: " (chaosgpu's
         fault)" for a death by the signal chaosgpu sent, " after chaosgpu's SIGTERM" for an
         exit (a handler's exit 0, an error) or another signal that followed a fault of ours,
-        " (not sent by chaosgpu)" for a signal death with no fault of ours; else ""."""
+        " (not sent by this run's chaosgpu)" for a signal death with no fault in this
+        process's fault log (another process's run may have sent it: `chaosgpu jobs` beside a
+        `chaos run` cannot tell); else ""."""
         faults = self._faults_on(track)
         signal = track.exit.signal if track.exit else None
         if signal and any(f.get("kind") == signal for f in faults):
             return " (chaosgpu's fault)"
         if faults:
             return f" after {self._fault_name(faults[-1])}"
-        return " (not sent by chaosgpu)" if signal else ""
+        return " (not sent by this run's chaosgpu)" if signal else ""
 
     def _first_ends(self, ranks: list[RankTrack], bad: list[RankTrack]) -> list[RankTrack]:
         """The ranks that ended first of those that failed and those chaosgpu sent a signal
