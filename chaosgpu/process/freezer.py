@@ -8,7 +8,14 @@ its memory and CPU limits, which are its parent's, still apply), `1` written to 
 and `frozen 1` waited for in `cgroup.events`. The v2 hierarchy is /sys/fs/cgroup (unified) or
 /sys/fs/cgroup/unified (hybrid). Thawing moves the processes it names back where they were
 (which thaws them) and thaws and removes a group once it is empty, so a member it does not name
-stays frozen. This module owns the freezer files; which processes may be frozen is decided by the
+stays frozen. Where they were: for v2 the parent of chaosgpu's group; for v1 the freezer cgroup
+each process was in before the freeze (a container's, which `docker pause` freezes), read before
+the move and kept as a state record (chaosgpu.state, kind `freezer_homes`) by PID and start time,
+so that a thaw by another process (a rollback, `chaosgpu cleanup`) finds it. A process without
+such a record goes back to the root of the hierarchy; one whose cgroup is gone by then too, and
+the thaw says so (`home_lost`). A process in a frozen freezer cgroup chaosgpu did not make is not
+moved (a move would thaw it): `freeze` lists it under "failed". This module owns the freezer
+files; which processes may be frozen is decided by the
 caller (scope and the refusal rules of the terminate primitive); it reads a process's cgroup
 through the census program, never /proc itself.
 """
@@ -31,6 +38,8 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_ROOT = CGROUP_ROOT / "freezer"
 V1_PREFIX = "chaosgpu-"
 V2_PREFIX = "chaosgpu-freeze-"
+#: The state records (chaosgpu.state) of the v1 freezer cgroup each frozen process came from.
+HOMES_KIND = "freezer_homes"
 VERSIONS = ("auto", "v1", "v2")
 #: How long a thaw waits for a group's last members to be gone (a process killed while frozen
 #: dies when thawed, and occupies its group until it has exited) before removing the group.
@@ -106,33 +115,147 @@ def _v2_home(pid: int, root: Path) -> Path | None:
     return home.parent if home.name.startswith(V2_PREFIX) else home  # already in one of ours
 
 
-GroupOf = Callable[[dict[str, Any]], tuple[Path | None, Path | None]]
+#: (the group to move a process into, the cgroup it is in now), or why it is not moved.
+GroupOf = Callable[[dict[str, Any]], tuple[Path, Path] | str]
 
 
-def _move(processes: list[dict[str, Any]], group_of: GroupOf
+def _move(processes: list[dict[str, Any]], group_of: GroupOf,
+          forget: Callable[[dict[str, Any]], None] = lambda proc: None
           ) -> tuple[dict[Path, list[int]], list[dict[str, Any]]]:
-    """Move each process into the group `group_of(proc)` names; undo the move of a reused PID."""
+    """Move each process into the group `group_of(proc)` names; undo the move of a reused PID.
+    `forget(proc)` is called for a process `group_of` answered for but that was not moved."""
     census = _census_program()
     groups: dict[Path, list[int]] = {}
     failed: list[dict[str, Any]] = []
     for proc in processes:
-        group, home = group_of(proc)
-        if group is None or home is None:
-            failed.append({"pid": proc["pid"], "reason": "its cgroup could not be read"})
+        chosen = group_of(proc)
+        if isinstance(chosen, str):
+            failed.append({"pid": proc["pid"], "reason": chosen})
             continue
+        group, home = chosen
         try:
             group.mkdir(exist_ok=True)
             _write(group / "cgroup.procs", str(proc["pid"]))
         except OSError as error:
+            forget(proc)
             failed.append({"pid": proc["pid"], "reason": str(error)})
             continue
         # The PID was written, not a pidfd: if it was reused meanwhile, put the stranger back.
         if census.process_starttime(proc["pid"]) != proc.get("starttime"):
-            _write(home / "cgroup.procs", str(proc["pid"]))
+            try:
+                _write(home / "cgroup.procs", str(proc["pid"]))
+            except OSError:
+                pass  # gone as well
+            forget(proc)
             failed.append({"pid": proc["pid"], "reason": "PID reused before the move"})
             continue
         groups.setdefault(group, []).append(proc["pid"])
     return groups, failed
+
+
+def _is_ours_v1(group: Path) -> bool:
+    return group.parent == V1_ROOT and group.name.startswith(V1_PREFIX)
+
+
+def _v1_cgroup(pid: int) -> Path | None:
+    """The v1 freezer cgroup directory `pid` is in now, or None when it cannot be read."""
+    census = _census_program()
+    try:
+        _main, path, _v2 = census._pick_cgroup(census._read_bytes(f"/proc/{pid}/cgroup"))
+    except OSError:
+        return None
+    return None if path is None else _v1_dir(str(path))
+
+
+def _v1_dir(path: str) -> Path | None:
+    """The directory of v1 freezer cgroup `path` ("/" is the root), None for one outside it."""
+    parts = [part for part in path.split("/") if part]
+    if any(part in (".", "..") for part in parts):
+        return None
+    return V1_ROOT.joinpath(*parts)
+
+
+def _home_name(pid: int, starttime: object) -> str:
+    return f"{pid}-{starttime}"
+
+
+def _remember_v1_home(proc: dict[str, Any], home: Path) -> str | None:
+    """Record `home`, the v1 freezer cgroup `proc` is in before the freeze, for the thaw; return
+    why it could not be (None when it is recorded)."""
+    from chaosgpu import state
+
+    path = "/" if home == V1_ROOT else "/" + str(home.relative_to(V1_ROOT))
+    try:
+        state.write_record(HOMES_KIND, _home_name(proc["pid"], proc.get("starttime")),
+                           {"pid": proc["pid"], "starttime": proc.get("starttime"),
+                            "cgroup": path, "at": time.time()})
+    except (OSError, ValueError, state.StateDirError) as error:
+        return str(error)
+    return None
+
+
+def _forget_v1_home(pid: int, starttime: object) -> None:
+    from chaosgpu import state
+
+    try:
+        state.remove_record(HOMES_KIND, _home_name(pid, starttime))
+    except (OSError, ValueError, state.StateDirError):
+        pass
+
+
+def _v1_home(pid: int) -> tuple[Path, int | None, str | None]:
+    """(where to move v1 member `pid` back to, its start time, a note when that is not the cgroup
+    it was in before the freeze): its recorded cgroup, else the root of the hierarchy."""
+    from chaosgpu import state
+
+    starttime = _census_program().process_starttime(pid)
+    try:
+        record = state.read_record(HOMES_KIND, _home_name(pid, starttime))
+    except (OSError, ValueError, state.StateDirError) as error:
+        return V1_ROOT, starttime, f"its freezer cgroup could not be looked up ({error})"
+    if record is None:
+        return V1_ROOT, starttime, "no record of the freezer cgroup it was in"
+    home = _v1_dir(str(record.get("cgroup", "")))
+    if home is None:
+        return V1_ROOT, starttime, f"its recorded cgroup {record.get('cgroup')!r} is invalid"
+    if home != V1_ROOT and not home.is_dir():
+        return V1_ROOT, starttime, f"the freezer cgroup it was in, {home}, no longer exists"
+    return home, starttime, None
+
+
+def _v1_mover(v1_group: Path) -> tuple[GroupOf, Callable[[dict[str, Any]], None]]:
+    """`_move`'s group_of and forget for v1 group `v1_group`: a process's freezer cgroup is read
+    and recorded (`_remember_v1_home`) before it is moved; one in a frozen freezer cgroup
+    chaosgpu did not make is not moved (the move would thaw it)."""
+    recorded: set[int] = set()
+
+    def v1_group_of(proc: dict[str, Any]) -> tuple[Path, Path] | str:
+        home = _v1_cgroup(proc["pid"])
+        if home is None:
+            return "its cgroup could not be read"
+        if _is_ours_v1(home):  # already in one of ours: its record says where it came from
+            return v1_group, _v1_home(proc["pid"])[0]
+        try:
+            current = (home / "freezer.state").read_text().strip()
+        except OSError:
+            current = ""
+        if current in ("FROZEN", "FREEZING"):  # a move out would thaw it
+            return (f"in a frozen freezer cgroup chaosgpu did not make ({home}): left as it "
+                    "is")
+        if _census_program().process_starttime(proc["pid"]) != proc.get("starttime"):
+            return "PID reused before the move"  # the cgroup read was a stranger's
+        problem = _remember_v1_home(proc, home)
+        if problem is not None:
+            return (f"the freezer cgroup it is in ({home}) could not be recorded for the "
+                    f"thaw: {problem}")
+        recorded.add(proc["pid"])
+        return v1_group, home
+
+    def v1_forget(proc: dict[str, Any]) -> None:
+        if proc["pid"] in recorded:
+            _forget_v1_home(proc["pid"], proc.get("starttime"))
+
+    return v1_group_of, v1_forget
 
 
 def _is_frozen(group: Path, version: str) -> bool:
@@ -146,7 +269,9 @@ def freeze(name: str, processes: list[dict[str, Any]], deadline_s: float,
     """Freeze census `processes` (pid + starttime) in chaosgpu freezer group(s) named after
     `name`, waiting up to `deadline_s` until the kernel reports them frozen. Returns
     {"method", "cgroup_version", "cgroup", "cgroups", "frozen", "failed", "freezer_state",
-    "took_s"}; freezer_state is "FROZEN" only when every group is frozen."""
+    "took_s"}; freezer_state is "FROZEN" only when every group is frozen. v1: each process's
+    freezer cgroup is recorded before it is moved, for the thaw; one whose cgroup cannot be
+    recorded, or is a frozen one chaosgpu did not make, is not moved ("failed" says why)."""
     check_seconds("deadline_s", deadline_s)
     chosen, problem = available(version)
     if chosen is None:
@@ -157,16 +282,18 @@ def freeze(name: str, processes: list[dict[str, Any]], deadline_s: float,
     if chosen == "v1":
         v1_group = V1_ROOT / f"{V1_PREFIX}{_safe(name)}"
         v1_group.mkdir(exist_ok=True)
-        groups, failed = _move(processes, lambda proc: (v1_group, V1_ROOT))
+        groups, failed = _move(processes, *_v1_mover(v1_group))
         groups.setdefault(v1_group, [])
         control, value = "freezer.state", "FROZEN"
     else:
         root = v2_root()
         assert root is not None
 
-        def group_of(proc: dict[str, Any]) -> tuple[Path | None, Path | None]:
+        def group_of(proc: dict[str, Any]) -> tuple[Path, Path] | str:
             home = _v2_home(proc["pid"], root)
-            return (None, None) if home is None else (home / f"{V2_PREFIX}{_safe(name)}", home)
+            if home is None:
+                return "its cgroup could not be read"
+            return home / f"{V2_PREFIX}{_safe(name)}", home
 
         groups, failed = _move(processes, group_of)
         control, value = "cgroup.freeze", "1"
@@ -208,12 +335,39 @@ def _members(group: Path) -> set[int] | None:
         return None
 
 
-def _thaw_one(group: Path, home: Path, control: str, value: str,
+def _homes(group: Path) -> Callable[[int], tuple[Path, int | None, str | None]]:
+    """Where the members of chaosgpu group `group` go back to: (the cgroup, the member's start
+    time when it is known, a note when that is not the cgroup it was in)."""
+    if _is_ours_v1(group):
+        return _v1_home
+    return lambda pid: (group.parent, None, None)
+
+
+def _send_home(pid: int, home: Path, starttime: int | None, v1: bool) -> Path:
+    """Move `pid` into `home` (which thaws it unless `home` is frozen itself) and return where it
+    went: the v1 root when `home` was removed meanwhile. For v1, its home's record goes once it
+    is out (or gone)."""
+    try:
+        _write(home / "cgroup.procs", str(pid))
+    except OSError:
+        if v1 and home != V1_ROOT and not home.is_dir():  # removed since it was looked up
+            return _send_home(pid, V1_ROOT, starttime, v1)
+        # exiting (killed while frozen): it leaves the group as it dies
+        if not v1 or _census_program().process_starttime(pid) == starttime:
+            return home
+    if v1 and starttime is not None:
+        _forget_v1_home(pid, starttime)
+    return home
+
+
+def _thaw_one(group: Path, control: str, value: str,
               pids: set[int] | None, settle_s: float = SETTLE_S) -> dict[str, Any] | None:
-    """Move the members of `group` that are in `pids` (all with None) back `home`, which thaws
-    them; thaw and remove the group once no other member is left in it, waiting up to `settle_s`
-    for members that are exiting (killed while frozen) to be gone. The answer says whether the
-    group was removed and, when not, why."""
+    """Move the members of `group` that are in `pids` (all with None) back where they were
+    (`_homes`), which thaws them; thaw and remove the group once no other member is left in it,
+    waiting up to `settle_s` for members that are exiting (killed while frozen) to be gone. The
+    answer says where each went ("homes": [{"pid", "cgroup"}], with a "note" for one that did not
+    go back to the cgroup it was in; such ones are listed in "home_lost" too), whether the group
+    was removed and, when not, why."""
     members = _members(group)
     if members is None:
         return None
@@ -222,17 +376,28 @@ def _thaw_one(group: Path, home: Path, control: str, value: str,
         return None
     others = members - chosen
     done: dict[str, Any] = {"cgroup": str(group), "pids": sorted(chosen),
-                            "left_frozen": sorted(others), "removed": False}
+                            "left_frozen": sorted(others), "removed": False,
+                            "homes": [], "home_lost": []}
     try:
         if not others:
             _write(group / control, value)
     except OSError as error:
         done["error"] = f"could not thaw it: {error}"
-    for pid in chosen:
-        try:
-            _write(home / "cgroup.procs", str(pid))
-        except OSError:
-            pass  # exiting (killed while frozen): it leaves the group as it dies
+    home_of = _homes(group)
+    v1 = _is_ours_v1(group)
+    homes: dict[int, tuple[Path, int | None]] = {}
+    for pid in sorted(chosen):
+        home, starttime, note = home_of(pid)
+        went = _send_home(pid, home, starttime, v1)
+        if went != home:
+            note, home = f"the freezer cgroup it was in, {home}, no longer exists", went
+        homes[pid] = (home, starttime)
+        entry: dict[str, Any] = {"pid": pid, "cgroup": str(home)}
+        if note is not None and starttime is not None:  # (no start time: gone already)
+            entry["note"] = f"{note}: moved to {home}"
+            done["home_lost"].append(entry)
+            logger.warning("chaosgpu: freezer thaw: PID %s: %s", pid, entry["note"])
+        done["homes"].append(entry)
     if others:
         done["error"] = "other members are still frozen in it"
         return done
@@ -253,10 +418,7 @@ def _thaw_one(group: Path, home: Path, control: str, value: str,
             if time.monotonic() >= end:
                 break
             for pid in left & chosen:  # a move that failed while it was frozen may work now
-                try:
-                    _write(home / "cgroup.procs", str(pid))
-                except OSError:
-                    pass
+                _send_home(pid, *homes[pid], v1)
             time.sleep(0.01)
     logger.warning("chaosgpu: freezer cgroup %s thawed but not removed: %s", group, done["error"])
     return done
@@ -267,19 +429,40 @@ def thaw(pids: set[int] | None, settle_s: float = SETTLE_S) -> list[dict[str, An
     moving them back where they were; a group is thawed and removed once empty (so are empty
     ones; members exiting are waited for up to `settle_s`), and its other members stay frozen
     ("left_frozen"). Return what was thawed: per group {"cgroup", "pids", "left_frozen",
-    "removed"} and, for a group not removed, "error" (why)."""
+    "removed", "homes", "home_lost"} (`_thaw_one`) and, for a group not removed, "error"
+    (why). The home records of v1 processes that are gone are removed."""
     check_seconds("settle_s", settle_s)
     thawed: list[dict[str, Any]] = []
     if V1_ROOT.is_dir():
         for group in sorted(V1_ROOT.glob(f"{V1_PREFIX}*")):
-            done = _thaw_one(group, V1_ROOT, "freezer.state", "THAWED", pids, settle_s)
+            done = _thaw_one(group, "freezer.state", "THAWED", pids, settle_s)
             if done is not None:
                 thawed.append(done)
+        if os.geteuid() == 0:  # only root freezes (and records)
+            _prune_v1_homes()
     for group in _v2_groups():
-        done = _thaw_one(group, group.parent, "cgroup.freeze", "0", pids, settle_s)
+        done = _thaw_one(group, "cgroup.freeze", "0", pids, settle_s)
         if done is not None:
             thawed.append(done)
     return thawed
+
+
+def _prune_v1_homes() -> None:
+    """Remove the home records of processes that are gone (died while frozen)."""
+    from chaosgpu import state
+
+    census = _census_program()
+    try:
+        records = state.list_records(HOMES_KIND)
+    except (OSError, state.StateDirError):
+        return
+    for name, record in records.items():
+        pid, starttime = record.get("pid"), record.get("starttime")
+        if not isinstance(pid, int) or census.process_starttime(pid) != starttime:
+            try:
+                state.remove_record(HOMES_KIND, name)
+            except (OSError, ValueError, state.StateDirError):
+                pass
 
 
 def _frozen_group(pid: int) -> tuple[Path | None, bool]:
@@ -369,9 +552,8 @@ def release(targets: list[dict[str, Any]], settle_s: float = SETTLE_S) -> dict[i
     by_group: dict[str, dict[str, Any]] = {}
     for group, pids in moving.items():
         v1 = group.parent == V1_ROOT
-        done = _thaw_one(group, V1_ROOT if v1 else group.parent,
-                         "freezer.state" if v1 else "cgroup.freeze", "THAWED" if v1 else "0",
-                         pids, settle_s)
+        done = _thaw_one(group, "freezer.state" if v1 else "cgroup.freeze",
+                         "THAWED" if v1 else "0", pids, settle_s)
         if done is not None:
             by_group[str(group)] = done
     for pid, group in ours.items():
