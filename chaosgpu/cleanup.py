@@ -130,11 +130,15 @@ def _undo_freezes(include_running: bool, report: _Report) -> set[int]:
     in_freezer: set[int] = set()
     for name, run in freezelog.runs().items():
         runner = None if include_running else _run_in_progress(run)
-        if runner is not None:
-            report.kept.append(_kept("freeze", name, runner))
-            continue
         live = [e for e in freezelog.outstanding(name)
                 if process_starttime(e["pid"]) == e["starttime"]]
+        if runner is not None:
+            if live:  # a run in progress that holds processes frozen: its own to resume
+                report.kept.append(_kept("freeze", name, runner))
+            continue
+        if not live:  # what it froze has ended: nothing to resume
+            freezelog.remove(name)
+            continue
         in_freezer |= {e["pid"] for e in live if "freezer" in e["kinds"]}
         stopped = [e for e in live if set(e["kinds"]) & set(STOP_KINDS)
                    and process_state(e["pid"], starttime=e["starttime"]) == "T"]

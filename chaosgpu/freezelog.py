@@ -67,13 +67,18 @@ def frozen(pid: int, starttime: int, kind: str) -> None:
 
 def resumed(keys: list[tuple[int, int]]) -> None:
     """Note on disk that this runner resumed these processes ((pid, starttime) each); the file
-    goes once nothing it holds is outstanding."""
+    goes once nothing it holds is outstanding (resumed, or ended: a process gone is frozen no
+    more)."""
+    from chaosgpu.node import process_starttime
+
     with _LOCK:
         mine = [key for key in keys if key in _OUTSTANDING]
         if not mine:
             return
         try:
             _OUTSTANDING.difference_update(mine)
+            _OUTSTANDING.intersection_update(
+                [key for key in _OUTSTANDING if process_starttime(key[0]) == key[1]])
             if _OUTSTANDING:
                 _append([{"resumed": list(key)} for key in mine])
             else:
