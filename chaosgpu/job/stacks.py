@@ -4,16 +4,20 @@ This module owns two things: taking a stack sample of every Python thread of a p
 (`py-spy dump --json --nonblocking`, with a deadline) and reading a
 sample: where each thread waits (a collective, a barrier, a rendezvous, DDP's backward, the
 GPU) and a progress signature (frames and simple local values outside the innermost line)
-that changes when the rank moves on and stays the same while it is blocked. It decides no
-verdict (chaosgpu.job.verdict does) and signals nothing.
+that changes when the rank moves on and stays the same while it is blocked (the locals of a
+frame that polls in a loop, a poll counter, do not count). It decides no verdict
+(chaosgpu.job.verdict does) and signals nothing.
 
 What a Python stack can show, and its limits: py-spy sees Python frames only. A rank blocked in
 C++ (`work.wait()`, `tensor.item()` on a GPU) shows the Python line that made the call; that
 line's source text (read through /proc/PID/root, so it works for containers) tells what the call
-is. With DistributedDataParallel the gradient all_reduce runs on the autograd engine's thread
+is: the statement the line belongs to (a call spread over several lines), or the loop it runs in
+when that loop polls (`while not work.is_completed(): time.sleep(0.01)`), never a line nearby.
+With DistributedDataParallel the gradient all_reduce runs on the autograd engine's thread
 (no Python frames); the main thread shows `backward()`.
 """
 
+import ast
 import json
 import os
 import re
@@ -21,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +66,7 @@ _HELPER_COLLECTIVE = re.compile(
     r"(^|_)(sync|broadcast|all_?reduce|all_gather|reduce_scatter|all_to_all|verify_param)")
 
 _SOURCE_WAIT = re.compile(r"\.wait\(|is_completed\(\)|\.get_future\(\)|\.value\(\)")
+_SOURCE_POLL = re.compile(r"\bis_completed\(\)")
 _SOURCE_GPU = re.compile(r"\.item\(\)|\.cpu\(\)|\.tolist\(\)|synchronize\(")
 _SOURCE_COLLECTIVE = re.compile(
     r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|all_to_all\w*|barrier)\(")
@@ -127,6 +133,8 @@ class Site:
     source: str | None
     thread: str | None
     via: str | None = None
+    loop: int | None = None
+    tid: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The site as a JSON-ready dict."""
@@ -222,25 +230,60 @@ def take_samples(pids: Iterable[int], timeout_s: float = 3.0,
 
 class SourceLines:
     """Reads source lines of a process's files through /proc/PID/root (its mount namespace),
-    once per file."""
+    once per file, and parses a file where a statement or its loop is asked for (the last
+    `TREES_KEPT` parsed files kept; what was found for a line is kept in `statements`)."""
+
+    TREES_KEPT = 16
 
     def __init__(self) -> None:
         self._files: dict[tuple[int, str], list[str] | None] = {}
+        self._trees: OrderedDict[tuple[int, str], ast.Module] = OrderedDict()
+        self._unparsable: set[tuple[int, str]] = set()
+        #: (pid, file, line) -> the statement's source and the poll loop around it, or None
+        #: when the file cannot be parsed
+        self.statements: dict[tuple[int, str, int],
+                              tuple[str | None, tuple[int, str, tuple[str, str]] | None]
+                              | None] = {}
 
-    def line(self, pid: int, filename: str, number: int) -> str | None:
-        """The stripped source line, or None when the file cannot be read."""
+    def _lines(self, pid: int, filename: str) -> list[str] | None:
         key = (pid, filename)
         if key not in self._files:
             try:
                 with open(f"/proc/{pid}/root{filename}", encoding="utf-8",
                           errors="replace") as handle:
-                    self._files[key] = handle.read().splitlines()
+                    # lines as Python counts them (str.splitlines also splits at a form feed)
+                    self._files[key] = handle.read().split("\n")
             except OSError:
                 self._files[key] = None
-        lines = self._files[key]
+        return self._files[key]
+
+    def line(self, pid: int, filename: str, number: int) -> str | None:
+        """The stripped source line, or None when the file cannot be read."""
+        lines = self._lines(pid, filename)
         if lines is None or not 0 < number <= len(lines):
             return None
         return lines[number - 1].strip()[:200]
+
+    def code(self, pid: int, filename: str) -> tuple[ast.Module, list[str]] | None:
+        """The file parsed and its lines, or None when it cannot be read or parsed (a syntax
+        this Python does not know): then only its lines are read, one at a time."""
+        lines = self._lines(pid, filename)
+        if lines is None:
+            return None
+        key = (pid, filename)
+        if key in self._unparsable:
+            return None
+        if key in self._trees:
+            self._trees.move_to_end(key)
+        else:
+            try:
+                self._trees[key] = ast.parse("\n".join(lines))
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                self._unparsable.add(key)
+                return None
+            while len(self._trees) > self.TREES_KEPT:
+                self._trees.popitem(last=False)
+        return self._trees[key], lines
 
 
 def _frame_site(frame: Frame) -> tuple[str, str] | None:
@@ -314,9 +357,14 @@ def is_dataloader_worker(sample: StackSample) -> bool:
 def classify(sample: StackSample, sources: SourceLines, gpu: bool = False) -> Site | None:
     """The strongest waiting site among the sample's threads (SITE_KINDS order), or None when
     no thread waits in a known place. A frame of torch.distributed, autograd or torch.cuda
-    names the site; otherwise the innermost line's source text (a `.wait()`, an
+    names the site; otherwise the source of the innermost frame's line (a `.wait()`, an
     `is_completed()` poll, a collective called through a wrapper, and with `gpu` a `.item()` or
-    `synchronize()`), or one of the three lines above it (a poll loop sleeps between checks)."""
+    `synchronize()`): the whole statement that line belongs to (a call spread over several
+    lines: which of them a Python reports differs between versions), or the loop it runs in when
+    that loop polls a work (a `while` whose condition calls `is_completed()`, or a loop whose
+    body has `if ...is_completed()...: break`; a poll loop sleeps between checks). A line nearby
+    that is neither is not read: a rank sleeping right after a collective is not in it. A file
+    this Python cannot parse is read at the innermost line alone."""
     best: Site | None = None
     for thread in sample.threads:
         site = _thread_site(sample.pid, thread, sources, gpu)
@@ -326,6 +374,101 @@ def classify(sample: StackSample, sources: SourceLines, gpu: bool = False) -> Si
     return best
 
 
+_LOOPS = (ast.While, ast.For, ast.AsyncFor)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _children(node: ast.AST) -> list[ast.stmt]:
+    found: list[ast.stmt] = []
+    for name in ("body", "orelse", "finalbody"):
+        value = getattr(node, name, None)
+        if isinstance(value, list):
+            found += [child for child in value if isinstance(child, ast.stmt)]
+    for clause in [*getattr(node, "handlers", []), *getattr(node, "cases", [])]:
+        found += clause.body
+    return found
+
+
+def _chain(tree: ast.Module, line: int) -> list[ast.stmt]:
+    """The statements whose lines hold `line`, outermost first."""
+    chain: list[ast.stmt] = []
+    nodes: list[ast.stmt] = tree.body
+    while True:
+        for node in nodes:
+            if node.lineno <= line <= (node.end_lineno or node.lineno):
+                chain.append(node)
+                nodes = _children(node)
+                break
+        else:
+            return chain
+
+
+def _text(lines: list[str], first: int, last: int) -> str:
+    """Lines first..last stripped and joined, a comment dropped from a line with no quote."""
+    parts = []
+    for raw in lines[first - 1:last]:
+        text = raw.strip()
+        if "#" in text and "'" not in text and '"' not in text:
+            text = text[:text.index("#")].rstrip()
+        if text:
+            parts.append(text)
+    return " ".join(parts)
+
+
+def _segment(lines: list[str], node: ast.expr) -> str:
+    """The source of an expression (its offsets count UTF-8 bytes)."""
+    last = node.end_lineno or node.lineno
+    text = [line.encode() for line in lines[node.lineno - 1:last]]
+    if not text:
+        return ""
+    text[-1] = text[-1][:node.end_col_offset]
+    text[0] = text[0][node.col_offset:]
+    return b"\n".join(text).decode(errors="replace")
+
+
+def _statement_text(chain: list[ast.stmt], lines: list[str], line: int) -> str:
+    """The source of the statement `line` belongs to, all its lines (a call spread over
+    several: which of them a Python reports differs between versions), or of the clause
+    header it is in (`while ...:`, `except ...:`), from the header's first line down to it."""
+    node = chain[-1]
+    children = _children(node)
+    if not children:
+        return _text(lines, node.lineno, node.end_lineno or line)
+    starts = [child.end_lineno + 1 for child in children
+              if child.end_lineno is not None and child.end_lineno < line]
+    starts += [clause.lineno for clause in getattr(node, "handlers", []) if clause.lineno <= line]
+    return _text(lines, max([node.lineno, *starts]), line)
+
+
+def _poll(chain: list[ast.stmt], lines: list[str],
+          line: int) -> tuple[int, str, tuple[str, str]] | None:
+    """Where the loop that runs `line` polls (the line of the poll, its source, the site it
+    names), when the nearest loop around `line` in its function polls a collective's work: a
+    `while` whose condition calls `is_completed()`, or a loop whose body has
+    `if ...is_completed()...:` with a `break` or `return` in it. None otherwise: a training loop
+    that calls a collective and then sleeps is no poll loop, and neither is one that checks a
+    stop flag (`if stop.wait(0): break`: `.wait(` is any blocking wait, `is_completed()` is
+    the one check a collective's work offers that returns at once)."""
+    for node in reversed(chain):
+        if isinstance(node, _SCOPES):
+            return None
+        if not isinstance(node, _LOOPS):
+            continue
+        if not node.body or line > (node.body[-1].end_lineno or node.lineno):
+            return None  # in the loop's `else:`
+        polls: list[tuple[int, ast.expr]] = []
+        if isinstance(node, ast.While):
+            polls.append((node.lineno, node.test))
+        polls += [(child.lineno, child.test) for child in node.body if isinstance(child, ast.If)
+                  and any(isinstance(inner, (ast.Break, ast.Return)) for inner in child.body)]
+        for header, test in polls:
+            if _SOURCE_POLL.search(_segment(lines, test)):
+                return header, _text(lines, header, test.end_lineno or header)[:200], \
+                    ("wait", "is_completed()")
+        return None
+    return None
+
+
 def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool) -> Site | None:
     frames = thread.frames
     for index, frame in enumerate(frames):
@@ -333,39 +476,78 @@ def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool)
         if found is not None:
             caller = _user_caller(frames, index + 1)
             return Site(found[0], found[1], frame.where(), caller, None, thread.name,
-                        _via(frames, index))
+                        _via(frames, index), tid=thread.tid)
     if not frames:
         return None
-    inner = frames[0]
-    for back in range(4):
-        source = sources.line(pid, inner.filename, inner.line - back)
+    inner = frames[0]  # the waiting call is made by this (user) frame itself, if any
+    key = (pid, inner.filename, inner.line)
+    if key not in sources.statements:
+        code = sources.code(pid, inner.filename)
+        if code is None:
+            sources.statements[key] = None
+        else:
+            chain = _chain(code[0], inner.line)
+            sources.statements[key] = (
+                _statement_text(chain, code[1], inner.line) if chain
+                else sources.line(pid, inner.filename, inner.line),
+                _poll(chain, code[1], inner.line))
+    known = sources.statements[key]
+    if known is None:  # unreadable or unparsable: the innermost line alone
+        source = sources.line(pid, inner.filename, inner.line)
         found = _source_site(source, gpu)
-        if found is not None:  # the waiting call is made by this (user) frame itself
-            return Site(found[0], found[1], inner.where(), inner.where(), source, thread.name)
-        if source is None:
-            break
-    return None
+        return None if found is None else Site(found[0], found[1], inner.where(), inner.where(),
+                                               source, thread.name, tid=thread.tid)
+    statement, poll = known
+    found = _source_site(statement, gpu)
+    source = statement[:200] if statement is not None else None
+    if poll is not None and (found is None or found == poll[2]):
+        at = Frame(inner.function, inner.filename, poll[0]).where()
+        return Site(poll[2][0], poll[2][1], at, at, poll[1], thread.name, loop=poll[0],
+                    tid=thread.tid)
+    if found is None:
+        return None
+    return Site(found[0], found[1], inner.where(), inner.where(), source, thread.name,
+                loop=poll[0] if poll is not None else None, tid=thread.tid)
 
 
-def signature(sample: StackSample, threads: set[str] | None = None) -> tuple[Any, ...]:
+def signature(sample: StackSample, threads: set[str] | None = None,
+              site: Site | None = None) -> tuple[Any, ...]:
     """What changes when a rank makes progress and stays put while it waits: for every thread
     named in `threads` (all of them when None or when none of the sample's threads has one of
     those names), its frames (file, function, line) with their simple local values, except the
-    innermost frame's line (a poll loop alternates between the check and the sleep)."""
+    innermost frame's line (a poll loop alternates between the check and the sleep). When
+    `site` (this sample's) is a poll loop read from the source (`site.loop`), its thread's
+    innermost frame counts by that loop alone, neither by its line nor by its locals: a poll
+    counter changes forever while the rank is blocked. Its outer frames still count (a step
+    counter there), and so does leaving the loop."""
     result = []
     chosen = [t for t in sample.threads if threads is None or t.name in threads]
     for thread in sorted(chosen or sample.threads, key=lambda t: t.tid or 0):
-        frames = []
+        loop = site.loop if site is not None and thread.tid == site.tid \
+            and thread.name == site.thread else None
+        frames: list[tuple[str, str, Any, tuple[tuple[str, str], ...]]] = []
         for index, frame in enumerate(thread.frames):
+            if index == 0 and loop is not None:
+                frames.append((frame.filename, frame.function, ("poll loop", loop), ()))
+                continue
             frames.append((frame.filename, frame.function,
                            None if index == 0 else frame.line, frame.locals))
         result.append((thread.tid, tuple(frames)))
     return tuple(result)
 
 
+def _at(entry: tuple[Any, ...]) -> str:
+    """A signature's frame in words: its function, with its line or the poll loop it is in."""
+    function, line = entry[1], entry[2]
+    if isinstance(line, tuple):
+        return f"{function} (poll loop at line {line[1]})"
+    return function if line is None else f"{function}:{line}"
+
+
 def describe_move(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
     """What differs between two signatures, for the evidence: the first thread and frame that
-    changed (its function, line and the locals that changed), or the thread that came or went."""
+    changed (its function, line or poll loop, and the locals that changed), or the thread that
+    came or went."""
     old = dict(before)
     new = dict(after)
     for tid in sorted(set(old) | set(new), key=lambda t: t or 0):
@@ -375,12 +557,12 @@ def describe_move(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
         if len(frames_old) != len(frames_new):
             leaf = frames_new[0] if frames_new else None
             return (f"thread {tid}: {len(frames_old)} -> {len(frames_new)} frames"
-                    + (f", now in {leaf[1]}" if leaf else ""))
+                    + (f", now in {_at(leaf)}" if leaf else ""))
         for a, b in zip(frames_old, frames_new, strict=True):
             if a == b:
                 continue
             if a[:3] != b[:3]:
-                return f"thread {tid}: {a[1]}:{a[2]} -> {b[1]}:{b[2]}"
+                return f"thread {tid}: {_at(a)} -> {_at(b)}"
             changed = [f"{name} {dict(a[3]).get(name)} -> {value}" for name, value in b[3]
                        if dict(a[3]).get(name) != value]
             return f"thread {tid}: in {b[1]}, " + ", ".join(changed[:3])

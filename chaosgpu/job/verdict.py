@@ -582,7 +582,7 @@ class JobTrack:
         # site, else the main thread. Background pollers (a watchdog, a logger's heartbeat, an
         # injector's watcher) change their locals forever, which is not the job's progress.
         sig = signature(sample, {site.thread} if site is not None and site.thread
-                        else {"MainThread"})
+                        else {"MainThread"}, site)
         before = track.signature_prev
         track.signature_prev = sig
         if before is not None and sig != before and track.state == "alive":
