@@ -191,6 +191,21 @@ def watch_peers(census: dict[str, Any], found: dict[str, Any],
     return peers
 
 
+def job_launcher(found: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's launcher as a fault records it ({pid, starttime, kind, max_restarts}), with a
+    pooled pidfd on it so that how it ended stays readable by a probe that follows (torchrun's
+    exit status is the job's outcome once its ranks are gone, a later attempt's included);
+    None when the job has no launcher."""
+    from chaosgpu.job.exits import keep_watch
+
+    pid, starttime = found.get("launcher_pid"), found.get("launcher_starttime")
+    if pid is None or starttime is None:
+        return None
+    keep_watch(pid, starttime)
+    return {"pid": pid, "starttime": starttime, "kind": found.get("launcher"),
+            "max_restarts": found.get("max_restarts")}
+
+
 def job_helpers(census: dict[str, Any], found: dict[str, Any]) -> list[list[int]]:
     """The [pid, start time] of every rank's helpers (its forked copies: DataLoader workers),
     kept with a fault so that an observer started later never takes one left behind by its
@@ -221,7 +236,8 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
                             "as this run's freeze")
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
-                    peers=peers, helpers=job_helpers(census, found))
+                    peers=peers, helpers=job_helpers(census, found),
+                    launcher=job_launcher(found))
     missed = not_stopped(report)
     if missed:  # recorded first: the rollback resumes the rank if the stop lands later
         raise ActivityError(f"{signal} was sent to {rank_with_pid(rank, proc['pid'])}, but it "
@@ -296,7 +312,7 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
                         pid=proc["pid"],
                         starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                         peers=watch_peers(census, found, proc),
-                        helpers=job_helpers(census, found))
+                        helpers=job_helpers(census, found), launcher=job_launcher(found))
         missed = freeze_not_held(frozen, STOP_WAIT_S)
         if missed:  # recorded first: resume_rank thaws what holds later
             raise ActivityError(f"the freeze of {rank_with_pid(number, proc['pid'])} did not "

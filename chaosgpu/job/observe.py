@@ -250,6 +250,12 @@ class Observer:
         self._gpu_pids = {p["pid"] for p in processes.values() if p.get("nvidia_fds")} | {
             g["pid"] for g in census.get("gpu_processes") or [] if g.get("pid") is not None}
         faults = faultlog.recent(self.started - 600)
+        for fault in faults:  # a launcher this run's fault recorded is that job's, whatever
+            # id the census gives it now (torchrun:PID between attempts or tearing down)
+            launcher = fault.get("launcher")
+            if fault.get("job") and isinstance(launcher, dict):
+                self._by_launcher.setdefault((launcher.get("pid"), launcher.get("starttime")),
+                                             str(fault["job"]))
         for entry in select_jobs(census, self.job, self.tag) if self.job or self.tag \
                 else census.get("jobs") or []:
             track = self._track_for(entry, now)
@@ -288,7 +294,11 @@ class Observer:
         key = (entry.get("launcher_pid"), entry.get("launcher_starttime"))
         known = self._by_launcher.get(key) if key[0] is not None else None
         if known is not None and known != job_id:
-            track = self.tracks[known]
+            track = self.tracks.get(known)
+            if track is None:  # known from this run's fault record, first seen here so
+                track = self.tracks[known] = JobTrack(known, self.window_s, now)
+                track.note(now, "faultlog", f"{job_id} is the launcher of {known}, as "
+                           "chaosgpu's fault record names it: judged as that job")
             if job_id.startswith("torchrun:"):
                 return track  # the launcher between two attempts: keep the run id
             if known.startswith("torchrun:"):  # first seen without ranks: take the run id
@@ -433,6 +443,18 @@ class Observer:
             if fault.get("job") != track.id or fault.get("pid") is None \
                     or fault.get("starttime") is None:
                 continue
+            launcher = fault.get("launcher")
+            if track.launcher is None and isinstance(launcher, dict) \
+                    and launcher.get("starttime") is not None:
+                # the job's launcher as the fault saw it: its end (and exit status, through
+                # the pidfd the fault pooled) is read from here on
+                track.launcher = {"pid": launcher["pid"], "starttime": launcher["starttime"],
+                                  "kind": launcher.get("kind")}
+                track.launcher_alive = True
+                if track.max_restarts is None:
+                    track.max_restarts = launcher.get("max_restarts")
+                track.note(now, "faultlog", f"launcher ({launcher.get('kind')}) is PID "
+                           f"{launcher['pid']}, as chaosgpu's fault record names it")
             self._adopt_gone(track, fault, fault, faults, now)
             for peer in fault.get("peers") or []:
                 self._adopt_gone(track, peer, fault, faults, now)

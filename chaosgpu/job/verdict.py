@@ -808,14 +808,45 @@ class JobTrack:
                                 for t in sorted(ranks, key=lambda t: t.exited_at or now))
                     + f"); the elastic agent lives (max restarts {self.max_restarts})",
                     first_end, {})
+        if bad and not self.launcher_alive and self.max_restarts is not None and can_restart \
+                and (self.launcher or {}).get("kind") == "torchrun":
+            decided = self._agent_ended_with_restarts_left(ranks, bad, restarts, first_end)
+            if decided is not None:
+                return decided
         if bad:
-            return ("failed", self._failure_story(ranks, bad), first_end,
+            story = self._failure_story(ranks, bad)
+            if not self.launcher_alive and self.launcher_exit is not None \
+                    and (self.launcher or {}).get("kind") == "torchrun":
+                story += f"; the elastic agent then ended: {self.launcher_exit.describe()}"
+                if self.max_restarts is not None and can_restart:
+                    story += " (with restarts left: a later attempt, not seen here, failed too)"
+            return ("failed", story, first_end,
                     {"culprit_ranks": self._first_failures(ranks, bad)})
         if unknown:
             return ("unknown", "the ranks ended but their exit status is not visible: "
                     + "; ".join(f"{t.label}: {t.exit.describe() if t.exit else 'not seen'}"
                                 for t in unknown), first_end, {})
         return "finished", f"every rank exited 0 ({len(ranks)} ranks)", first_end, {}
+
+    def _agent_ended_with_restarts_left(self, ranks: list[RankTrack], bad: list[RankTrack],
+                                        restarts: int | None, first_end: float | None
+                                        ) -> tuple[str, str, float | None, dict[str, Any]] | None:
+        """The ranks seen here failed with restarts left, and the elastic agent has ended
+        since: the attempts after them (their ranks never seen by this watch: a probe that
+        came late) ended as the agent's exit status says. Exit 0: "finished"; not visible:
+        "unknown"; another exit: None (failed, the story told by the caller, which the agent's
+        exit joins)."""
+        attempt = f"attempt {restarts or 0} failed ({self._failure_story(ranks, bad)})"
+        agent = self.launcher_exit
+        if agent is not None and agent.clean is True:
+            return ("finished", f"{attempt}; the elastic agent then exited 0 with restarts left "
+                    f"(max {self.max_restarts}): a later attempt finished, its ranks not seen by "
+                    "this watch", first_end, {})
+        if agent is None or agent.clean is None:
+            return ("unknown", f"{attempt} with restarts left (max {self.max_restarts}), and the "
+                    "elastic agent has ended, its exit status not visible: how the attempts "
+                    "after it ended is not seen", None, {})
+        return None
 
     def _agent_culprit(self) -> dict[str, Any] | None:
         """The launcher as a culprit (rank None, its PID, why) while it lives stopped or

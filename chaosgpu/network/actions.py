@@ -55,7 +55,7 @@ def partition_found_rank(census: Dict[str, Any], found: Dict[str, Any], proc: Di
     the census job `found`, as found by chaosgpu.job.actions.rank_process, and with
     `then_kill` SIGKILL it: partition_rank's work once its rank is found (fail_rank found it
     already)."""
-    from chaosgpu.job.actions import _signal_process, job_helpers, watch_peers
+    from chaosgpu.job.actions import _signal_process, job_helpers, job_launcher, watch_peers
     from chaosgpu.job.verdict import rank_with_pid
 
     target = _target(proc, number, found["id"])
@@ -64,7 +64,7 @@ def partition_found_rank(census: Dict[str, Any], found: Dict[str, Any], proc: Di
     faultlog.record("partition", job=found["id"], tag=found.get("tag"), rank=number,
                     pid=proc["pid"], starttime=proc["starttime"], partition=record["id"],
                     peers=watch_peers(census, found, proc),
-                    helpers=job_helpers(census, found))
+                    helpers=job_helpers(census, found), launcher=job_launcher(found))
     out: dict[str, Any] = {"partition": record["id"], "job": found["id"], "rank": number,
                            "pid": proc["pid"], "connections": record["connections"],
                            "listening": record["listening"], "left_out": record["left_out"],
