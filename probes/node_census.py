@@ -301,7 +301,9 @@ def read_environ(pid: int, proc_root: str = "/proc",
         if sep:
             name = key.decode("utf-8", "replace")
             if wanted is None or name in wanted:
-                env[name] = value.decode("utf-8", "replace")
+                # a name given twice: the first is the one getenv() and Python's os.environ
+                # read, so the one the process itself goes by
+                env.setdefault(name, value.decode("utf-8", "replace"))
     return env
 
 
@@ -780,7 +782,8 @@ def _read_env(data: bytes) -> Dict[str, str]:
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep and (key in _ENV_KEYS_B or key.startswith(b"CHAOSGPU_")):
-            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+            # first one wins, as for getenv() (read_environ)
+            env.setdefault(key.decode("utf-8", "replace"), value.decode("utf-8", "replace"))
     return env
 
 
