@@ -284,8 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:
         return int(exit_.code or 0)
-    report = cleanup_all(args.grace_s, args.deadline_s, args.tag,
-                         include_running=args.include_running, thaw_all=args.thaw_all)
+    from chaosgpu.state import StateDirError
+
+    try:
+        report = cleanup_all(args.grace_s, args.deadline_s, args.tag,
+                             include_running=args.include_running, thaw_all=args.thaw_all)
+    except StateDirError as error:  # its records cannot be trusted: nothing was touched
+        print(f"chaosgpu cleanup: {error}; nothing was removed", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

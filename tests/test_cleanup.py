@@ -416,3 +416,17 @@ def test_cleanup_resumes_what_a_crashed_runner_froze() -> None:
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_an_unsafe_state_dir_is_one_line_and_exit_1(tmp_path) -> None:
+    """A state directory others can write is refused (its records decide what is killed):
+    one line naming it and what is wrong, exit 1, no traceback."""
+    unsafe = tmp_path / "state"
+    unsafe.mkdir(mode=0o755)
+    unsafe.chmod(0o755)
+    out = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "cleanup"], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ,
+                                                         CHAOSGPU_STATE_DIR=str(unsafe)))
+    assert out.returncode == 1, out
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert str(unsafe) in out.stderr and "0755" in out.stderr, out.stderr
