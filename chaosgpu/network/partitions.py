@@ -178,9 +178,11 @@ def _netns_fd(record: dict[str, Any]) -> Iterator[int | None]:
         finally:
             os.close(fd)
     if denied:  # not everything could be looked at: the namespace may live on, unreachable
+        why = ("needs root" if os.geteuid() != 0 else "refused even to root here: a security "
+               "module or the process's own protection")
         raise PartitionError(f"network namespace {record['netns']} of partition "
                              f"{record.get('id')} cannot be reached: {len(denied)} place(s) that "
-                             f"may hold it are not readable (e.g. {denied[0]}; needs root); "
+                             f"may hold it are not readable (e.g. {denied[0]}; {why}); "
                              "the partition is kept")
     raise NamespaceGone(f"no process, open file or mount of this node holds network namespace "
                         f"{record['netns']} any more: it is gone, and table {record.get('table')} "
