@@ -354,3 +354,21 @@ def test_a_file_that_cannot_be_parsed_is_read_at_its_innermost_line(tmp_path: Pa
             os.getpid(), "MainThread", [Frame("f", str(path), line)])])
         found = stacks.classify(sample, SourceLines())
         assert (found.what if found is not None else None) == expected, (line, found)
+
+
+def test_without_thread_names_the_main_thread_is_told_by_its_id() -> None:
+    """py-spy --nonblocking names no thread: "MainThread" is then the thread whose id is the
+    process's, so a background poller's counter (a heartbeat, a watchdog) is no progress of a
+    rank whose main thread stays put; the site's thread is found by its id too. (Recorded
+    samples: the rule over thread ids, not py-spy's output.)"""
+    def sample(beats: int) -> StackSample:
+        main = ThreadStack(4242, None, [Frame("wait", "/job/train.py", 9),
+                                        Frame("main", "/job/train.py", 20, (("step", "7"),))])
+        poller = ThreadStack(4250, None, [Frame("beat", "/job/train.py", 30,
+                                                (("beats", str(beats)),))])
+        return StackSample(4242, 0.0, [poller, main])
+
+    before = stacks.signature(sample(1), {"MainThread"})
+    after = stacks.signature(sample(2), {"MainThread"})
+    assert before == after and [tid for tid, _ in after] == [4242], after
+    assert stacks.signature(sample(1), None) != stacks.signature(sample(2), None)

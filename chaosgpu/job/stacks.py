@@ -513,15 +513,21 @@ def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool)
 def signature(sample: StackSample, threads: set[str] | None = None,
               site: Site | None = None) -> tuple[Any, ...]:
     """What changes when a rank makes progress and stays put while it waits: for every thread
-    named in `threads` (all of them when None or when none of the sample's threads has one of
-    those names), its frames (file, function, line) with their simple local values, except the
-    innermost frame's line (a poll loop alternates between the check and the sleep). When
-    `site` (this sample's) is a poll loop read from the source (`site.loop`), its thread's
-    innermost frame counts by that loop alone, neither by its line nor by its locals: a poll
-    counter changes forever while the rank is blocked. Its outer frames still count (a step
-    counter there), and so does leaving the loop."""
+    named in `threads` (where no thread has a name, as py-spy's --nonblocking gives them: the
+    thread of `site` by its id, else "MainThread" is the one whose id is the process's; all of
+    them when `threads` is None or none of those is found), its frames (file, function, line)
+    with their simple local values, except the innermost frame's line (a poll loop alternates
+    between the check and the sleep). When `site` (this sample's) is a poll loop read from the
+    source (`site.loop`), its thread's innermost frame counts by that loop alone, neither by
+    its line nor by its locals: a poll counter changes forever while the rank is blocked. Its
+    outer frames still count (a step counter there), and so does leaving the loop."""
     result = []
     chosen = [t for t in sample.threads if threads is None or t.name in threads]
+    if not chosen and threads is not None:
+        # py-spy --nonblocking names no thread: the site's thread by its id, else the main
+        # thread (its id is the process's own)
+        wanted = site.tid if site is not None and site.tid is not None else sample.pid
+        chosen = [t for t in sample.threads if t.tid == wanted]
     for thread in sorted(chosen or sample.threads, key=lambda t: t.tid or 0):
         loop = site.loop if site is not None and thread.tid == site.tid \
             and thread.name == site.thread else None
