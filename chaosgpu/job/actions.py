@@ -39,6 +39,7 @@ from chaosgpu.process.actions import (
     FREEZE_KINDS,
     FREEZE_METHOD,
     STOP_WAIT_S,
+    _ends,
     _freeze_with_freezer,
     _thaw_freezer_groups,
     freeze_not_held,
@@ -191,6 +192,38 @@ def watch_peers(census: dict[str, Any], found: dict[str, Any],
     return peers
 
 
+def rank_connections(census: dict[str, Any], found: dict[str, Any],
+                     proc: dict[str, Any]) -> dict[str, Any]:
+    """What a rank about to be faulted holds, as its fault records it for an observer started
+    later: `peer_sockets`, the socket inodes of its connections to other ranks of the job on
+    this node, and `own_helpers`, its forked copies ([pid, start time]: DataLoader workers)
+    that inherited them; once it ends, a helper still holding one keeps that connection open,
+    and its peers see no close. Empty where the node's TCP table cannot be read."""
+    from chaosgpu.node import process_activity, tcp_sockets
+
+    own: dict[str, Any] = next((r for r in found.get("ranks") or []
+                                if r.get("pid") == proc["pid"]), {})
+    by_pid = {p["pid"]: p for p in census.get("processes") or []}
+    helpers = [[pid, by_pid[pid]["starttime"]] for pid in own.get("helpers") or []
+               if pid in by_pid]
+    try:
+        table = tcp_sockets()
+    except OSError:
+        return {"peer_sockets": [], "own_helpers": helpers}
+
+    def inodes(pid: int) -> list[int]:
+        activity = process_activity(pid, threads=False, sockets=True)
+        return list((activity or {}).get("socket_inodes") or [])
+
+    others = {table[inode]["local"] for entry in found.get("ranks") or []
+              if entry.get("pid") not in (None, proc["pid"])
+              for inode in inodes(entry["pid"]) if "local" in table.get(inode, {})}
+    peer = [inode for inode in inodes(proc["pid"])
+            if table.get(inode, {}).get("state") == "ESTABLISHED"
+            and table[inode].get("remote") in others]
+    return {"peer_sockets": sorted(peer), "own_helpers": helpers}
+
+
 def job_launcher(found: dict[str, Any]) -> dict[str, Any] | None:
     """The job's launcher as a fault records it ({pid, starttime, kind, max_restarts}), with a
     pooled pidfd on it so that how it ended stays readable by a probe that follows (torchrun's
@@ -219,6 +252,7 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
                     proc: dict[str, Any], signal: str, wait_s: float) -> dict[str, Any]:
     """Send `signal` to the rank's process; raise unless the kernel accepted it."""
     peers = watch_peers(census, found, proc)
+    held = rank_connections(census, found, proc) if _ends(signal) else {}
     report = send([proc], signal, {"job": found["id"]}, STOP_WAIT_S)
     result = report["results"][0]
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
@@ -237,7 +271,7 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
     faultlog.record(signal, job=found["id"], tag=found.get("tag"), rank=rank, pid=proc["pid"],
                     starttime=proc["starttime"], restart_count=_restart_count(found, proc),
                     peers=peers, helpers=job_helpers(census, found),
-                    launcher=job_launcher(found))
+                    launcher=job_launcher(found), **held)
     missed = not_stopped(report)
     if missed:  # recorded first: the rollback resumes the rank if the stop lands later
         raise ActivityError(f"{signal} was sent to {rank_with_pid(rank, proc['pid'])}, but it "

@@ -464,9 +464,14 @@ class Observer:
         from chaosgpu.node import process_activity, process_state
 
         key = (who["pid"], who["starttime"])
-        if key in track.ranks:
-            return
         target = who is fault
+        if key in track.ranks:
+            known = track.ranks[key]
+            if target and not known.live and not known.net_prev:  # seen only once ended
+                known.helpers = known.helpers or {
+                    int(pid): int(start) for pid, start in fault.get("own_helpers") or []}
+                known.net_prev = {int(inode): 0 for inode in fault.get("peer_sockets") or []}
+            return
         env = {"TORCHELASTIC_ERROR_FILE": who["error_file"]} if who.get("error_file") else {}
         state = process_state(who["pid"], starttime=who["starttime"])
         if state == "Z":  # ended, not reaped yet: its stat holds its wait status (a pidfd
@@ -484,6 +489,10 @@ class Observer:
         rank = RankTrack(who.get("rank"), who["pid"], who["starttime"], who.get("restart_count"),
                          seen_at, state="exited", last_seen=seen_at, exited_at=seen_at)
         rank.exit_seen_late = not target
+        if target:  # its helpers and peer connections as the fault saw them: a helper still
+            # holding one is found as for a rank this observer saw alive (_check_holders)
+            rank.helpers = {int(pid): int(start) for pid, start in fault.get("own_helpers") or []}
+            rank.net_prev = {int(inode): 0 for inode in fault.get("peer_sockets") or []}
         track.ranks[key] = rank
         exit_info = self._exits.exit_or_fault(who["pid"], who["starttime"], faults)
         error = None

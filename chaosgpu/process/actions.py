@@ -201,6 +201,13 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     return report  # type: ignore[no-any-return]
 
 
+def _ends(signal: str) -> bool:
+    """Whether `signal` ends a process that neither handles nor ignores it, as the one
+    signalling program decides it (its `ends_process`)."""
+    program = _signaller()
+    return bool(program.ends_process(program.parse_signal(signal)))
+
+
 def _stops(signal: str) -> bool:
     """Whether `signal` is a stop signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU), as the one
     signalling program decides it (its `stops_process`)."""
