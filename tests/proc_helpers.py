@@ -28,6 +28,15 @@ def proc_state(pid: int) -> str:
         return handle.read().rsplit(b")", 1)[1].split()[0].decode()
 
 
+def v1_freezer_cgroup(pid: int) -> str:
+    """The cgroup v1 freezer path of `pid` (its /proc/PID/cgroup line for "freezer")."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "freezer" in controllers.split(","):
+            return path
+    raise AssertionError(f"PID {pid} has no v1 freezer cgroup")
+
+
 def unique(prefix: str) -> str:
     """`prefix` and 8 random hex digits: a tag or name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"

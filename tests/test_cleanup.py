@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 from conftest import require_tool
+from proc_helpers import proc_state
 
 from chaosgpu import state
 from chaosgpu.scope import resolve_scope
@@ -384,7 +385,7 @@ def test_cleanup_resumes_what_a_crashed_runner_froze() -> None:
         assert runner.returncode == 0 and "ready" in runner.stdout, runner.stderr
         left = set(freezelog.runs()) - before
         assert len(left) == 1, left
-        assert _state(procs["sigstop"].pid) == "T"
+        assert proc_state(procs["sigstop"].pid) == "T"
         code, output = _cleanup("--json")
         report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
         assert code == 0, output
@@ -412,10 +413,6 @@ def test_cleanup_resumes_what_a_crashed_runner_froze() -> None:
             proc.kill()
             proc.wait()
 
-
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_an_unsafe_state_dir_is_one_line_and_exit_1(tmp_path) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, finish, unique, wait_until
+from proc_helpers import alive, finish, unique, v1_freezer_cgroup, wait_until
 
 from chaosgpu import state
 from chaosgpu.process import actions as process_actions
@@ -24,14 +24,6 @@ V1 = Path("/sys/fs/cgroup/freezer")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not (V1 / "cgroup.procs").exists(),
     reason="needs root and the cgroup v1 freezer at /sys/fs/cgroup/freezer")
-
-
-def _v1_path(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "freezer" in controllers.split(","):
-            return path
-    raise AssertionError(f"PID {pid} has no v1 freezer cgroup")
 
 
 def _starttime(pid: int) -> int:
@@ -109,12 +101,12 @@ def test_resume_processes_puts_it_back_in_its_freezer_cgroup(home: Path) -> None
     tag = unique("fzh-resume")
     proc = _sleeper(tag, home)
     try:
-        assert _v1_path(proc.pid) == _expected(home)
+        assert v1_freezer_cgroup(proc.pid) == _expected(home)
         frozen = process_actions.freeze_processes({"tag": tag}, method="freezer-v1")
         assert frozen["frozen"] == [proc.pid] and frozen["freezer_state"] == "FROZEN"
-        assert _v1_path(proc.pid).startswith("/chaosgpu-")
+        assert v1_freezer_cgroup(proc.pid).startswith("/chaosgpu-")
         resumed = process_actions.resume_processes({"tag": tag})
-        assert _v1_path(proc.pid) == _expected(home)
+        assert v1_freezer_cgroup(proc.pid) == _expected(home)
         assert not freezer.frozen_now(proc.pid)
         [group] = resumed["thawed_cgroups"]
         assert group["homes"] == [{"pid": proc.pid, "cgroup": str(home)}]
@@ -133,11 +125,11 @@ def test_cleanup_thaw_puts_it_back_in_its_freezer_cgroup(home: Path) -> None:
         assert sorted(frozen["frozen"]) == sorted([first.pid, second.pid])
         # the thaw chaosgpu cleanup, cleanup_hung_job and resume_rank use
         thawed = process_actions._thaw_freezer_groups({first.pid})
-        assert _v1_path(first.pid) == _expected(home)
+        assert v1_freezer_cgroup(first.pid) == _expected(home)
         assert [g["left_frozen"] for g in thawed] == [[second.pid]]
         assert freezer.frozen_now(second.pid)  # not named: stays frozen
         thawed = freezer.thaw({second.pid})
-        assert _v1_path(second.pid) == _expected(home.parent)
+        assert v1_freezer_cgroup(second.pid) == _expected(home.parent)
         assert thawed[0]["homes"] == [{"pid": second.pid, "cgroup": str(home.parent)}]
         assert thawed[0]["removed"] is True
         _freezable_there(home, first.pid)
@@ -154,7 +146,7 @@ def test_release_puts_it_back_in_its_freezer_cgroup(home: Path) -> None:
         process_actions.freeze_processes({"tag": tag}, method="freezer-v1")
         answers = freezer.release([{"pid": proc.pid, "starttime": _starttime(proc.pid)}])
         assert answers[proc.pid]["released"] is True
-        assert _v1_path(proc.pid) == _expected(home)
+        assert v1_freezer_cgroup(proc.pid) == _expected(home)
         _freezable_there(home, proc.pid)
     finally:
         _done(tag, proc)
@@ -169,7 +161,7 @@ def test_a_cgroup_gone_by_the_thaw_is_said_and_the_root_taken(home: Path) -> Non
         process_actions.freeze_processes({"tag": tag}, method="freezer-v1")
         gone.rmdir()  # empty now: its only member is in chaosgpu's group
         resumed = process_actions.resume_processes({"tag": tag})
-        assert _v1_path(proc.pid) == "/"
+        assert v1_freezer_cgroup(proc.pid) == "/"
         assert not freezer.frozen_now(proc.pid)
         [group] = resumed["thawed_cgroups"]
         [lost] = group["home_lost"]
@@ -197,11 +189,11 @@ def test_a_process_in_a_foreign_frozen_cgroup_is_left_alone(home: Path) -> None:
         assert [f["pid"] for f in direct["failed"]] == [proc.pid]
         assert "did not make" in direct["failed"][0]["reason"]
         Path(direct["cgroup"]).rmdir()  # the empty group that freeze made
-        assert _v1_path(proc.pid) == _expected(home) and _state(home) == "FROZEN"
+        assert v1_freezer_cgroup(proc.pid) == _expected(home) and _state(home) == "FROZEN"
         assert not _records_of(proc.pid)
         resumed = process_actions.resume_processes({"tag": tag})
         assert [s["pid"] for s in resumed["left_stopped"]] == [proc.pid]
-        assert _v1_path(proc.pid) == _expected(home) and _state(home) == "FROZEN"
+        assert v1_freezer_cgroup(proc.pid) == _expected(home) and _state(home) == "FROZEN"
     finally:
         (home / "freezer.state").write_text("THAWED")
         os.kill(proc.pid, signal.SIGCONT)

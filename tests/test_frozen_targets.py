@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, unique, wait_until
+from proc_helpers import alive, unique, v1_freezer_cgroup, wait_until
 
 from chaosgpu import faultlog, state
 from chaosgpu.errors import ActivityError
@@ -31,14 +31,6 @@ V1 = Path("/sys/fs/cgroup/freezer")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not (V1 / "cgroup.procs").exists(),
     reason="needs root and the cgroup v1 freezer")
-
-
-def _v1_group_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "freezer" in controllers.split(","):
-            return path
-    raise AssertionError(f"PID {pid} has no v1 freezer cgroup")
 
 
 def _groups_named(*needles: str) -> list[str]:
@@ -147,7 +139,7 @@ def test_a_fatal_signal_lets_only_its_targets_out_of_chaosgpus_freezer() -> None
         assert target.wait(timeout=5) == -signal.SIGKILL
         # The bystander, outside the scope, is still frozen in its group.
         assert alive(bystander.pid) and freezer.frozen_now(bystander.pid)
-        assert _v1_group_of(bystander.pid) == "/" + Path(frozen["cgroup"]).name
+        assert v1_freezer_cgroup(bystander.pid) == "/" + Path(frozen["cgroup"]).name
         resumed = process_actions.resume_processes({"pids": [bystander.pid]})
         assert [g["removed"] for g in resumed["thawed_cgroups"]] == [True], resumed
         assert not freezer.frozen_now(bystander.pid)
@@ -165,7 +157,7 @@ def test_a_fatal_signal_to_a_target_in_a_foreign_frozen_cgroup_is_refused_not_le
         with foreign_freeze([proc.pid]) as group:
             with pytest.raises(Exception, match="frozen cgroup"):
                 process_actions.signal_processes({"tag": tag}, signal="SIGKILL")
-            assert _v1_group_of(proc.pid) == "/" + group.name  # left where it was
+            assert v1_freezer_cgroup(proc.pid) == "/" + group.name  # left where it was
         time.sleep(0.2)  # thawed by its owner: no SIGKILL was left pending
         assert alive(proc.pid)
     finally:

@@ -90,15 +90,8 @@ answers = itertools.cycle([False] * K + [True]) if K else itertools.repeat(False
 work = types.SimpleNamespace(is_completed=answers.__next__)
 """
 
-POLL_WHILE = POLL_HEAD + """
-
-def step(n):
-    polls = 0
-    while not work.is_completed():  # POLL
-        polls += 1
-        time.sleep(0.02)  # HERE
-    return polls
-
+# the driver every poll-loop script ends with: step(n) for ever
+POLL_MAIN = """
 
 def main():
     print("ready", flush=True)
@@ -108,6 +101,16 @@ def main():
 
 main()
 """
+
+POLL_WHILE = POLL_HEAD + """
+
+def step(n):
+    polls = 0
+    while not work.is_completed():  # POLL
+        polls += 1
+        time.sleep(0.02)  # HERE
+    return polls
+""" + POLL_MAIN
 
 POLL_WHILE_TRUE = POLL_HEAD + """
 
@@ -118,16 +121,7 @@ def step(n):
             break
         polls += 1
         time.sleep(0.02)  # HERE
-
-
-def main():
-    print("ready", flush=True)
-    for n in range(10**6):
-        step(n)
-
-
-main()
-"""
+""" + POLL_MAIN
 
 POLL_FOR = POLL_HEAD + """
 
@@ -137,16 +131,7 @@ def step(n):
             continue
         if work.is_completed(): break  # POLL
         time.sleep(0.02)  # HERE
-
-
-def main():
-    print("ready", flush=True)
-    for n in range(10**6):
-        step(n)
-
-
-main()
-"""
+""" + POLL_MAIN
 
 MULTI_LINE_CALL = """\
 import time
