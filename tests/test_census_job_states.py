@@ -79,7 +79,8 @@ def test_cgroup_frozen_rank_is_frozen(cached: bool) -> None:
     if found is None or os.geteuid() != 0:
         pytest.skip("needs root and a writable cgroup freezer")
     root, version = found
-    group = root / f"chaosgpu-test-{os.environ['CHAOSGPU_TEST_ID']}"
+    # not "chaosgpu-*": chaosgpu removes its own empty freezer groups of that name host-wide
+    group = root / f"census-test-{os.environ['CHAOSGPU_TEST_ID']}"
     job = f"frozen-{int(cached)}-{os.environ['CHAOSGPU_TEST_ID']}"
     group.mkdir()
     try:
