@@ -128,10 +128,12 @@ def _undo_freezes(include_running: bool, report: _Report) -> set[int]:
     from chaosgpu.process.actions import STOP_KINDS, send
 
     in_freezer: set[int] = set()
-    for name, run in freezelog.runs().items():
+    for name, run in (report.outcome("freezes", "folder", freezelog.runs) or {}).items():
         runner = None if include_running else _run_in_progress(run)
-        live = [e for e in freezelog.outstanding(name)
-                if process_starttime(e["pid"]) == e["starttime"]]
+        left = report.outcome("freeze", name, freezelog.outstanding, name)
+        if left is None:
+            continue  # unreadable or not trusted (the report says why): nothing resumed by it
+        live = [e for e in left if process_starttime(e["pid"]) == e["starttime"]]
         if runner is not None:
             if live:  # a run in progress that holds processes frozen: its own to resume
                 report.kept.append(_kept("freeze", name, runner))

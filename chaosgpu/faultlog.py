@@ -51,7 +51,8 @@ def record(kind: str, /, **fields: Any) -> dict[str, Any]:
             and isinstance(fields.get("starttime"), int):
         from chaosgpu import freezelog
 
-        freezelog.frozen(fields["pid"], fields["starttime"], kind)  # for a cleanup after a crash
+        freezelog.frozen([(fields["pid"], fields["starttime"])], kind)  # for a cleanup after
+        # a crash (noted once: the action noted it before its freeze already)
     from chaosgpu.timeline.sampler import current
 
     sampler = current()

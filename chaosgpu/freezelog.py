@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ logger = logging.getLogger("chaostoolkit")
 DIRECTORY = "freezes"
 
 _LOCK = threading.Lock()
-_OUTSTANDING: set[tuple[int, int]] = set()
+# (pid, starttime) -> the kinds noted for it (a stop signal's name, "freezer")
+_OUTSTANDING: dict[tuple[int, int], set[str]] = {}
 
 
 def _own_file() -> Path:
@@ -50,19 +52,26 @@ def _append(lines: list[dict[str, Any]]) -> None:
         os.close(fd)
 
 
-def frozen(pid: int, starttime: int, kind: str) -> None:
-    """Note on disk that this runner froze the process (`kind`: a stop signal's name, or
-    "freezer"). A state directory that cannot be written is logged, never raised: the freeze
-    is done, and this run's own rollback still resumes it from the fault log."""
+def frozen(keys: list[tuple[int, int]], kind: str) -> None:
+    """Note on disk that this runner freezes these processes ((pid, starttime) each; `kind`: a
+    stop signal's name, or "freezer"). The fault actions call it before they stop or freeze
+    (a runner killed while it waits for the freeze to hold leaves its trace), and the fault
+    log again once the freeze is recorded (noted once); `resumed` drops those the action did
+    not freeze after all. A state directory that cannot be written is logged, never raised:
+    this run's own rollback still resumes from the fault log."""
     with _LOCK:
-        try:
-            _append([{"frozen": [pid, starttime], "kind": kind}])
-        except (OSError, state.StateDirError) as error:
-            logger.warning("chaosgpu: the freeze of PID %s is not kept on disk (%s): a "
-                           "`chaosgpu cleanup` after a crash of this run cannot resume it",
-                           pid, error)
+        new = [key for key in keys if kind not in _OUTSTANDING.get(key, ())]
+        if not new:
             return
-        _OUTSTANDING.add((pid, starttime))
+        try:
+            _append([{"frozen": list(key), "kind": kind} for key in new])
+        except (OSError, state.StateDirError) as error:
+            logger.warning("chaosgpu: the freeze of PID(s) %s is not kept on disk (%s): a "
+                           "`chaosgpu cleanup` after a crash of this run cannot resume it",
+                           [key[0] for key in new][:10], error)
+            return
+        for key in new:
+            _OUTSTANDING.setdefault(key, set()).add(kind)
 
 
 def resumed(keys: list[tuple[int, int]]) -> None:
@@ -76,9 +85,9 @@ def resumed(keys: list[tuple[int, int]]) -> None:
         if not mine:
             return
         try:
-            _OUTSTANDING.difference_update(mine)
-            _OUTSTANDING.intersection_update(
-                [key for key in _OUTSTANDING if process_starttime(key[0]) == key[1]])
+            for key in [*mine, *(key for key in _OUTSTANDING
+                                 if process_starttime(key[0]) != key[1])]:
+                _OUTSTANDING.pop(key, None)
             if _OUTSTANDING:
                 _append([{"resumed": list(key)} for key in mine])
             else:
@@ -90,9 +99,14 @@ def resumed(keys: list[tuple[int, int]]) -> None:
 
 def runs() -> dict[str, dict[str, Any]]:
     """Every runner's freeze file in the state directory: name -> {"runner": {pid,
-    starttime}, "path"}; a file whose name is no runner's is left out."""
+    starttime}, "path"}; a file whose name is no runner's is left out. The folder must be as
+    private as the state directory (a real directory of this user, closed to others:
+    StateDirError otherwise): its files decide which processes a cleanup resumes."""
     folder = state.state_dir() / DIRECTORY
     found: dict[str, dict[str, Any]] = {}
+    if not os.path.lexists(folder):
+        return found
+    state.check_private_dir(folder)
     with contextlib.suppress(FileNotFoundError):
         for path in sorted(folder.iterdir()):
             pid, _, start = path.name.removesuffix(".jsonl").partition("-")
@@ -104,14 +118,27 @@ def runs() -> dict[str, dict[str, Any]]:
 
 def outstanding(name: str) -> list[dict[str, Any]]:
     """The freezes of runner file `name` never resumed, oldest first: [{"pid", "starttime",
-    "kinds"}]; lines that do not parse (a write cut short) are skipped."""
+    "kinds"}]; lines that do not parse (a write cut short) are skipped. A file that is not a
+    regular file of this user closed to others' writes (a symlink included) is not trusted:
+    StateDirError."""
     path = state.state_dir() / DIRECTORY / f"{name}.jsonl"
     kinds: dict[tuple[int, int], set[str]] = {}
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return []
-    for line in text.splitlines():
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() \
+                or info.st_mode & 0o022:
+            raise state.StateDirError(
+                f"freeze file {path}: not a regular file of this user closed to others' writes "
+                f"(mode {stat.S_IMODE(info.st_mode):04o}, owner {info.st_uid}): not trusted")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read()
+    finally:
+        os.close(fd)
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
             entry = json.loads(line)
             if "frozen" in entry:

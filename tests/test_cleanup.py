@@ -427,3 +427,113 @@ def test_an_unsafe_state_dir_is_one_line_and_exit_1(tmp_path) -> None:
     assert out.returncode == 1, out
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert str(unsafe) in out.stderr and "0755" in out.stderr, out.stderr
+
+
+VFORK_HOLD = r"""
+#include <unistd.h>
+int main(void) {
+    pid_t child = vfork();  /* the parent waits, uninterruptible, until the child exits */
+    if (child == 0) { sleep(60); _exit(0); }
+    return 0;
+}
+"""
+
+FREEZE_AND_WAIT = """
+import sys
+from chaosgpu.process.actions import freeze_processes
+print("freezing", flush=True)
+freeze_processes({"tag": sys.argv[1]}, deadline_s=120)
+"""
+
+
+def test_cleanup_resumes_a_freeze_whose_runner_died_waiting_for_it_to_hold(tmp_path) -> None:
+    """The runner is killed while freeze_processes waits for a target that cannot stop yet (a
+    parent held in vfork, state D): the freeze was noted on disk before the wait, so `chaosgpu
+    cleanup` resumes the process that did stop (before: the file was written only after the
+    wait, and the cleanup said "nothing to clean up" with it stopped; outside trial)."""
+    require_tool("gcc", install="apt-get install gcc")
+    source = tmp_path / "vf.c"
+    source.write_text(VFORK_HOLD)
+    subprocess.run(["gcc", "-O0", "-o", str(tmp_path / "vf"), str(source)], check=True,
+                   timeout=120)
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, CHAOSGPU_TAG=tag)
+    plain = subprocess.Popen(["sleep", "60"], env=env, stdin=subprocess.DEVNULL)
+    held = subprocess.Popen([str(tmp_path / "vf")], env=env, stdin=subprocess.DEVNULL)
+    runner = None
+    try:
+        time.sleep(0.2)
+        assert proc_state(held.pid) == "D"
+        runner = subprocess.Popen([sys.executable, "-c", FREEZE_AND_WAIT, tag],
+                                  env=dict(os.environ), stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while proc_state(plain.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc_state(plain.pid) == "T"
+        runner.kill()  # it waits for the vfork parent, up to 120 s
+        runner.wait(timeout=10)
+        code, output = _cleanup("--json")
+        report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+        [entry] = [item for item in report["removed"] if item["kind"] == "freeze"]
+        assert plain.pid in entry["resumed"], output
+        assert proc_state(plain.pid) != "T"
+    finally:
+        for proc in (runner, plain, held):
+            if proc is not None:
+                with __import__("contextlib").suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(timeout=30)
+        for pid in _alive(tag):  # the vfork child
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_bad_or_foreign_freeze_file_is_reported_and_the_others_still_resumed() -> None:
+    """One freeze file that cannot be read (bytes that are no text) or is not this user's own
+    regular file (a symlink to a file anyone could write) stops nothing else: it is listed as
+    not removed, never trusted, and a good file beside it is still resumed (before: a
+    traceback ended the whole cleanup, and a symlinked file was trusted; outside trial)."""
+    from chaosgpu import freezelog
+
+    folder = state.state_dir() / freezelog.DIRECTORY
+    folder.mkdir(mode=0o700, exist_ok=True)
+    stopped = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    victim = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    files = []
+    try:
+        from chaosgpu.node import process_starttime
+
+        os.kill(stopped.pid, signal.SIGSTOP)
+        os.kill(victim.pid, signal.SIGSTOP)
+        good = folder / f"{gone.pid}-1.jsonl"
+        good.write_text(json.dumps({"frozen": [stopped.pid, process_starttime(stopped.pid)],
+                                    "kind": "SIGSTOP"}) + "\n")
+        bad = folder / f"{gone.pid}-2.jsonl"
+        bad.write_bytes(b"\xff\xfe\x00 not text\n")
+        outside = state.state_dir().parent / f"open-{uuid.uuid4().hex[:6]}.jsonl"
+        outside.write_text(json.dumps({"frozen": [victim.pid, process_starttime(victim.pid)],
+                                       "kind": "SIGSTOP"}) + "\n")
+        outside.chmod(0o666)
+        link = folder / f"{gone.pid}-3.jsonl"
+        link.symlink_to(outside)
+        files = [good, bad, link, outside]
+        os.chmod(good, 0o600)
+        os.chmod(bad, 0o600)
+        code, output = _cleanup("--json")
+        assert "Traceback" not in output, output
+        report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+        assert code == 1, output
+        refused = {item["name"] for item in report["not_removed"] if item["kind"] == "freeze"}
+        assert refused == {link.stem}, output  # undecodable bytes are skipped lines
+        [entry] = [item for item in report["removed"] if item["name"] == good.stem]
+        assert entry["resumed"] == [stopped.pid], entry
+        assert proc_state(stopped.pid) != "T" and proc_state(victim.pid) == "T"
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)
+        for proc in (stopped, victim):
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()

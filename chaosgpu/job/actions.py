@@ -41,6 +41,10 @@ from chaosgpu.process.actions import (
     STOP_WAIT_S,
     _ends,
     _freeze_with_freezer,
+    _not_frozen_after_all,
+    _note_freezing,
+    _signal_name,
+    _stops,
     _thaw_freezer_groups,
     freeze_not_held,
     send,
@@ -253,8 +257,13 @@ def _signal_process(census: dict[str, Any], found: dict[str, Any], rank: int | N
     """Send `signal` to the rank's process; raise unless the kernel accepted it."""
     peers = watch_peers(census, found, proc)
     held = rank_connections(census, found, proc) if _ends(signal) else {}
+    # a stop is noted on disk before it is sent and watched: a runner killed meanwhile leaves
+    # a trace for `chaosgpu cleanup`
+    noted = _note_freezing([proc], _signal_name(signal)) if _stops(signal) else []
     report = send([proc], signal, {"job": found["id"]}, STOP_WAIT_S)
     result = report["results"][0]
+    if result["result"] != "sent" or result.get("stop_discarded"):
+        _not_frozen_after_all(noted, [])
     out = {"job": found["id"], "rank": rank, "pid": proc["pid"], "signal": report["signal"],
            "result": result["result"], "reason": result.get("reason"),
            "sent_at": result.get("sent_at"), "released_from": result.get("released_from")}
@@ -340,6 +349,7 @@ def freeze_rank(rank: Union[int, str], job: Optional[str] = None, tag: Optional[
                                   f"{check['result']}: {check.get('reason')}")
         version = "auto" if method == "freezer" else method[len("freezer-"):]
         which = f"rank{number}" if number is not None else f"pid{proc['pid']}"
+        _note_freezing([proc], "freezer")  # before the wait for FROZEN (see _signal_process)
         frozen = _freeze_with_freezer({"job": f"{found['id']}-{which}"}, [proc], STOP_WAIT_S,
                                       version)
         faultlog.record("freezer", job=found["id"], tag=found.get("tag"), rank=number,

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any, Dict, Optional, Union
 
-from chaosgpu import faultlog
+from chaosgpu import faultlog, freezelog
 from chaosgpu.arguments import (
     BOOL,
     MISSING_OK,
@@ -167,16 +167,24 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
         for proc in detail["processes"]:
             if (stopped := _stopped_how(proc)) is not None:
                 before[proc["pid"]] = stopped
-    report = send(detail["processes"], signal, checked, wait_stopped_s if stops else 0.0)
+    noted = _note_freezing([p for p in detail["processes"] if p["pid"] not in before],
+                           _signal_name(signal)) if stops else []
+    try:
+        report = send(detail["processes"], signal, checked, wait_stopped_s if stops else 0.0)
+    except BaseException:
+        _not_frozen_after_all(noted, [])
+        raise
     report.update(scope=checked, excluded=detail["excluded"], missing=detail["missing"])
     if require_match and not report["sent"]:
+        _not_frozen_after_all(noted, [])
         why = "; ".join(f"PID {r['pid']}: {r['result']} ({r.get('reason')})"
                         for r in report["results"])
         raise ScopeError(f"{report['signal']} reached no process of scope "
                          f"{describe_scope(checked)}: nothing was sent ({why})")
     sent = [r for r in report["results"] if r["result"] == "sent"]
     if stops:
-        _record_stops(sent, before, describe_scope(checked), report)
+        recorded = _record_stops(sent, before, describe_scope(checked), report)
+        _not_frozen_after_all(noted, recorded)  # noted before the send, not this run's freeze
         # One stopped or frozen before it is left as found: its state is not this signal's.
         missed = not_stopped({"results": [r for r in report["results"]
                                           if r["pid"] not in before]})
@@ -201,6 +209,28 @@ def signal_processes(scope: Dict[str, Any], signal: str = "SIGKILL",
     return report  # type: ignore[no-any-return]
 
 
+def _note_freezing(processes: list[dict[str, Any]], kind: str) -> list[tuple[int, int]]:
+    """Note on disk (chaosgpu.freezelog), before a stop signal or a freezer freeze that waits
+    for it to hold, that this run freezes `processes`: a runner killed during that wait leaves
+    a trace `chaosgpu cleanup` resumes. Returns the (pid, starttime) noted."""
+    keys = [(p["pid"], p["starttime"]) for p in processes if p.get("starttime") is not None]
+    freezelog.frozen(keys, kind)
+    return keys
+
+
+def _not_frozen_after_all(noted: list[tuple[int, int]], frozen: list[dict[str, Any]]) -> None:
+    """Drop from the disk trace the processes noted before a freeze that it did not freeze
+    (refused, gone, already stopped, a stop lost for good): never this run's to resume."""
+    done = {(p["pid"], p["starttime"]) for p in frozen}
+    freezelog.resumed([key for key in noted if key not in done])
+
+
+def _signal_name(signal: str) -> str:
+    """The signalling program's name for `signal` ("SIGSTOP" for "sigstop" or 19)."""
+    program = _signaller()
+    return str(program.name_of(program.parse_signal(signal)))
+
+
 def _ends(signal: str) -> bool:
     """Whether `signal` ends a process that neither handles nor ignores it, as the one
     signalling program decides it (its `ends_process`)."""
@@ -216,16 +246,18 @@ def _stops(signal: str) -> bool:
 
 
 def _record_stops(sent: list[dict[str, Any]], before: dict[int, str], scope: str,
-                  report: dict[str, Any]) -> None:
+                  report: dict[str, Any]) -> list[dict[str, Any]]:
     """Record each stop signal `sent` (the report's `signal`) as this run's freeze (the fault
     log, kind the signal's name, as freeze_processes records a SIGSTOP), except where the
     process was already stopped or frozen before it (`before`): that stop is someone else's,
     and resume_processes must leave it; nor where the signal was lost for good (the result's
     `stop_discarded`: ignored by the process, or discarded by the kernel for an orphaned process
-    group), listed in the report's `stop_discarded`: a later stop is someone else's too."""
+    group), listed in the report's `stop_discarded`: a later stop is someone else's too.
+    Returns the results recorded."""
     name = report["signal"]
     report["already_stopped"] = []
     report["stop_discarded"] = []
+    recorded = []
     for result in sent:
         if result["pid"] in before:
             report["already_stopped"].append(
@@ -241,6 +273,8 @@ def _record_stops(sent: list[dict[str, Any]], before: dict[int, str], scope: str
                            "later stop by someone else as found)"})
             continue
         faultlog.record(name, pid=result["pid"], starttime=result["starttime"], scope=scope)
+        recorded.append(result)
+    return recorded
 
 
 def _stopped_how(proc: dict[str, Any]) -> str | None:
@@ -315,6 +349,8 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
         else:
             already.append({"pid": proc["pid"], "starttime": proc.get("starttime"),
                             "reason": f"{how} before this freeze: left as found"})
+    kind = "SIGSTOP" if method == "sigstop" else "freezer"
+    noted = _note_freezing(targets, kind)  # before: a runner killed while it waits leaves it
     if method == "sigstop":
         report = send(targets, "SIGSTOP", checked, deadline_s)
         report["method"] = "sigstop"
@@ -329,10 +365,10 @@ def freeze_processes(scope: Dict[str, Any], method: str = "sigstop",
             checked, [p for p in targets if p["pid"] in allowed], deadline_s, version)
         report["refused"] = [r for r in check["results"] if r["result"] == "refused"]
         frozen = [p for p in targets if p["pid"] in report["frozen"]]
-    kind = "SIGSTOP" if method == "sigstop" else "freezer"
     for proc in frozen:  # what resume_processes may resume
         faultlog.record(kind, pid=proc["pid"], starttime=proc["starttime"],
                         scope=describe_scope(checked))
+    _not_frozen_after_all(noted, frozen)
     report.update(scope=checked, excluded=detail["excluded"], already_stopped=already)
     missed = freeze_not_held(report, deadline_s)
     if missed:  # recorded first: the rollback resumes whatever of it holds later
