@@ -2,9 +2,11 @@
 
 A partition drops, in both directions, every packet of the TCP connections a set of processes
 holds at the moment of the fault (exact address and port pairs), and every new connection to the
-sockets they listen on (the listening address and port: a specific address, or any address of
-the namespace for a wildcard listener; never a port number alone, so another process using the
-same port number on another address, or connecting out to another host, is not touched; a port
+sockets they listen on (its opening packet, a SYN without ACK, to the listening address and port:
+a specific address, or any address of the namespace for a wildcard listener; never a port number
+alone, so another process using the same port number on another address, or connecting out to
+another host, is not touched; nor is an established connection on that port that a process
+outside the targets holds, such as a forked child's accepted connection; a port
 that a process outside the targets also listens on, or a socket a target shares with an outside
 process (an inherited or passed descriptor, found by socket inode in every process's open
 files), is left out and reported): their peers see
@@ -317,7 +319,8 @@ def _overlaps(a: str, b: str) -> bool:
 
 def _listen_rules(listening: list[str], others: list[dict[str, Any]]
                   ) -> tuple[list[str], list[dict[str, Any]]]:
-    """Rules dropping new connections to the targets' listening sockets (`address:port`): a
+    """Rules dropping new connections to the targets' listening sockets (`address:port`; the
+    table applies them to a connection's opening packet only, NEW_CONNECTION): a
     specific address is matched with its port; a wildcard with its port and any local address of
     the namespace (`fib daddr type local`: never a connection out to another host). A socket a
     process outside the targets also listens on (`others`: `{"local", "pids", "same"}`, `same`
@@ -404,7 +407,18 @@ def _connection_rules(connections: list[tuple[str, str]]) -> list[str]:
     return rules
 
 
-def _script(table: str, rules: list[str], replace: bool = False) -> str:
+# A listening rule drops a connection's opening packet only (a SYN without ACK; stateless, no
+# conntrack): an established connection on that port held by a process outside the targets (a
+# forked child that kept an accepted connection) keeps flowing. In both chains every other
+# packet leaves the table before the listening rules (this accept ends this table's chain only);
+# the targets' own connections are dropped before it, by their connection rules.
+NEW_CONNECTION = "tcp flags & (syn | ack) == syn"
+_NOT_NEW = "tcp flags & (syn | ack) != syn accept"
+
+
+def _script(table: str, connection_rules: list[str], listen_rules: list[str],
+            replace: bool = False) -> str:
+    rules = [*connection_rules, *([_NOT_NEW, *listen_rules] if listen_rules else [])]
     body = "\n".join(f"    {rule}" for rule in rules)
     flush = f"flush table inet {table}\n" if replace else ""
     return (f"{flush}table inet {table} {{\n"
@@ -447,7 +461,9 @@ def runner_alive(record: dict[str, Any]) -> bool:
 def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
     """Partition `targets` (`[{"pid", "starttime", ...}]`, all in one network namespace): drop
     every TCP connection they hold and new connections to their listening sockets (their
-    address and port, never the port number alone). Returns the record (id, table, rules, the
+    address and port, never the port number alone; a SYN without ACK only, `listen_match`, so
+    an established connection on that port held outside the targets is not touched). Returns
+    the record (id, table, rules, the
     connections and listening ports and sockets dropped, `left_out`: listening sockets and
     connections not dropped because a process outside the targets also listens there or holds
     the very socket, each with those PIDs and why; `sharing_unchecked`: PIDs whose open files
@@ -518,7 +534,9 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
               "targets": targets, "connections": sorted(set(connections)),
               "listening": sorted(set(listening)), "listening_sockets": sorted(set(bound)),
               "left_out": left_out, "rules": rules, "connection_rules": connection_rules,
-              "listen_rules": listen_rules, "created_at": time.time(), "reason": reason,
+              "listen_rules": listen_rules,
+              "listen_match": NEW_CONNECTION if listen_rules else None,
+              "created_at": time.time(), "reason": reason,
               "runner": runner_identity(), "listen_watch": watch,
               "sharing_unchecked": unchecked}
     _CREATED.add(ident)
@@ -527,7 +545,7 @@ def create(targets: list[dict[str, Any]], reason: str = "") -> dict[str, Any]:
     try:
         write_record(KIND, ident, record)  # first: a crash after nft still leaves a record
         with _netns_fd(record) as fd:
-            out = _run_nft(["-f", "-"], fd, _script(table, rules))
+            out = _run_nft(["-f", "-"], fd, _script(table, connection_rules, listen_rules))
     except BaseException:
         _close(pidfds)
         raise
@@ -758,7 +776,8 @@ def _withdraw_locked(record: dict[str, Any]) -> dict[str, Any] | None:
                              "not one of chaosgpu's: refused")
     try:
         with _netns_fd(record) as fd:
-            out = _run_nft(["-f", "-"], fd, _script(record["table"], keep, replace=True))
+            out = _run_nft(["-f", "-"], fd,
+                           _script(record["table"], keep, [], replace=True))
     except NamespaceGone:  # nothing holds the namespace any more: gone with its rules
         remove(record["id"])
         return None
