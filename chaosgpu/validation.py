@@ -12,14 +12,18 @@ is used. `$${name}` is chaoslib's escape for a literal `${name}` and is not a re
 steady state, method and rollbacks) against the activity's own rules (chaosgpu.arguments)
 without running it, each as the run will pass it: every `${name}` in it, nested dicts and lists
 included, substituted as Chaos Toolkit substitutes it (a whole `${name}` takes the value with
-its type, one inside a longer text is formatted into it) from what is known before the run, the
-configuration's literal values and the `--var`s (`--var rank:str=1` gives the text "1", which
-no rank rule takes; a catalog scope `{"tag": "${tag}"}` with `--var "tag=x y"` is a tag no
-scope takes). A part only the run can tell (a secret, an environment variable) is left unknown
-and the rest is still checked: a scope `{"tag": "${token}", "incude_other_users": true}` is
-refused for its typo'd key whatever the token is, never only because a part is unknown.
-chaoslib's validation checks the names of arguments, not their values: without this, a bad
-value failed only when its activity ran, after the method had started the job.
+its type, one inside a longer text is formatted into it, and so is a `$name`; a `$name` that
+nothing defines stays as written, as chaoslib leaves it) from what is known before the run, the
+configuration's literal values (a dict or list too: `"scope": "${scope}"` takes the
+configuration's dict as the activity's scope, keys and all) and the `--var`s (`--var
+rank:str=1` gives the text "1", which no rank rule takes; a catalog scope `{"tag": "${tag}"}`
+with `--var "tag=x y"` is a tag no scope takes). A part only the run can tell (a secret; a
+configuration value read from an environment variable, `{"type": "env"}`, or by a probe,
+`{"type": "probe"}`: RUN_TIME_TYPES) is left unknown and the rest is still checked: a scope
+`{"tag": "${token}", "incude_other_users": true}` is refused for its typo'd key whatever the
+token is, never only because a part is unknown. chaoslib's validation checks the names of
+arguments, not their values: without this, a bad value failed only when its activity ran, after
+the method had started the job.
 `ensure_arguments_valid` raises `chaosgpu.errors.InvalidArgument` naming each. The rules are
 the activities' own (`chaosgpu.arguments.checked`): a scope's keys, `missing_ok`, a verdict,
 phase, signal or mode name, a sandbox or pod name..., each checked by the same code the
@@ -63,10 +67,14 @@ from chaosgpu.errors import InvalidArgument, UnknownVariable
 
 __all__ = ["defined_names", "unresolved_variables", "ensure_variables_resolve", "unknown_vars",
            "ensure_vars_known", "READ_KEYS", "var_texts", "argument_problems",
-           "ensure_arguments_valid", "before_experiment_control", "main"]
+           "ensure_arguments_valid", "before_experiment_control", "RUN_TIME_TYPES", "main"]
 
 # The experiment's own declarations of variables: not places where variables are used.
 DECLARATIONS = ("configuration", "secrets")
+#: The configuration values chaoslib loads when the run starts (chaoslib.configuration): a
+#: mapping whose "type" is "env" (an environment variable) or "probe" (a dynamic value). Any
+#: other mapping, and any list, is a literal value the run passes as written.
+RUN_TIME_TYPES = ("env", "probe")
 #: Configuration keys chaosgpu's activities read themselves (not through `${name}`): a `--var`
 #: may set one that the experiment never names.
 READ_KEYS = ("chaosgpu_agent_url",)
@@ -158,9 +166,16 @@ def _activities(experiment: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[st
                 yield f"{part}[{activity.get('name', index)!r}]", activity
 
 
+def _run_time(value: Any) -> bool:
+    """Whether a configuration value is one only the run can tell (RUN_TIME_TYPES, or _LATER),
+    not a literal value."""
+    return value is _LATER or (isinstance(value, Mapping)
+                               and value.get("type") in RUN_TIME_TYPES)
+
+
 class _Unknown:
     """A part of an argument that only the run can tell, as written: a `${name}` (or `$name`)
-    that a secret, an environment variable or a value set at run time gives. `stand_in` is the
+    that a secret, an environment variable or a probe's value at run time gives. `stand_in` is the
     text with such references replaced by _STAND_IN when it is text whatever they are (a
     reference inside a longer text), None when it may be any value (a whole `${name}`).
     Shown as written, so a refusal shows the argument as the experiment holds it."""
@@ -195,11 +210,14 @@ def _substituted(text: str, values: Mapping[str, Any]) -> Any:
     """`text` as Chaos Toolkit substitutes it (chaoslib's substitute_string: a whole `${name}`
     takes the value with its type, a reference inside a longer text, `${name}` or `$name`, is
     replaced by str(value), `$$` is `$`), from `values`; an _Unknown where a reference is one
-    only the run can tell (a value that is a mapping such as {"type": "env", ...}, or a
-    `${name}` that `values` lacks: a secret, a variable given at run time). A `$name` that
-    `values` lacks stays as written, as chaoslib leaves it."""
+    only the run can tell (a value of _run_time, such as {"type": "env", ...}, or a `${name}`
+    that `values` lacks: a secret, a variable given at run time). A literal dict or list is a
+    value like any other: a whole `${name}` takes it as it is (chaoslib substitutes nothing
+    inside it), a longer text takes str() of it. A `$name` that `values` lacks (no
+    configuration key, secret or `--var` of that name) stays as written, as chaoslib leaves it:
+    the activity gets the text "$name", and its rule decides."""
     def plain(name: str) -> bool:
-        return name in values and not isinstance(values[name], Mapping)
+        return name in values and not _run_time(values[name])
 
     name = _whole_reference(text)
     if name is not None:
@@ -248,8 +266,8 @@ def _unknowns(value: Any) -> Iterator[_Unknown]:
             yield from _unknowns(item)
 
 
-#: What a name of `later` stands for inside a nested or longer value (_value): a mapping, so
-#: _substituted leaves it to the run.
+#: What a name of `later`, or a secret's, stands for (_value, argument_problems): a value only
+#: the run can tell (_run_time), so _substituted leaves it to the run.
 _LATER: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -431,6 +449,8 @@ def argument_problems(experiment: Mapping[str, Any], values: Mapping[str, Any] |
     file holds; nothing for a typed `--var` or a text no type would make good."""
     known = {key: value for key, value in (experiment.get("configuration") or {}).items()}
     known.update(values or {})
+    # a secret is left to the run, `$name` too (chaoslib substitutes it): never its name as text
+    known.update({name: _LATER for name in defined_names(experiment) - set(known)})
     problems = []
     for where, activity in _activities(experiment):
         provider = activity.get("provider")
@@ -466,7 +486,7 @@ def _control_problems(experiment: Mapping[str, Any], known: Mapping[str, Any],
         samples,
     )
 
-    plain = {name: value for name, value in known.items() if not isinstance(value, Mapping)}
+    plain = {name: value for name, value in known.items() if not _run_time(value)}
     pending = {name for _, text in _strings(experiment, "")
                for name in _references(text)} - set(plain)
     problems = []
@@ -555,7 +575,7 @@ def before_experiment_control(context: Any = None, configuration: Any = None,
         given = var_texts(sys.argv)
         declared = (context or {}).get("configuration") or {}
         later = {name for name, value in declared.items()
-                 if isinstance(value, Mapping) and name not in given}
+                 if _run_time(value) and name not in given}
         ensure_arguments_valid(context or {}, configuration or {}, control_scope=False,
                                cli_vars=given, later=later)
     except (UnknownVariable, InvalidArgument) as error:

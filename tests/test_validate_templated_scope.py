@@ -72,6 +72,7 @@ def _run_refused(tmp_path: Path, document: dict[str, Any], *said: str,
                  options: tuple[str, ...] = ()) -> None:
     """`chaos run [options]` stops before the method: interrupted, nothing in its journal's
     run, the reason in its log, and no marker."""
+    (tmp_path / "marker").unlink(missing_ok=True)  # an earlier run's, in the same tmp_path
     if options:  # experiment_helpers.chaos_run passes no options
         run, journal, log = _chaos_run_with(tmp_path, document, *options)
     else:
@@ -186,3 +187,99 @@ def test_the_timeline_control_s_templated_scope_is_checked_too(tmp_path: Path) -
     assert done.returncode == 1, done.stdout + done.stderr
     assert "controls['chaosgpu-timeline']: the timeline control cannot start (" in done.stderr
     assert "incude_other_users" in done.stderr, done.stderr
+
+
+BOGUS_KEY = "unknown scope key(s) ['bogus']"
+BAD_TAG = "scope 'tag' must be a tag: a non-empty string without whitespace"
+
+
+def _ran_on(tmp_path: Path, document: dict[str, Any], *said: str) -> None:
+    """`chaos run` was not stopped before the method: the marker is written, the freeze ran,
+    and its log says each of `said` (what the freeze itself said)."""
+    for stale in ("marker", "journal.json", "log"):
+        (tmp_path / stale).unlink(missing_ok=True)
+    run, journal, log = _chaos_run(tmp_path, document)
+    assert REFUSED not in log, log[-3000:]
+    assert (tmp_path / "marker").exists(), run.stdout + run.stderr
+    assert [step["activity"]["name"] for step in journal["run"]] == ["marker", "freeze"]
+    for text in said:
+        assert text in log, (text, log[-3000:])
+
+
+def _unchecked(document: dict[str, Any]) -> dict[str, Any]:
+    """`document` without its pre-run check: the activity alone judges its arguments."""
+    return {key: value for key, value in document.items() if key != "controls"}
+
+
+def test_a_literal_dict_from_the_configuration_is_the_scope_and_is_checked(
+        tmp_path: Path) -> None:
+    """The outside tester's case: `"scope": "${scope}"` with a configuration scope holding a
+    typo'd key was taken for a value only the run knows (a mapping, like an env-typed one):
+    validate said valid, and `chaos run` ran the method's first step before the freeze refused
+    the scope. A literal dict is a value: the run passes it whole, keys and all."""
+    bad = {"tag": NO_SUCH_TAG, "bogus": 1}
+    for timeline in (False, True):
+        document = _experiment("${scope}", {"scope": bad, "tag": NO_SUCH_TAG},
+                               timeline=timeline)
+        _refused(_validate(tmp_path, document), BOGUS_KEY, f"got {bad!r}")
+        _run_refused(tmp_path, document, REFUSED, BOGUS_KEY)
+    # what the activity itself says of it, when nothing checks before the run
+    _ran_on(tmp_path, _unchecked(document), BOGUS_KEY)
+    # the same dict from a `--var NAME:json=...`
+    good_document = _experiment("${scope}", {"scope": {"tag": NO_SUCH_TAG}})
+    _refused(_validate(tmp_path, good_document, "--var", f"scope:json={json.dumps(bad)}"),
+             BOGUS_KEY)
+    _run_refused(tmp_path, good_document, REFUSED, BOGUS_KEY,
+                 options=("--var", f"scope:json={json.dumps(bad)}"))
+    # a good scope passes both: the run goes on to the method (the freeze finds nothing)
+    _valid(_validate(tmp_path, good_document))
+    _ran_on(tmp_path, good_document, f"scope tag={NO_SUCH_TAG} matched no process")
+    # an env-typed configuration value is still the run's to tell
+    from_env = _experiment("${scope}", {"scope": {"type": "env", "key": "TEMPLATED_SCOPE_S"}})
+    _valid(_validate(tmp_path, from_env, env={"TEMPLATED_SCOPE_S": "anything"}))
+
+
+def test_a_dict_formatted_into_a_text_is_checked_as_the_activity_gets_it(
+        tmp_path: Path) -> None:
+    """`"trialC-${suffix}"` with a dict `suffix`: Chaos Toolkit formats str(dict) into the text,
+    "trialC-{'a': 1}" (a space: no tag), "trialC-{}" (a tag). Refused or accepted exactly as
+    the freeze refuses or accepts it when nothing checks before the run."""
+    refused_tag = "\"trialC-{'a': 1}\""
+    document = _experiment({"tag": "trialC-${suffix}"}, {"suffix": {"a": 1}})
+    _refused(_validate(tmp_path, document), BAD_TAG, f"got {refused_tag}")
+    _run_refused(tmp_path, document, REFUSED, BAD_TAG, f"got {refused_tag}")
+    _ran_on(tmp_path, _unchecked(document), BAD_TAG, f"got {refused_tag}")
+
+    document = _experiment({"tag": "trialC-${suffix}"}, {"suffix": {}})
+    _valid(_validate(tmp_path, document))
+    _ran_on(tmp_path, document, "scope tag=trialC-{} matched no process")
+    # a list is formatted the same way, and `$name` (no braces) is substituted too
+    _refused(_validate(tmp_path, _experiment({"tag": "trialC-$suffix"},
+                                             {"suffix": {"a": 1}})),
+             BAD_TAG, f"got {refused_tag}")
+    _refused(_validate(tmp_path, _experiment({"tag": "${suffix}-x"}, {"suffix": [1, 2]})),
+             BAD_TAG, "got '[1, 2]-x'")
+
+
+def test_an_unbraced_name_is_substituted_as_chaoslib_substitutes_it(tmp_path: Path) -> None:
+    """chaoslib substitutes `$name` from the configuration, secrets and `--var`s, always as text
+    (its typed substitution matches only `${name}`), and leaves a `$name` that none defines
+    as written: a `$tagg` typo reaches the freeze as the tag "$tagg", which it takes (a tag
+    nothing carries), so validate takes it too. A `$name` that a secret defines is the run's
+    to tell, not the text "$name": `"rank": "$r"` passes when the secret is "any"."""
+    document = _experiment({"tag": "$tagg"})
+    _valid(_validate(tmp_path, document))
+    _ran_on(tmp_path, document, "scope tag=$tagg matched no process")
+
+    secret = {"s": {"r": {"type": "env", "key": "TEMPLATED_SCOPE_RANK"}}}
+    kill = experiment(activity("chaosgpu.job.actions", "kill_rank",
+                               {"rank": "$r", "tag": NO_SUCH_TAG}, name="kill"),
+                      secrets=secret)
+    _valid(_validate(tmp_path, kill, env={"TEMPLATED_SCOPE_RANK": "any"}))
+    # from the configuration it is known now: text, which no rank number is
+    kill = experiment(activity("chaosgpu.job.actions", "kill_rank",
+                               {"rank": "$r", "tag": NO_SUCH_TAG}, name="kill"),
+                      configuration={"r": 1})
+    done = _validate(tmp_path, kill)
+    assert done.returncode == 1 and "rank must be" in done.stderr, done.stdout + done.stderr
+    assert "got '1'" in done.stderr, done.stderr
