@@ -57,3 +57,32 @@ def test_a_tag_never_reaches_the_ranks_of_another_job_on_the_same_endpoint() -> 
         assert proc_state(second[0].pid) == "S"  # the other job's rank lives on
     finally:
         finish(*procs)
+
+
+def test_an_untagged_rank_on_the_same_endpoint_is_in_no_tags_part() -> None:
+    """A process with a rank's environment but no tag, on the endpoint of a tagged job (a rank
+    of another job, started without chaosgpu's tag): selected by tag it is never in the job,
+    so freeze_rank(rank="any") and cleanup_hung_job never reach it (before: it was frozen and
+    SIGTERMed with the tagged ranks; outside trial)."""
+    mine = f"ta-{uuid.uuid4().hex[:8]}"
+    port = 20000 + int(uuid.uuid4().hex[:4], 16) % 20000
+    tagged = _ranks(mine, port)
+    env = {k: v for k, v in os.environ.items() if k != "CHAOSGPU_TAG"}
+    stray = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL, start_new_session=True,
+                             env=dict(env, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                      MASTER_PORT=str(port)))
+    procs = [*tagged, stray]
+    try:
+        assert wait_until(lambda: all(proc_state(p.pid) == "S" for p in procs), 10)
+        [part] = select_jobs(hang._census(), tag=mine)
+        assert sorted(r["pid"] for r in part["ranks"]) == sorted(p.pid for p in tagged), part
+        assert part["other_tags"] == ["(none)"], part
+        for _ in range(2):  # "any" picks the last live rank: never the stray one
+            frozen = actions.freeze_rank(rank="any", tag=mine)
+            assert frozen["pid"] != stray.pid, frozen
+            actions.resume_rank(rank="any", tag=mine)
+        report = actions.cleanup_hung_job(tag=mine, grace_s=2, deadline_s=10)
+        assert stray.pid not in report["removed"], report
+        assert proc_state(stray.pid) == "S"
+    finally:
+        finish(*procs)

@@ -135,25 +135,41 @@ def tagged_part(census: dict[str, Any], job: dict[str, Any],
                 tag: str) -> dict[str, Any] | None:
     """The part of the census job `job` that tag `tag` names, or None when none of it carries
     the tag. A rank, launcher or orphaned helper that carries another tag is left out (a
-    process's tag is its own declaration of what it belongs to); one that carries none stays
-    (a launcher that set the tag only for its children). The job itself when nothing is left
-    out; else a copy with the rank lists (survivors, dead, stopped, frozen) of what is left
-    and `other_tags`, the tags left out."""
-    tags = {p["pid"]: p.get("tag") for p in census.get("processes") or []}
+    process's tag is its own declaration of what it belongs to), and so is one whose
+    environment was read without any tag while a rank of the job carries one (the rank of
+    another job on the same id); one whose environment could not be read (a zombie, another
+    user's) stays, and so does a launcher without a tag (one that set it only for its
+    children). The job itself when nothing is left out; else a copy with the rank lists
+    (survivors, dead, stopped, frozen) of what is left and `other_tags`, the tags left out
+    ("(none)" for an untagged process)."""
+    by_pid = {p["pid"]: p for p in census.get("processes") or []}
+    tags = {pid: p.get("tag") for pid, p in by_pid.items()}
+    tagged_ranks = any(tags.get(r.get("pid")) for r in job.get("ranks") or [])
 
-    def other(pid: Any) -> bool:
-        return pid is not None and tags.get(pid) not in (None, tag)
+    def untagged(pid: Any) -> bool:  # its environment read, and no tag in it
+        proc = by_pid.get(pid)
+        return proc is not None and tags.get(pid) is None and proc.get("env") is not None \
+            and "env" not in (proc.get("unreadable") or [])
+
+    def other(pid: Any, rank: bool = True) -> bool:
+        if pid is None:
+            return False
+        if tags.get(pid) is None:
+            return rank and tagged_ranks and untagged(pid)
+        return bool(tags.get(pid) != tag)
 
     ranks = [r for r in job.get("ranks") or [] if not other(r.get("pid"))]
-    launcher_other = other(job.get("launcher_pid"))
+    launcher_other = other(job.get("launcher_pid"), rank=False)
     if len(ranks) == len(job.get("ranks") or []) and not launcher_other:
         return job if job.get("tag") == tag else None
     launcher_tag = None if launcher_other else tags.get(job.get("launcher_pid"))
     if launcher_tag != tag and not any(tags.get(r.get("pid")) == tag for r in ranks):
         return None
-    left_out = [r.get("pid") for r in job.get("ranks") or []] + [job.get("launcher_pid")]
+    left_out = [r.get("pid") for r in job.get("ranks") or [] if other(r.get("pid"))]
+    if launcher_other:
+        left_out.append(job.get("launcher_pid"))
     part = dict(job, ranks=ranks, tag=tag,
-                other_tags=sorted({str(tags[pid]) for pid in left_out if other(pid)}),
+                other_tags=sorted({str(tags.get(pid) or "(none)") for pid in left_out}),
                 orphaned_helpers=[h for h in job.get("orphaned_helpers") or []
                                   if not other(h.get("pid"))])
     if launcher_other:
