@@ -525,20 +525,20 @@ def stop_missed(pid, signum, state):
     (reason, discarded). The reason is what its /proc entries show of a tracer, an
     uninterruptible call, and for SIGTSTP, SIGTTIN and SIGTTOU its own handling of the signal
     or an orphaned process group (each file read once). Lost for good: SIGTSTP, SIGTTIN or
-    SIGTTOU that the process ignores, or that the kernel discards for its orphaned process
-    group, neither blocked (pending) nor held by a tracer or an uninterruptible call. SIGSTOP,
-    and a signal the process handles (its handler may stop it), are never said lost."""
+    SIGTTOU that the process ignores (dropped when sent), or that the kernel discards for its
+    orphaned process group (when it is delivered: an uninterruptible call only delays that),
+    neither blocked (pending) nor held by a tracer (which sees it first). SIGSTOP, and a
+    signal the process handles (its handler may stop it), are never said lost."""
     name = name_of(signum)
     bit = 1 << (signum - 1)
     status = _signal_status(pid)
     reasons = []
-    held = False  # a tracer or an uninterruptible call holds the stop: not lost
+    held = False  # a tracer sees the signal first and may deliver it as it likes: not lost
     if status.get("TracerPid"):
         held = True
         reasons.append(f"it is traced by PID {status['TracerPid']}: a stop signal goes to the "
                        "tracer first, which may hold it or drop it")
     if state == "D":
-        held = True
         reasons.append("it is in an uninterruptible call (state D, as in a driver or on a "
                        "network file system): the stop takes effect when the call returns")
     discarded = False

@@ -158,9 +158,9 @@ def _undo_freezes(include_running: bool, report: _Report) -> set[int]:
                                                  f"{result.get('reason')}"})
         if not failed:
             freezelog.remove(name)
-        report.removed.append({"kind": "freeze", "name": name, "resumed": [
-            r["pid"] for r in sent["results"] if r["result"] == "sent"],
-            "in_freezer": sorted(e["pid"] for e in live if "freezer" in e["kinds"])})
+        report.removed.append({"kind": "freeze", "name": name, "detail": {
+            "resumed": [r["pid"] for r in sent["results"] if r["result"] == "sent"],
+            "in_freezer": sorted(e["pid"] for e in live if "freezer" in e["kinds"])}})
     return in_freezer
 
 
@@ -212,7 +212,7 @@ def _clean_tag(tag: str, grace_s: float, deadline_s: float, report: _Report) -> 
     ended = result.get("ended_by_themselves") or []
     if result.get("removed") or ended:
         report.removed.append({"kind": "tag", "name": tag, "pids": result["removed"],
-                               "ended_by_themselves": ended})
+                               "ended_by_themselves": ended, "detail": result})
 
 
 def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
@@ -248,11 +248,16 @@ def cleanup_all(grace_s: float = 2.0, deadline_s: float = 30.0,
             report.removed.append({"kind": "sandbox", "name": name, "detail": result})
     for tag in tags or []:
         _clean_tag(tag, grace_s, deadline_s, report)
-    for name in _ended_runs(K8S_DELETION_RECORDS, include_running, report):
-        # evidence, not a resource: a later run's probes never read another run's timings
-        if report.outcome("k8s-deletion-record", name, state.remove_record,
-                          K8S_DELETION_RECORDS, name) is not None:
-            report.removed.append({"kind": "k8s-deletion-record", "name": name})
+    for name, record in sorted(state.list_records(K8S_DELETION_RECORDS).items()):
+        # evidence, not a resource: a later run's probes never read another run's timings;
+        # those of a run in progress are its own, left alone without a word (nothing is held)
+        if not include_running and _run_in_progress(record) is not None:
+            continue
+        removed = report.outcome("k8s-deletion-record", name, state.remove_record,
+                                 K8S_DELETION_RECORDS, name)
+        if removed is not None:
+            report.removed.append({"kind": "k8s-deletion-record", "name": name,
+                                   "detail": {"removed": removed}})
     swept = report.outcome("injector-files", "stale", injector.sweep, injector.inject_dir())
     return {"removed": report.removed, "not_removed": report.not_removed, "kept": report.kept,
             "zombies": report.zombies, "thawed_cgroups": thawed, "left_frozen": left_frozen,

@@ -11,9 +11,13 @@ of its elastic agent, not by the faulted attempt alone (outside trial):
 
 Real processes: torchrun gloo jobs (tests/jobs/train.py); removed afterwards."""
 
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
+from proc_helpers import tagged
 
 pytest.importorskip("torch")
 
@@ -31,9 +35,18 @@ def test_a_probe_after_the_agent_exited_0_says_finished(tmp_path: Path,
     job.wait_steps(3)
     killed = actions.kill_rank(tag=job.tag, rank=1, signal="SIGKILL", wait_s=0)
     assert killed["result"] == "sent", killed
-    agent = job.processes[0].wait(timeout=180)
+    agent = job.processes[0]
+    try:
+        agent.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # torch's restarted attempt stuck (its rendezvous, say,
+        # as seen here under load): end it as a failure would, with no restart left, so that
+        # the agent exits non-zero; the probe must then say so
+        for pid in tagged(job.tag, live_only=True):
+            if pid != agent.pid:
+                os.kill(pid, signal.SIGKILL)
+        agent.wait(timeout=120)
     state = probes.job_state(tag=job.tag, missing_ok=True)
-    if agent == 0:
+    if agent.returncode == 0:
         assert state["verdict"] == "finished", state["reason"]
         assert "the elastic agent then exited 0" in state["reason"], state["reason"]
     else:  # the restarted attempt failed (its rendezvous, say): the agent's exit tells it
@@ -48,8 +61,10 @@ def test_every_probe_after_a_kill_names_the_job_while_its_agent_tears_down(
     job.wait_steps(3)
     killed = actions.kill_rank(tag=job.tag, rank=0, signal="SIGKILL", wait_s=0)
     assert killed["result"] == "sent", killed
-    seen = []
-    for _ in range(3):
+    # the survivor may still read as running for a moment (its last step was just now)
+    first = probes.wait_job_verdict(["failed"], tag=job.tag, timeout_s=60, missing_ok=True)
+    seen = [(first.get("id"), first["verdict"], first["reason"])]
+    for _ in range(2):  # the probes that follow, while the agent tears down or is gone
         state = probes.job_state(tag=job.tag, missing_ok=True)
         seen.append((state.get("id"), state["verdict"], state["reason"]))
     assert all(verdict == "failed" for _, verdict, _ in seen), seen
