@@ -181,7 +181,8 @@ def _thaw(records: list[dict[str, Any]], tags: list[str], thaw_all: bool,
         for tag in tags:
             found = report.outcome("tag", tag, resolve_scope, {"tag": tag}, observe=True)
             thawing |= {p["pid"] for p in found or []}
-    thawed = report.outcome("freezer", "groups", _thaw_freezer_groups, thawing) or []
+    thawed = report.outcome("freezer", "groups", _thaw_freezer_groups, thawing,
+                            untouched=True) or []
     left = [{"cgroup": g["cgroup"], "pids": g["left_frozen"]} for g in thawed
             if g.get("left_frozen")]
     return [g for g in thawed if g.get("pids")], left

@@ -540,3 +540,55 @@ def test_a_bad_or_foreign_freeze_file_is_reported_and_the_others_still_resumed()
             os.kill(proc.pid, signal.SIGCONT)
             proc.kill()
             proc.wait()
+
+
+FREEZE_AND_STAY = """
+import sys, time
+from chaosgpu.process.actions import freeze_processes
+freeze_processes({"tag": sys.argv[1]}, method="freezer")
+print("frozen", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_chaosgpu_freezer_group_this_cleanup_leaves_is_listed_left_frozen(tmp_path) -> None:
+    """A run in progress with another state dir holds a process in a chaosgpu freezer group:
+    a cleanup here thaws none of it, and says so under left_frozen (before: a group none of
+    whose members it chose was not listed at all; outside trial). The run's own cleanup,
+    once it is gone, thaws it."""
+    if os.geteuid() != 0 or not os.path.exists("/sys/fs/cgroup/freezer/cgroup.procs"):
+        pytest.skip("needs root and the cgroup v1 freezer")
+    tag = f"cl-{uuid.uuid4().hex[:8]}"
+    other_state = tmp_path / "other-state"
+    other_state.mkdir(mode=0o700)
+    frozen = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, CHAOSGPU_TAG=tag))
+    runner = subprocess.Popen([sys.executable, "-c", FREEZE_AND_STAY, tag],
+                              env=dict(os.environ, CHAOSGPU_STATE_DIR=str(other_state)),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None and runner.stdout.readline().strip() == "frozen"
+        code, output = _cleanup("--json")
+        report = json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+        assert code == 0, output
+        assert any(frozen.pid in group["pids"] for group in report["left_frozen"]), output
+        assert not any(frozen.pid in group["pids"] for group in report["thawed_cgroups"])
+        runner.kill()
+        runner.wait(timeout=10)
+        out = subprocess.run([sys.executable, "-m", "chaosgpu.cli", "cleanup", "--json"],
+                             env=dict(os.environ, CHAOSGPU_STATE_DIR=str(other_state)),
+                             capture_output=True, text=True, timeout=120)
+        theirs = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index("{"):])[0]
+        assert out.returncode == 0 and any(frozen.pid in group["pids"]
+                                           for group in theirs["thawed_cgroups"]), out
+        frozen.terminate()
+        assert frozen.wait(timeout=10) == -signal.SIGTERM  # thawed: it ran its SIGTERM
+    finally:
+        runner.kill()
+        runner.wait()
+        if frozen.poll() is None:
+            subprocess.run([sys.executable, "-m", "chaosgpu.cli", "cleanup", "--tag", tag],
+                           env=dict(os.environ, CHAOSGPU_STATE_DIR=str(other_state)),
+                           capture_output=True, timeout=120)
+            frozen.kill()
+            frozen.wait()

@@ -309,9 +309,11 @@ def _freeze_with_freezer(checked: dict[str, Any], processes: list[dict[str, Any]
     return freezer.freeze(describe_scope(checked), processes, deadline_s, version)
 
 
-def _thaw_freezer_groups(pids: set[int] | None) -> list[dict[str, Any]]:
-    """Thaw chaosgpu's freezer groups (v1 and v2) holding any of `pids`."""
-    return freezer.thaw(pids)
+def _thaw_freezer_groups(pids: set[int] | None,
+                         untouched: bool = False) -> list[dict[str, Any]]:
+    """Thaw chaosgpu's freezer groups (v1 and v2) holding any of `pids` (with `untouched`,
+    the others are listed too, as freezer.thaw says)."""
+    return freezer.thaw(pids, untouched=untouched)
 
 
 @checked(scope=SCOPE, method=FREEZE_METHOD, deadline_s=POSITIVE_SECONDS)

@@ -360,8 +360,8 @@ def _send_home(pid: int, home: Path, starttime: int | None, v1: bool) -> Path:
     return home
 
 
-def _thaw_one(group: Path, control: str, value: str,
-              pids: set[int] | None, settle_s: float = SETTLE_S) -> dict[str, Any] | None:
+def _thaw_one(group: Path, control: str, value: str, pids: set[int] | None,
+              settle_s: float = SETTLE_S, untouched: bool = False) -> dict[str, Any] | None:
     """Move the members of `group` that are in `pids` (all with None) back where they were
     (`_homes`), which thaws them; thaw and remove the group once no other member is left in it,
     waiting up to `settle_s` for members that are exiting (killed while frozen) to be gone. The
@@ -372,8 +372,11 @@ def _thaw_one(group: Path, control: str, value: str,
     if members is None:
         return None
     chosen = members if pids is None else members & pids
-    if members and not chosen:
-        return None
+    if members and not chosen:  # none of it is this thaw's: left as it is
+        return None if not untouched else {
+            "cgroup": str(group), "pids": [], "left_frozen": sorted(members),
+            "removed": False, "homes": [], "home_lost": [],
+            "error": "none of its members is among those thawed"}
     others = members - chosen
     done: dict[str, Any] = {"cgroup": str(group), "pids": sorted(chosen),
                             "left_frozen": sorted(others), "removed": False,
@@ -424,24 +427,27 @@ def _thaw_one(group: Path, control: str, value: str,
     return done
 
 
-def thaw(pids: set[int] | None, settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
+def thaw(pids: set[int] | None, settle_s: float = SETTLE_S,
+         untouched: bool = False) -> list[dict[str, Any]]:
     """Thaw the processes `pids` (all with None) in chaosgpu's freezer groups (v1 and v2) by
     moving them back where they were; a group is thawed and removed once empty (so are empty
     ones; members exiting are waited for up to `settle_s`), and its other members stay frozen
     ("left_frozen"). Return what was thawed: per group {"cgroup", "pids", "left_frozen",
     "removed", "homes", "home_lost"} (`_thaw_one`) and, for a group not removed, "error"
-    (why). The home records of v1 processes that are gone are removed."""
+    (why); with `untouched`, a group none of whose members is in `pids` too (its "pids"
+    empty: a cleanup lists what it leaves frozen). The home records of v1 processes that are
+    gone are removed."""
     check_seconds("settle_s", settle_s)
     thawed: list[dict[str, Any]] = []
     if V1_ROOT.is_dir():
         for group in sorted(V1_ROOT.glob(f"{V1_PREFIX}*")):
-            done = _thaw_one(group, "freezer.state", "THAWED", pids, settle_s)
+            done = _thaw_one(group, "freezer.state", "THAWED", pids, settle_s, untouched)
             if done is not None:
                 thawed.append(done)
         if os.geteuid() == 0:  # only root freezes (and records)
             _prune_v1_homes()
     for group in _v2_groups():
-        done = _thaw_one(group, "cgroup.freeze", "0", pids, settle_s)
+        done = _thaw_one(group, "cgroup.freeze", "0", pids, settle_s, untouched)
         if done is not None:
             thawed.append(done)
     return thawed
