@@ -357,3 +357,29 @@ def test_without_thread_names_the_main_thread_is_told_by_its_id() -> None:
     after = stacks.signature(sample(2), {"MainThread"})
     assert before == after and [tid for tid, _ in after] == [4242], after
     assert stacks.signature(sample(1), None) != stacks.signature(sample(2), None)
+
+
+POLL_FUTURE_DONE = POLL_HEAD.replace("work = types.SimpleNamespace(is_completed=",
+                                     "fut = types.SimpleNamespace(done=") + """
+
+def step(n):
+    polls = 0
+    while not fut.done():  # POLL
+        polls += 1
+        time.sleep(0.02)  # HERE
+""" + POLL_MAIN
+
+
+def test_a_future_polled_with_done_is_a_poll_loop(start) -> None:  # type: ignore[no-untyped-def]
+    """`while not fut.done(): polls += 1; sleep` (an async collective's future) is the same
+    poll loop as is_completed(): one site, and its counter no progress (outside trial: a
+    deadlock polled so read running, 'polls 1129 -> 1191')."""
+    proc = start(POLL_FUTURE_DONE, "0")
+    samples = [proc.sample_at(_line(POLL_FUTURE_DONE, "HERE"))]
+    for _ in range(4):
+        time.sleep(0.2)
+        samples.append(proc.sample())
+    sites = [stacks.classify(sample, SourceLines()) for sample in samples]
+    assert all(site is not None and (site.kind, site.what) == ("wait", "done()")
+               for site in sites), sites
+    assert len({_signature(s, site) for s, site in zip(samples, sites, strict=True)}) == 1

@@ -66,7 +66,7 @@ _HELPER_COLLECTIVE = re.compile(
     r"(^|_)(sync|broadcast|all_?reduce|all_gather|reduce_scatter|all_to_all|verify_param)")
 
 _SOURCE_WAIT = re.compile(r"\.wait\(|is_completed\(\)|\.get_future\(\)|\.value\(\)")
-_SOURCE_POLL = re.compile(r"\bis_completed\(\)")
+_SOURCE_POLL = re.compile(r"\bis_completed\(\)|\.done\(\)")
 _SOURCE_GPU = re.compile(r"\.item\(\)|\.cpu\(\)|\.tolist\(\)|synchronize\(")
 _SOURCE_COLLECTIVE = re.compile(
     r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast\w*|all_to_all\w*|barrier)\(")
@@ -443,12 +443,12 @@ def _statement_text(chain: list[ast.stmt], lines: list[str], line: int) -> str:
 def _poll(chain: list[ast.stmt], lines: list[str],
           line: int) -> tuple[int, str, tuple[str, str]] | None:
     """Where the loop that runs `line` polls (the line of the poll, its source, the site it
-    names), when the nearest loop around `line` in its function polls a collective's work: a
-    `while` whose condition calls `is_completed()`, or a loop whose body has
-    `if ...is_completed()...:` with a `break` or `return` in it. None otherwise: a training loop
-    that calls a collective and then sleeps is no poll loop, and neither is one that checks a
-    stop flag (`if stop.wait(0): break`: `.wait(` is any blocking wait, `is_completed()` is
-    the one check a collective's work offers that returns at once)."""
+    names), when the nearest loop around `line` in its function polls a collective's work or
+    a future: a `while` whose condition calls `is_completed()` or `.done()`, or a loop whose
+    body has `if ...is_completed()...:` (or `.done()`) with a `break` or `return` in it. None
+    otherwise: a training loop that calls a collective and then sleeps is no poll loop, and
+    neither is one that checks a stop flag (`if stop.wait(0): break`: `.wait(` is any blocking
+    wait; `is_completed()` and a future's `done()` are the checks that return at once)."""
     for node in reversed(chain):
         if isinstance(node, _SCOPES):
             return None
@@ -462,9 +462,10 @@ def _poll(chain: list[ast.stmt], lines: list[str],
         polls += [(child.lineno, child.test) for child in node.body if isinstance(child, ast.If)
                   and any(isinstance(inner, (ast.Break, ast.Return)) for inner in child.body)]
         for header, test in polls:
-            if _SOURCE_POLL.search(_segment(lines, test)):
+            match = _SOURCE_POLL.search(_segment(lines, test))
+            if match:
                 return header, _text(lines, header, test.end_lineno or header)[:200], \
-                    ("wait", "is_completed()")
+                    ("wait", match.group(0).lstrip("."))
         return None
     return None
 
