@@ -1059,10 +1059,24 @@ class JobTrack:
         details = self._hang_details(ranks, live, blocked, since, retrying)
         strongest = details.pop("site", None)
         if blocked:
-            where = strongest.describe() if strongest is not None \
-                else "collective (Flight Recorder: pending)"
-            reason = (f"ranks {_ranks_text(blocked)} wait in {where} "
-                      f"with no progress for {quiet_for:.1f} s")
+            places: dict[str, list[RankTrack]] = {}
+            for track in blocked:  # where each waits: not all in one place is the finding
+                site = track.last_wait if track in retrying else track.site
+                places.setdefault(site.describe() if site is not None
+                                  else "collective (Flight Recorder: pending)", []).append(track)
+            if len(places) > 1:
+                details["blocked_in"]["places"] = [
+                    {"what": where, "ranks": [t.rank for t in tracks]}
+                    for where, tracks in places.items()]
+                reason = ("; ".join(f"ranks {_ranks_text(tracks)} wait in {where}"
+                                    for where, tracks in places.items())
+                          + " (not the same call: a mismatch, or ranks at different steps) "
+                          f"with no progress for {quiet_for:.1f} s")
+            else:
+                where = strongest.describe() if strongest is not None \
+                    else "collective (Flight Recorder: pending)"
+                reason = (f"ranks {_ranks_text(blocked)} wait in {where} "
+                          f"with no progress for {quiet_for:.1f} s")
         else:
             reason = f"every live rank is stopped or frozen, for {quiet_for:.1f} s"
         if retrying and now is not None:
