@@ -815,11 +815,19 @@ class JobTrack:
                 return decided
         if bad:
             story = self._failure_story(ranks, bad)
-            if not self.launcher_alive and self.launcher_exit is not None \
-                    and (self.launcher or {}).get("kind") == "torchrun":
-                story += f"; the elastic agent then ended: {self.launcher_exit.describe()}"
-                if self.max_restarts is not None and can_restart:
-                    story += " (with restarts left: a later attempt, not seen here, failed too)"
+            agent = self.launcher_exit if not self.launcher_alive \
+                and (self.launcher or {}).get("kind") == "torchrun" else None
+            if agent is not None and self.max_restarts is not None and can_restart:
+                # restarts were left after the attempt seen: the agent started later ones,
+                # which ended the job; their ranks, and so the culprits, were not seen here
+                return ("failed", f"the elastic agent ended ({agent.describe()}) "
+                        f"after attempt {restarts or 0}, the last this watch saw, failed with "
+                        f"restarts left (max {self.max_restarts}): the attempts after it, not "
+                        f"seen here, ended the job; attempt {restarts or 0}: {story}",
+                        first_end, {"culprit_ranks": [], "culprits_note": "the ranks of the "
+                                    "attempt that ended the job were not seen by this watch"})
+            if agent is not None:
+                story += f"; the elastic agent then ended: {agent.describe()}"
             return ("failed", story, first_end,
                     {"culprit_ranks": self._first_failures(ranks, bad)})
         if unknown:
