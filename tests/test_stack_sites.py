@@ -230,10 +230,16 @@ def _signature(sample: StackSample, site: stacks.Site | None) -> tuple[object, .
                             else {"MainThread"}, site)
 
 
+#: the collective and the sleep on one line: a sample gives the line, not which of them runs
+SLEEP_ON_THE_COLLECTIVES_LINE = SLEEP_AFTER_COLLECTIVE.replace(
+    "        all_reduce(t)\n        time.sleep(60)  # HERE",
+    "        all_reduce(t); time.sleep(60)  # HERE")
+
+
 @pytest.mark.parametrize("script", [SLEEP_AFTER_COLLECTIVE, SLEEP_AFTER_DESTROY,
-                                    CHECK_WITHOUT_BREAK],
+                                    CHECK_WITHOUT_BREAK, SLEEP_ON_THE_COLLECTIVES_LINE],
                          ids=["sleep-after-all_reduce", "sleep-after-destroy",
-                              "is_completed-without-break"])
+                              "is_completed-without-break", "sleep-on-all_reduce's-line"])
 def test_a_line_near_a_collective_is_no_waiting_site(start, script: str) -> None:  # type: ignore[no-untyped-def]
     """A rank sleeping right after a line that calls all_reduce (or three lines below one,
     after destroy_process_group; or in a training loop that checks a work without leaving the

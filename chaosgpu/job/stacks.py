@@ -426,6 +426,20 @@ def _segment(lines: list[str], node: ast.expr) -> str:
     return b"\n".join(text).decode(errors="replace")
 
 
+def _shares_its_line(tree: ast.Module, chain: list[ast.stmt], lines: list[str],
+                     line: int) -> bool:
+    """Whether the statement `line` belongs to shares that line with others of its block that
+    name other places (`dist.all_reduce(t); time.sleep(6)`): a sample gives the line, not which
+    of them runs, so none of them is where the thread waits."""
+    block = tree.body if len(chain) == 1 else _children(chain[-2])
+    here = [node for node in block if node.lineno <= line <= (node.end_lineno or node.lineno)
+            and not _children(node)]
+    if len(here) < 2:
+        return False
+    return len({_source_site(_segment(lines, node), True)  # type: ignore[arg-type]
+                for node in here}) > 1
+
+
 def _statement_text(chain: list[ast.stmt], lines: list[str], line: int) -> str:
     """The source of the statement `line` belongs to, all its lines (a call spread over
     several: which of them a Python reports differs between versions), or of the clause
@@ -489,7 +503,8 @@ def _thread_site(pid: int, thread: ThreadStack, sources: SourceLines, gpu: bool)
         else:
             chain = _chain(code[0], inner.line)
             sources.statements[key] = (
-                _statement_text(chain, code[1], inner.line) if chain
+                ("" if _shares_its_line(code[0], chain, code[1], inner.line)
+                 else _statement_text(chain, code[1], inner.line)) if chain
                 else sources.line(pid, inner.filename, inner.line),
                 _poll(chain, code[1], inner.line))
     known = sources.statements[key]
