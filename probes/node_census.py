@@ -68,6 +68,7 @@ __all__ = [
     "process_activity",
     "tcp_sockets",
     "read_process",
+    "rank_lists",
     "parse_container",
     "nvml_snapshot",
     "nvml_device_memory",
@@ -2262,13 +2263,21 @@ def _finish_ranks(job: Dict[str, Any], processes: Dict[int, Dict[str, Any]],
                              "starttime": None, "restart_count": None, "host_pid": None,
                              "ns_pid": None, "state": "missing", "gpu_mib": None})
     job["ranks"].sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["pid"] or 0))
-    lists = {"alive": "survivors", "zombie": "dead", "missing": "dead", "stopped": "stopped",
+    job.update(rank_lists(job["ranks"]))
+
+
+def rank_lists(ranks: List[Dict[str, Any]]) -> Dict[str, List[int]]:
+    """A job's rank numbers by state, as its census entry lists them: "survivors" (alive),
+    "dead" (zombie or missing), "stopped", and "frozen" (frozen, and stopped too)."""
+    lists = {"survivors": [], "dead": [], "stopped": [], "frozen": []}  # type: Dict[str, List[int]]
+    names = {"alive": "survivors", "zombie": "dead", "missing": "dead", "stopped": "stopped",
              "frozen": "frozen"}
-    for r in job["ranks"]:
-        if r["rank"] is not None:
-            job[lists[r["state"]]].append(r["rank"])
-            if r["state"] == "stopped":
-                job["frozen"].append(r["rank"])
+    for rank in ranks:
+        if rank.get("rank") is not None and rank.get("state") in names:
+            lists[names[rank["state"]]].append(rank["rank"])
+            if rank["state"] == "stopped":
+                lists["frozen"].append(rank["rank"])
+    return lists
 
 
 def _job_candidates(processes: Dict[int, Dict[str, Any]], jobs: Dict[str, Dict[str, Any]],

@@ -174,14 +174,9 @@ def tagged_part(census: dict[str, Any], job: dict[str, Any],
                                   if not other(h.get("pid"))])
     if launcher_other:
         part.update(launcher_pid=None, launcher_starttime=None)
-    lists = {"alive": "survivors", "zombie": "dead", "missing": "dead", "stopped": "stopped",
-             "frozen": "frozen"}
-    part.update({name: [] for name in set(lists.values())})
-    for rank in ranks:
-        if rank.get("rank") is not None and rank.get("state") in lists:
-            part[lists[rank["state"]]].append(rank["rank"])
-            if rank["state"] == "stopped":
-                part["frozen"].append(rank["rank"])
+    from chaosgpu.node import census_module
+
+    part.update(census_module().rank_lists(ranks))  # as the census lists them for a job
     return part
 
 
